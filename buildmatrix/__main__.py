@@ -1,0 +1,5 @@
+import sys
+
+from buildmatrix.cli import main
+
+sys.exit(main())

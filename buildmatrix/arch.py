@@ -1,0 +1,139 @@
+"""GPU architecture names: compute capabilities, SASS/PTX targets, GFD families.
+
+Pure data types and parsers; no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from buildmatrix.errors import InputError
+
+
+class Family(StrEnum):
+    """GPU Feature Discovery family names (``nvidia.com/gpu.family``)."""
+
+    KEPLER = "kepler"
+    MAXWELL = "maxwell"
+    PASCAL = "pascal"
+    VOLTA = "volta"
+    TURING = "turing"
+    AMPERE = "ampere"
+    ADA_LOVELACE = "ada-lovelace"
+    HOPPER = "hopper"
+    BLACKWELL = "blackwell"
+
+
+class Suffix(StrEnum):
+    """Arch suffix: none, ``a`` (arch-specific), ``f`` (family-specific, CUDA 12.9+)."""
+
+    NONE = ""
+    ARCH = "a"
+    FAMILY = "f"
+
+
+class CodeKind(StrEnum):
+    SASS = "sass"
+    PTX = "ptx"
+
+
+@dataclass(frozen=True, order=True)
+class ComputeCapability:
+    major: int
+    minor: int
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+    @property
+    def number(self) -> int:
+        """The number used in arch names: 9.0 -> 90, 10.3 -> 103, 12.1 -> 121."""
+        return self.major * 10 + self.minor
+
+    @classmethod
+    def from_number(cls, number: int) -> ComputeCapability:
+        return cls(number // 10, number % 10)
+
+
+def gfd_family(cc: ComputeCapability) -> Family | None:
+    """Family by compute capability, as GPU Feature Discovery computes it.
+
+    Source: NVIDIA/k8s-device-plugin ``internal/lm/resource.go`` (getArchFamily):
+    7.0-7.4 volta, 7.5 turing, 8.0-8.8 ampere, 8.9 ada-lovelace, 9.x hopper,
+    10.x and 12.x blackwell. Unknown majors give ``None`` (GFD: "undefined").
+    """
+    match cc.major:
+        case 3:
+            return Family.KEPLER
+        case 5:
+            return Family.MAXWELL
+        case 6:
+            return Family.PASCAL
+        case 7:
+            return Family.TURING if cc.minor >= 5 else Family.VOLTA
+        case 8:
+            return Family.ADA_LOVELACE if cc.minor == 9 else Family.AMPERE
+        case 9:
+            return Family.HOPPER
+        case 10 | 12:
+            return Family.BLACKWELL
+        case _:
+            return None
+
+
+@dataclass(frozen=True, order=True)
+class Arch:
+    """One code target as a fatbinary names it: ``sm_90``, ``sm_100f``, ``compute_90a``."""
+
+    cc: ComputeCapability
+    kind: CodeKind
+    suffix: Suffix = Suffix.NONE
+
+    def __str__(self) -> str:
+        prefix = "sm" if self.kind is CodeKind.SASS else "compute"
+        return f"{prefix}_{self.cc.number}{self.suffix.value}"
+
+    @property
+    def sort_key(self) -> tuple[int, str]:
+        return (self.cc.number, self.suffix.value)
+
+
+_ARCH_RE = re.compile(r"(?P<prefix>sm|compute)_(?P<num>[1-9][0-9]{1,2})(?P<suffix>[af]?)")
+_CC_RE = re.compile(r"(?P<major>[1-9][0-9]?)\.(?P<minor>[0-9])")
+_NUM_RE = re.compile(r"(?P<num>[1-9][0-9]{1,2})(?P<suffix>[af]?)")
+
+
+def parse_arch(text: str) -> Arch:
+    """Parse ``sm_90``, ``sm_90a``, ``compute_100f``."""
+    m = _ARCH_RE.fullmatch(text.strip())
+    if not m:
+        raise InputError(
+            f"'{text}' is not a GPU arch name; expected sm_XY or compute_XY with an optional "
+            "'a' or 'f' suffix, e.g. sm_90, sm_90a, compute_100f."
+        )
+    kind = CodeKind.SASS if m["prefix"] == "sm" else CodeKind.PTX
+    return Arch(ComputeCapability.from_number(int(m["num"])), kind, Suffix(m["suffix"]))
+
+
+def parse_cc(text: str) -> ComputeCapability:
+    """Parse a compute capability written as ``9.0``."""
+    m = _CC_RE.fullmatch(text.strip())
+    if not m:
+        raise InputError(f"'{text}' is not a compute capability; expected MAJOR.MINOR, e.g. 9.0.")
+    return ComputeCapability(int(m["major"]), int(m["minor"]))
+
+
+def parse_sm(text: str) -> Arch:
+    """Parse a user's ``--sm``: ``sm_90``, ``sm_90a``, ``9.0`` or ``90`` (SASS target)."""
+    value = text.strip()
+    if value.startswith("sm_"):
+        return parse_arch(value)
+    if _CC_RE.fullmatch(value):
+        return Arch(parse_cc(value), CodeKind.SASS)
+    m = _NUM_RE.fullmatch(value)
+    if m:
+        cc = ComputeCapability.from_number(int(m["num"]))
+        return Arch(cc, CodeKind.SASS, Suffix(m["suffix"]))
+    raise InputError(f"'{text}' is not an SM; write it as sm_90, sm_90a, 9.0 or 90.")

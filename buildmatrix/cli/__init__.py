@@ -1,0 +1,52 @@
+"""The ``buildmatrix`` command line: the only place that prints.
+
+Each command returns an exit code; :func:`main` maps errors to the codes of the
+CLI contract (DESIGN.md section 4) and never lets a traceback reach the user for
+bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import click
+
+from buildmatrix import __version__
+from buildmatrix.cli.profiles_cmd import profiles
+from buildmatrix.errors import BuildmatrixError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="buildmatrix")
+def cli() -> None:
+    """Make the GPU architecture a first-class axis of image builds and node admission.
+
+    Exit codes: 0 pass, 1 a check failed, 2 bad input or usage, 3 an environment or
+    source is unavailable.
+    """
+
+
+cli.add_command(profiles)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = cli.main(args=args, prog_name="buildmatrix", standalone_mode=False)
+    except BuildmatrixError as exc:
+        click.echo(f"buildmatrix: error: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("buildmatrix: aborted.", err=True)
+        return 130
+    except KeyboardInterrupt:
+        click.echo("buildmatrix: interrupted.", err=True)
+        return 130
+    return result if isinstance(result, int) else 0

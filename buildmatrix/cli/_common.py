@@ -1,0 +1,51 @@
+"""Options and output helpers shared by the commands."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from buildmatrix.profiles import ENV_VAR, ProfileSet, load_profiles, resolve_profiles_dir
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+JSON_VERSION = 1
+
+
+def profiles_option(func: F) -> F:
+    decorator = click.option(
+        "--profiles",
+        "profiles_dir",
+        metavar="DIR",
+        envvar=ENV_VAR,
+        default=None,
+        help=f"Folder of arch profiles (sm_XY.yaml). Default: ${ENV_VAR}, else the shipped ones.",
+    )
+    return decorator(func)
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
+
+
+def load(profiles_dir: str | None) -> ProfileSet:
+    return load_profiles(Path(resolve_profiles_dir(profiles_dir)))
+
+
+def echo_json(payload: dict[str, Any]) -> None:
+    """Print a JSON document; every one carries ``"version": 1``."""
+    click.echo(json.dumps({"version": JSON_VERSION, **payload}, indent=2))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns separated by two spaces; the last column is not padded."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    lines = []
+    for row in [headers, *rows]:
+        cells = [str(c).ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
+        lines.append("  ".join([*cells, str(row[-1])]).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""``buildmatrix profiles`` and ``buildmatrix profiles show SM``."""
+
+from __future__ import annotations
+
+import click
+
+from buildmatrix.arch import parse_sm
+from buildmatrix.cli._common import echo_json, json_option, load, profiles_option, table
+from buildmatrix.profiles import Profile
+
+
+def _short(product: str) -> str:
+    return product.removeprefix("NVIDIA ")
+
+
+def _products(p: Profile, limit: int = 4) -> str:
+    names = [_short(x) for x in p.products]
+    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _cuda_range(p: Profile) -> str:
+    return f"{p.min_cuda}-{p.max_cuda}" if p.max_cuda else f"{p.min_cuda}+"
+
+
+@click.group(invoke_without_command=True)
+@profiles_option
+@json_option
+@click.pass_context
+def profiles(ctx: click.Context, profiles_dir: str | None, as_json: bool) -> int:
+    """List the arch profiles: SM, compute capability, family, features, CUDA, driver."""
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = profiles_dir
+        return 0
+    loaded = load(profiles_dir)
+    if as_json:
+        echo_json({"profiles": [p.to_json() for p in loaded]})
+        return 0
+    rows = [
+        [
+            p.sm,
+            str(p.cc),
+            p.family.value,
+            ",".join(p.features) or "-",
+            _cuda_range(p),
+            str(p.min_driver),
+            _products(p),
+        ]
+        for p in loaded
+    ]
+    click.echo(table(["SM", "CC", "FAMILY", "FEATURES", "CUDA", "MIN DRIVER", "PRODUCTS"], rows))
+    click.echo(f"\n{len(loaded)} profiles from {loaded.directory}")
+    return 0
+
+
+@profiles.command("show")
+@click.argument("sm")
+@profiles_option
+@json_option
+@click.pass_obj
+def show(parent_dir: str | None, sm: str, profiles_dir: str | None, as_json: bool) -> int:
+    """Show one profile in full, with its derived build flags. SM: sm_90, 9.0 or 90."""
+    loaded = load(profiles_dir or parent_dir)
+    arch = parse_sm(sm)
+    profile = loaded.get(f"sm_{arch.cc.number}")
+    if as_json:
+        echo_json({"profile": profile.to_json()})
+        return 0
+    data = profile.to_json()
+    width = max(len(k) for k in data)
+    indent = "\n" + " " * (width + 2)
+    for key, value in data.items():
+        if isinstance(value, list):
+            text = indent.join(value) or "-"
+        else:
+            text = "-" if value is None else str(value)
+        click.echo(f"{key.ljust(width)}  {text}")
+    return 0

@@ -1,0 +1,243 @@
+"""Compatibility rules (DESIGN.md section 6): can this code run on that GPU and driver?
+
+Pure functions over data; every answer carries reasons a human can read, which
+``check`` and ``smoke`` print as they are.
+
+Sources: CUDA C++ Programming Guide, "Binary Compatibility" and "PTX Compatibility";
+CUDA 12.9 blog "family-specific architecture features" (``f`` suffix); CUDA
+Compatibility guide, "Minor Version Compatibility" (PTX JIT is not covered by it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from packaging.version import Version
+
+from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
+from buildmatrix.cuda import CudaFacts, DriverVersion, Toolkit, major_minor
+
+
+class Verdict(StrEnum):
+    NATIVE = "native"
+    JIT = "jit"
+    NONE = "none"
+
+
+_RANK = {Verdict.NATIVE: 2, Verdict.JIT: 1, Verdict.NONE: 0}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodeTarget:
+    """One piece of device code: a SASS cubin or a PTX text, as a fatbinary lists it."""
+
+    arch: Arch
+    ptx_isa: Version | None = None
+
+    def __str__(self) -> str:
+        if self.arch.kind is CodeKind.PTX and self.ptx_isa is not None:
+            return f"{self.arch} (PTX ISA {major_minor(self.ptx_isa)})"
+        return str(self.arch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Judgement:
+    verdict: Verdict
+    reasons: tuple[str, ...]
+
+
+def sass_runs_on(arch: Arch, cc: ComputeCapability) -> bool:
+    """Binary compatibility of SASS.
+
+    ``sm_XY`` and ``sm_XYf`` run on X.Z for Z >= Y (same major only); ``sm_XYa``
+    runs on exactly X.Y.
+    """
+    if arch.suffix is Suffix.ARCH:
+        return cc == arch.cc
+    return cc.major == arch.cc.major and cc.minor >= arch.cc.minor
+
+
+def ptx_targets(arch: Arch, cc: ComputeCapability) -> bool:
+    """Whether PTX for ``arch`` can be JIT-compiled for ``cc`` (ignoring the driver).
+
+    ``compute_XY`` JITs for any CC >= X.Y; ``compute_XYa`` only for X.Y;
+    ``compute_XYf`` for X.Z with Z >= Y (its family).
+    """
+    if arch.suffix is Suffix.ARCH:
+        return cc == arch.cc
+    if arch.suffix is Suffix.FAMILY:
+        return cc.major == arch.cc.major and cc.minor >= arch.cc.minor
+    return cc >= arch.cc
+
+
+def ptx_toolkit(ptx_isa: Version, facts: CudaFacts) -> Toolkit | None:
+    """The oldest toolkit whose PTX ISA is at least ``ptx_isa`` (None: newer than known)."""
+    return next((tk for tk in facts.toolkits if tk.ptx_isa >= ptx_isa), None)
+
+
+def _judge_sass(arch: Arch, cc: ComputeCapability) -> Judgement:
+    if sass_runs_on(arch, cc):
+        return Judgement(verdict=Verdict.NATIVE, reasons=(f"{arch} SASS runs natively on {cc}",))
+    if arch.suffix is Suffix.ARCH:
+        why = f"{arch} is arch-specific SASS and runs only on {arch.cc}"
+    elif cc.major != arch.cc.major:
+        why = f"{arch} SASS runs only on compute capability {arch.cc.major}.x"
+    else:
+        why = f"{arch} SASS needs compute capability {arch.cc} or a later {arch.cc.major}.x"
+    return Judgement(verdict=Verdict.NONE, reasons=(f"{why}, not {cc}",))
+
+
+def _judge_ptx(
+    arch: Arch,
+    ptx_isa: Version | None,
+    cc: ComputeCapability,
+    driver: DriverVersion | None,
+    facts: CudaFacts,
+) -> Judgement:
+    if not ptx_targets(arch, cc):
+        if arch.suffix is Suffix.ARCH:
+            why = f"{arch} PTX is arch-specific and JIT-compiles only for {arch.cc}"
+        elif arch.suffix is Suffix.FAMILY:
+            why = (
+                f"{arch} PTX is family-specific and JIT-compiles only for {arch.cc}+ of "
+                f"{arch.cc.major}.x"
+            )
+        else:
+            why = f"{arch} PTX needs compute capability {arch.cc} or newer"
+        return Judgement(verdict=Verdict.NONE, reasons=(f"{why}, not {cc}",))
+    if ptx_isa is None:
+        return Judgement(
+            verdict=Verdict.JIT,
+            reasons=(f"{arch} PTX can be JIT-compiled for {cc} (PTX ISA version unknown)",),
+        )
+    isa = major_minor(ptx_isa)
+    tk = ptx_toolkit(ptx_isa, facts)
+    if tk is None:
+        newest = facts.newest
+        unknown = (
+            f"{arch} PTX ISA {isa} is newer than every toolkit buildmatrix knows (CUDA "
+            f"{major_minor(newest.version)} emits ISA {major_minor(newest.ptx_isa)})"
+        )
+        if driver is None:
+            return Judgement(
+                verdict=Verdict.JIT,
+                reasons=(f"{unknown}; only a driver newer than {newest.driver} can JIT it",),
+            )
+        return Judgement(
+            verdict=Verdict.NONE,
+            reasons=(
+                f"{unknown}; driver {driver} cannot be shown to JIT it. "
+                "Update buildmatrix's CUDA table",
+            ),
+        )
+    need = f"CUDA {major_minor(tk.version)}, driver >= {tk.driver}"
+    if driver is None:
+        return Judgement(
+            verdict=Verdict.JIT,
+            reasons=(
+                f"{arch} PTX ISA {isa} can be JIT-compiled for {cc} by a driver that knows it "
+                f"({need})",
+            ),
+        )
+    if driver < tk.driver:
+        have = facts.driver_cuda(driver)
+        have_text = f"CUDA {major_minor(have)}" if have else "older than any known CUDA"
+        return Judgement(
+            verdict=Verdict.NONE,
+            reasons=(
+                f"{arch} PTX ISA {isa} needs {need} to JIT; driver {driver} supports only "
+                f"{have_text}",
+            ),
+        )
+    return Judgement(
+        verdict=Verdict.JIT,
+        reasons=(f"{arch} PTX ISA {isa} is JIT-compiled for {cc} by driver {driver}",),
+    )
+
+
+def judge_code(
+    code: CodeTarget, cc: ComputeCapability, *, driver: DriverVersion | None, facts: CudaFacts
+) -> Judgement:
+    """Verdict for one SASS or PTX entry on a GPU of ``cc`` with ``driver`` (None: unknown)."""
+    if code.arch.kind is CodeKind.SASS:
+        return _judge_sass(code.arch, cc)
+    return _judge_ptx(code.arch, code.ptx_isa, cc, driver, facts)
+
+
+def judge_codes(
+    codes: Iterable[CodeTarget],
+    cc: ComputeCapability,
+    *,
+    driver: DriverVersion | None,
+    facts: CudaFacts,
+) -> Judgement:
+    """Verdict for one file holding several entries: the best entry wins.
+
+    The CUDA runtime loads matching SASS when there is any and falls back to JIT
+    of the PTX otherwise, so ``native`` beats ``jit`` beats ``none``. The reasons of
+    a ``none`` list why each entry was refused.
+    """
+    judgements = [judge_code(c, cc, driver=driver, facts=facts) for c in codes]
+    if not judgements:
+        return Judgement(verdict=Verdict.NONE, reasons=("no device code",))
+    best = max(_RANK[j.verdict] for j in judgements)
+    verdict = next(v for v, r in _RANK.items() if r == best)
+    if verdict is Verdict.NONE:
+        reasons = tuple(r for j in judgements for r in j.reasons)
+    else:
+        reasons = next(j.reasons for j in judgements if j.verdict is verdict)
+    return Judgement(verdict=verdict, reasons=reasons)
+
+
+def combine(verdicts: Iterable[Verdict]) -> Verdict:
+    """The verdict of many files on one target: the worst file decides."""
+    worst = min((_RANK[v] for v in verdicts), default=_RANK[Verdict.NATIVE])
+    return next(v for v, r in _RANK.items() if r == worst)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverCheck:
+    ok: bool
+    reasons: tuple[str, ...]
+
+
+def check_driver(
+    driver: DriverVersion,
+    *,
+    cuda_runtime: Version | None,
+    hardware_floor: DriverVersion | None,
+    hardware: str = "",
+    facts: CudaFacts,
+) -> DriverCheck:
+    """Driver floors: the CUDA runtime's major (minor version compatibility) and the
+    GPU's hardware floor from its profile. Unknown CUDA majors fail closed."""
+    ok = True
+    reasons: list[str] = []
+    if cuda_runtime is not None:
+        floor = facts.runtime_floor(cuda_runtime.major)
+        rt = major_minor(cuda_runtime)
+        if floor is None:
+            ok = False
+            reasons.append(
+                f"CUDA {rt} runtime: buildmatrix knows no driver floor for CUDA "
+                f"{cuda_runtime.major}.x; update its CUDA table"
+            )
+        elif driver < floor:
+            ok = False
+            reasons.append(
+                f"CUDA {rt} runtime needs driver >= {floor} "
+                f"(CUDA {cuda_runtime.major}.x minor version compatibility); "
+                f"node has {driver}"
+            )
+        else:
+            reasons.append(f"driver {driver} >= {floor} for the CUDA {rt} runtime")
+    if hardware_floor is not None:
+        label = f" for {hardware}" if hardware else ""
+        if driver < hardware_floor:
+            ok = False
+            reasons.append(f"driver {driver} is below the hardware floor {hardware_floor}{label}")
+        else:
+            reasons.append(f"driver {driver} >= hardware floor {hardware_floor}{label}")
+    return DriverCheck(ok=ok, reasons=tuple(reasons))

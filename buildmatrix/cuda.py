@@ -1,0 +1,163 @@
+"""CUDA facts as data: toolkit -> driver, PTX ISA, driver floors, SM support windows.
+
+The numbers live in ``buildmatrix/data/cuda.yaml`` (sources cited there); this
+module loads them once into frozen dataclasses and answers questions about them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+from packaging.version import Version
+
+from buildmatrix import schema
+from buildmatrix.errors import InputError
+from buildmatrix.yamlio import load_yaml_text
+
+_CUDA_RE = re.compile(r"[0-9]+\.[0-9]+")
+_DRIVER_RE = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?")
+
+
+def parse_cuda_version(text: str, *, what: str = "CUDA version") -> Version:
+    """Parse ``12.4`` (MAJOR.MINOR). Raises :class:`InputError` naming ``what``."""
+    value = str(text).strip()
+    if not _CUDA_RE.fullmatch(value):
+        raise InputError(f"{what}: '{text}' is not a CUDA version; write MAJOR.MINOR, e.g. 12.4.")
+    return Version(value)
+
+
+@dataclass(frozen=True, order=True)
+class DriverVersion:
+    """A Linux driver version: compared numerically, printed as written (``535.104.05``).
+
+    ``packaging.Version`` would print ``535.104.5``, which is not how NVML, nvidia-smi
+    or the release notes write it.
+    """
+
+    key: tuple[int, int, int]
+    text: str = field(compare=False)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_driver_version(text: str, *, what: str = "driver version") -> DriverVersion:
+    """Parse a Linux driver version such as ``535.104.05`` or ``570.26``."""
+    value = str(text).strip()
+    if not _DRIVER_RE.fullmatch(value):
+        raise InputError(
+            f"{what}: '{text}' is not a driver version; write it as NVML reports it, "
+            "e.g. 535.104.05."
+        )
+    parts = [int(x) for x in value.split(".")] + [0]
+    return DriverVersion((parts[0], parts[1], parts[2]), value)
+
+
+def major_minor(version: Version) -> str:
+    return f"{version.major}.{version.minor}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Toolkit:
+    version: Version
+    driver: DriverVersion
+    ptx_isa: Version
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchSupport:
+    first: Version
+    last: Version | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaFacts:
+    toolkits: tuple[Toolkit, ...]
+    minor_compat: dict[int, DriverVersion]
+    architectures: dict[str, ArchSupport]
+
+    def toolkit(self, cuda: Version) -> Toolkit | None:
+        """The toolkit release MAJOR.MINOR, or None when the table does not know it."""
+        for tk in self.toolkits:
+            if (tk.version.major, tk.version.minor) == (cuda.major, cuda.minor):
+                return tk
+        return None
+
+    @property
+    def newest(self) -> Toolkit:
+        return self.toolkits[-1]
+
+    def driver_cuda(self, driver: DriverVersion) -> Version | None:
+        """Highest CUDA version the driver fully supports (its toolkit driver is <= it).
+
+        Drivers newer than the newest known toolkit's report that toolkit: a lower
+        bound, which is what the fail-closed rules need.
+        """
+        best: Version | None = None
+        for tk in self.toolkits:
+            if tk.driver <= driver:
+                best = tk.version
+        return best
+
+    def ptx_toolkit(self, ptx_isa: Version) -> Toolkit | None:
+        """The first toolkit that emits PTX ISA ``ptx_isa`` (None when unknown)."""
+        for tk in self.toolkits:
+            if tk.ptx_isa == ptx_isa:
+                return tk
+        return None
+
+    def runtime_floor(self, cuda_major: int) -> DriverVersion | None:
+        """Minimum driver for any runtime of this CUDA major (minor version compatibility)."""
+        return self.minor_compat.get(cuda_major)
+
+    def arch_support(self, arch_name: str) -> ArchSupport | None:
+        return self.architectures.get(arch_name)
+
+
+def facts_from_data(data: object, *, source: str) -> CudaFacts:
+    """Validate and convert the parsed YAML of a CUDA facts file."""
+    schema.validate(data, "cuda-facts", source=source)
+    if not isinstance(data, dict):  # pragma: no cover - the schema requires an object
+        raise InputError(f"{source}: expected a mapping.")
+    toolkits = tuple(
+        Toolkit(
+            version=parse_cuda_version(t["version"], what=f"{source}: toolkits"),
+            driver=parse_driver_version(t["driver"], what=f"{source}: toolkits"),
+            ptx_isa=parse_cuda_version(t["ptx_isa"], what=f"{source}: toolkits"),
+        )
+        for t in data["toolkits"]
+    )
+    for prev, cur in itertools.pairwise(toolkits):
+        if not (
+            prev.version < cur.version and prev.driver <= cur.driver and prev.ptx_isa <= cur.ptx_isa
+        ):
+            raise InputError(
+                f"{source}: toolkits must be listed oldest first with non-decreasing drivers "
+                f"and PTX ISA versions; {cur.version} breaks the order after {prev.version}."
+            )
+    minor_compat = {
+        int(major): parse_driver_version(v, what=f"{source}: minor_version_compatibility")
+        for major, v in data["minor_version_compatibility"].items()
+    }
+    architectures = {
+        name: ArchSupport(
+            first=parse_cuda_version(a["first"], what=f"{source}: architectures.{name}"),
+            last=parse_cuda_version(a["last"], what=f"{source}: architectures.{name}")
+            if "last" in a
+            else None,
+        )
+        for name, a in data["architectures"].items()
+    }
+    return CudaFacts(toolkits=toolkits, minor_compat=minor_compat, architectures=architectures)
+
+
+@cache
+def load_cuda_facts() -> CudaFacts:
+    """The CUDA facts shipped with buildmatrix (parsed once per process)."""
+    text = resources.files("buildmatrix").joinpath("data", "cuda.yaml").read_text()
+    source = "buildmatrix/data/cuda.yaml"
+    return facts_from_data(load_yaml_text(text, source=source), source=source)

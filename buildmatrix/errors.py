@@ -1,0 +1,40 @@
+"""One error hierarchy; each class carries the exit code of the CLI contract.
+
+Inner code only raises; ``cli.main`` catches once, prints the message and exits
+with ``exit_code`` (DESIGN.md section 4).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class BuildmatrixError(Exception):
+    """Base class. ``str(err)`` is the one-paragraph message shown to the user."""
+
+    exit_code: int = 2
+
+
+class CheckFailed(BuildmatrixError):
+    """A check ran and said no: incompatible image, rejected node, drift."""
+
+    exit_code = 1
+
+
+class InputError(BuildmatrixError):
+    """Bad input or usage: invalid YAML, unknown SM, malformed file, bad reference."""
+
+    exit_code = 2
+
+
+class EnvironmentUnavailable(BuildmatrixError):
+    """Something outside is missing: Docker engine, registry, NVML, driver."""
+
+    exit_code = 3
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ' Did you mean 'x'?' for the closest choice, or '' when none is close."""
+    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{matches[0]}'?" if matches else ""

@@ -1,0 +1,306 @@
+"""Arch profiles: one YAML per SM, validated on load into frozen dataclasses.
+
+A profile is the single source of truth for one SM: what to build (gencode,
+TORCH_CUDA_ARCH_LIST, CMake architectures), with which toolkits, and which nodes
+may run it (products, driver floor, features).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from buildmatrix import schema
+from buildmatrix.arch import ComputeCapability, Family, gfd_family, parse_cc
+from buildmatrix.cuda import (
+    CudaFacts,
+    DriverVersion,
+    load_cuda_facts,
+    major_minor,
+    parse_cuda_version,
+    parse_driver_version,
+)
+from buildmatrix.errors import InputError, did_you_mean
+from buildmatrix.yamlio import load_yaml_file
+
+ENV_VAR = "BUILDMATRIX_PROFILES"
+
+# Lowest compute capability whose tensor cores have each precision (NVIDIA
+# architecture whitepapers: Volta FP16; Xavier/Turing INT8; Ampere BF16/TF32;
+# Ada and Hopper FP8 (CC 8.9 and 9.0, not 8.0/8.6); Blackwell FP6/FP4).
+FEATURE_MIN_CC: Mapping[str, ComputeCapability] = {
+    "fp16": ComputeCapability(7, 0),
+    "int8": ComputeCapability(7, 2),
+    "bf16": ComputeCapability(8, 0),
+    "tf32": ComputeCapability(8, 0),
+    "fp8": ComputeCapability(8, 9),
+    "fp6": ComputeCapability(10, 0),
+    "fp4": ComputeCapability(10, 0),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    sm: str
+    cc: ComputeCapability
+    family: Family
+    description: str
+    products: tuple[str, ...]
+    min_cuda: Version
+    max_cuda: Version | None
+    min_driver: DriverVersion
+    features: tuple[str, ...]
+    ptx: bool
+    arch_specific: bool
+    source: str
+
+    @property
+    def number(self) -> int:
+        return self.cc.number
+
+    def supports_cuda(self, cuda: Version) -> bool:
+        """Whether toolkit ``cuda`` can build this SM (min_cuda <= cuda <= max_cuda)."""
+        mm = Version(major_minor(cuda))
+        return self.min_cuda <= mm and (self.max_cuda is None or mm <= self.max_cuda)
+
+    def builds_arch_specific(self, cuda: Version | None, facts: CudaFacts) -> bool:
+        """Whether ``sm_XYa`` is built: asked for, and the toolkit knows the suffix."""
+        if not self.arch_specific:
+            return False
+        support = facts.arch_support(f"{self.sm}a")
+        if support is None:
+            return False
+        return cuda is None or Version(major_minor(cuda)) >= support.first
+
+    def gencode(self, cuda: Version | None = None) -> tuple[str, ...]:
+        """nvcc ``-gencode`` flags; with ``cuda``, only what that toolkit can build."""
+        n = self.number
+        flags = [f"-gencode=arch=compute_{n},code=sm_{n}"]
+        if self.builds_arch_specific(cuda, load_cuda_facts()):
+            flags.append(f"-gencode=arch=compute_{n}a,code=sm_{n}a")
+        if self.ptx:
+            flags.append(f"-gencode=arch=compute_{n},code=compute_{n}")
+        return tuple(flags)
+
+    def torch_arch_list(self, cuda: Version | None = None) -> tuple[str, ...]:
+        """Entries for ``TORCH_CUDA_ARCH_LIST`` (``9.0+PTX``, ``9.0a``)."""
+        entries = [f"{self.cc}+PTX" if self.ptx else str(self.cc)]
+        if self.builds_arch_specific(cuda, load_cuda_facts()):
+            entries.append(f"{self.cc}a")
+        return tuple(entries)
+
+    def cmake_architectures(self, cuda: Version | None = None) -> tuple[str, ...]:
+        """Entries for ``CMAKE_CUDA_ARCHITECTURES`` (``90-real``, ``90a-real``, ``90-virtual``)."""
+        n = self.number
+        entries = [f"{n}-real"]
+        if self.builds_arch_specific(cuda, load_cuda_facts()):
+            entries.append(f"{n}a-real")
+        if self.ptx:
+            entries.append(f"{n}-virtual")
+        return tuple(entries)
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile as ``profiles --json`` prints it: file keys plus derived ones."""
+        return {
+            "sm": self.sm,
+            "compute_capability": str(self.cc),
+            "family": self.family.value,
+            "description": self.description,
+            "products": list(self.products),
+            "min_cuda": str(self.min_cuda),
+            "max_cuda": str(self.max_cuda) if self.max_cuda else None,
+            "min_driver": str(self.min_driver),
+            "features": list(self.features),
+            "ptx": self.ptx,
+            "arch_specific": self.arch_specific,
+            "gencode": list(self.gencode()),
+            "torch_arch_list": list(self.torch_arch_list()),
+            "cmake_architectures": list(self.cmake_architectures()),
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class ProfileSet:
+    """All profiles of one folder, sorted by compute capability."""
+
+    profiles: tuple[Profile, ...]
+    directory: Path
+
+    def __iter__(self) -> Iterator[Profile]:
+        return iter(self.profiles)
+
+    def __len__(self) -> int:
+        return len(self.profiles)
+
+    @property
+    def families(self) -> tuple[Family, ...]:
+        """Families in order of their first SM."""
+        return tuple(dict.fromkeys(p.family for p in self.profiles))
+
+    def get(self, sm: str) -> Profile:
+        """The profile for ``sm_XY``; an unknown SM is an input error with a hint."""
+        for p in self.profiles:
+            if p.sm == sm:
+                return p
+        known = [p.sm for p in self.profiles]
+        raise InputError(
+            f"no arch profile for '{sm}' in {self.directory}.{did_you_mean(sm, known)} "
+            f"Known SMs: {', '.join(known)}. Add {sm}.yaml there to support it."
+        )
+
+    def by_cc(self, cc: ComputeCapability) -> Profile | None:
+        return next((p for p in self.profiles if p.cc == cc), None)
+
+    def family(self, name: str) -> tuple[Profile, ...]:
+        """The profiles of a family; an unknown family is an input error with a hint."""
+        members = tuple(p for p in self.profiles if p.family.value == name)
+        if not members:
+            known = [f.value for f in self.families]
+            raise InputError(
+                f"no arch profile has family '{name}'.{did_you_mean(name, known)} "
+                f"Families in {self.directory}: {', '.join(known)}."
+            )
+        return members
+
+    def by_product(self, name: str) -> Profile | None:
+        """The profile that lists NVML product ``name`` (exact match)."""
+        return next((p for p in self.profiles if name in p.products), None)
+
+
+def default_profiles_dir() -> Path:
+    """Profiles shipped in the wheel, else those of the source checkout."""
+    packaged = Path(str(resources.files("buildmatrix").joinpath("arch_profiles")))
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "arch-profiles"
+
+
+def resolve_profiles_dir(option: str | os.PathLike[str] | None) -> Path:
+    """``--profiles DIR``, else ``$BUILDMATRIX_PROFILES``, else the shipped profiles."""
+    if option:
+        return Path(option)
+    env = os.environ.get(ENV_VAR)
+    return Path(env) if env else default_profiles_dir()
+
+
+def _profile_from_data(data: Any, path: Path, facts: CudaFacts) -> Profile:
+    source = str(path)
+    if data is None:
+        raise InputError(
+            f"{source}: the file is empty; an arch profile needs at least the keys "
+            "sm, compute_capability, family, products, min_cuda, min_driver, features."
+        )
+    schema.validate(data, "arch-profile", source=source)
+    sm: str = data["sm"]
+    if path.stem != sm:
+        raise InputError(
+            f"{source}: key 'sm' is '{sm}' but the file is named {path.name}; "
+            f"name the file {sm}.yaml (one file per SM)."
+        )
+    cc = parse_cc(data["compute_capability"])
+    if cc.number != int(sm.removeprefix("sm_")):
+        raise InputError(
+            f"{source}: key 'compute_capability' is {cc} but {sm} means "
+            f"{ComputeCapability.from_number(int(sm[3:]))}; make them agree."
+        )
+    family = Family(data["family"])
+    expected = gfd_family(cc)
+    if family is not expected:
+        raise InputError(
+            f"{source}: key 'family' is '{family}' but compute capability {cc} belongs to "
+            f"'{expected}' (GPU Feature Discovery's mapping); set family: {expected}."
+        )
+    min_cuda = parse_cuda_version(data["min_cuda"], what=f"{source}: key 'min_cuda'")
+    max_cuda = (
+        parse_cuda_version(data["max_cuda"], what=f"{source}: key 'max_cuda'")
+        if "max_cuda" in data
+        else None
+    )
+    support = facts.arch_support(sm)
+    if support is not None and min_cuda < support.first:
+        raise InputError(
+            f"{source}: key 'min_cuda' is {min_cuda} but {sm} needs CUDA "
+            f"{support.first} or newer; raise min_cuda."
+        )
+    if (
+        support is not None
+        and support.last is not None
+        and (max_cuda is None or max_cuda > support.last)
+    ):
+        raise InputError(
+            f"{source}: CUDA {support.last} is the last toolkit that targets "
+            f'{sm}; set max_cuda: "{support.last}".'
+        )
+    if max_cuda is not None and max_cuda < min_cuda:
+        raise InputError(
+            f"{source}: key 'max_cuda' ({max_cuda}) is older than min_cuda ({min_cuda})."
+        )
+    for feature in data["features"]:
+        floor = FEATURE_MIN_CC[feature]
+        if cc < floor:
+            raise InputError(
+                f"{source}: key 'features' lists {feature}, which needs compute "
+                f"capability {floor} or newer; {sm} is {cc}. Remove it."
+            )
+    return Profile(
+        sm=sm,
+        cc=cc,
+        family=family,
+        description=str(data.get("description", "")),
+        products=tuple(data["products"]),
+        min_cuda=min_cuda,
+        max_cuda=max_cuda,
+        min_driver=parse_driver_version(data["min_driver"], what=f"{source}: key 'min_driver'"),
+        features=tuple(data["features"]),
+        ptx=bool(data.get("ptx", False)),
+        arch_specific=bool(data.get("arch_specific", False)),
+        source=source,
+    )
+
+
+def _cross_check(profiles: Sequence[Profile]) -> None:
+    """Rules across files: no SM twice, a product belongs to one SM."""
+    seen_sm: dict[str, Profile] = {}
+    seen_product: dict[str, Profile] = {}
+    for p in profiles:
+        if p.sm in seen_sm:
+            raise InputError(
+                f"{p.source}: {p.sm} is already defined in {seen_sm[p.sm].source}; "
+                "keep one profile per SM."
+            )
+        seen_sm[p.sm] = p
+        for product in p.products:
+            other = seen_product.get(product)
+            if other is not None:
+                raise InputError(
+                    f"{p.source}: product '{product}' is also listed in {other.source} "
+                    f"({other.sm}); a GPU has one compute capability, list it once."
+                )
+            seen_product[product] = p
+
+
+def load_profiles(directory: Path) -> ProfileSet:
+    """Load, validate and cross-check every ``*.yaml`` / ``*.yml`` in ``directory``."""
+    if not directory.is_dir():
+        raise InputError(
+            f"profiles folder {directory} does not exist or is not a folder; "
+            f"pass --profiles DIR or set {ENV_VAR} to a folder of sm_XY.yaml files."
+        )
+    paths = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml"))
+    if not paths:
+        raise InputError(
+            f"profiles folder {directory} holds no .yaml files; "
+            "add one sm_XY.yaml per architecture."
+        )
+    facts = load_cuda_facts()
+    profiles = [_profile_from_data(load_yaml_file(p), p, facts) for p in paths]
+    _cross_check(profiles)
+    profiles.sort(key=lambda p: p.cc)
+    return ProfileSet(tuple(profiles), directory)

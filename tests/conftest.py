@@ -1,0 +1,43 @@
+"""Shared test helpers: run the real CLI in-process and capture what it prints."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from buildmatrix.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED_PROFILES = REPO / "arch-profiles"
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+class CliRunner:
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self._capsys = capsys
+
+    def __call__(self, *args: str) -> Result:
+        self._capsys.readouterr()
+        code = main(list(args))
+        captured = self._capsys.readouterr()
+        assert "Traceback" not in captured.err, captured.err
+        return Result(code, captured.out, captured.err)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.delenv("BUILDMATRIX_PROFILES", raising=False)
+    return CliRunner(capsys)

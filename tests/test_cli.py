@@ -1,0 +1,115 @@
+"""The CLI as users run it: version, profiles table and JSON, exit codes, packaging."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from buildmatrix import __version__
+from tests.conftest import REPO, CliRunner
+
+PROFILE_KEYS = {
+    "sm", "compute_capability", "family", "products", "min_cuda", "max_cuda", "min_driver",
+    "features", "ptx", "arch_specific", "gencode", "torch_arch_list",
+}  # fmt: skip
+
+
+def test_version(cli: CliRunner) -> None:
+    result = cli("--version")
+    assert result.code == 0
+    assert result.out.strip() == f"buildmatrix, version {__version__}"
+
+
+def test_profiles_table(cli: CliRunner) -> None:
+    result = cli("profiles")
+    assert result.code == 0
+    lines = result.out.splitlines()
+    assert lines[0].split() == ["SM", "CC", "FAMILY", "FEATURES", "CUDA", "MIN", "DRIVER",
+                                "PRODUCTS"]  # fmt: skip
+    hopper = next(line for line in lines if line.startswith("sm_90 "))
+    assert hopper.split()[:6] == ["sm_90", "9.0", "hopper", "fp16,bf16,tf32,int8,fp8", "11.8+",
+                                  "525.60.13"]  # fmt: skip
+    assert "H100 80GB HBM3" in hopper
+
+
+def test_profiles_json_contract(cli: CliRunner) -> None:
+    result = cli("profiles", "--json")
+    assert result.code == 0
+    doc = result.json()
+    assert doc["version"] == 1
+    by_sm = {p["sm"]: p for p in doc["profiles"]}
+    for p in doc["profiles"]:
+        assert set(p) >= PROFILE_KEYS, p["sm"]
+    assert by_sm["sm_90"]["compute_capability"] == "9.0"
+    assert by_sm["sm_90"]["family"] == "hopper"
+    assert by_sm["sm_90"]["min_cuda"] == "11.8"
+    assert by_sm["sm_90"]["min_driver"] == "525.60.13"
+    assert "fp8" in by_sm["sm_90"]["features"]
+    assert "fp8" not in by_sm["sm_80"]["features"]
+    assert by_sm["sm_90"]["torch_arch_list"] == ["9.0+PTX", "9.0a"]
+    ccs = [tuple(map(int, p["compute_capability"].split("."))) for p in doc["profiles"]]
+    assert ccs == sorted(ccs)
+
+
+@pytest.mark.parametrize("sm", ["sm_90", "9.0", "90"])
+def test_profiles_show(cli: CliRunner, sm: str) -> None:
+    result = cli("profiles", "show", sm)
+    assert result.code == 0
+    assert "-gencode=arch=compute_90a,code=sm_90a" in result.out
+    as_json = cli("profiles", "show", sm, "--json").json()
+    assert as_json["version"] == 1
+    assert as_json["profile"]["sm"] == "sm_90"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["profiles", "show", "sm_99"], "no arch profile for 'sm_99'"),
+        (["profiles", "show", "hopper"], "'hopper' is not an SM"),
+        (["profiles", "--bogus"], "No such option"),
+        (["nope"], "No such command"),
+    ],
+)
+def test_usage_errors_exit_2(cli: CliRunner, args: list[str], message: str) -> None:
+    result = cli(*args)
+    assert result.code == 2
+    assert message in result.err
+
+
+def test_python_dash_m() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "buildmatrix", "profiles", "show", "sm_80"],
+        capture_output=True, text=True, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "ampere" in proc.stdout
+
+
+def test_wheel_ships_profiles_and_schemas(tmp_path: Path) -> None:
+    """Build the wheel, unpack it alone on sys.path and run from the packaged data."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(REPO)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("buildmatrix-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "buildmatrix/arch_profiles/sm_90.yaml" in names
+    assert "buildmatrix/schemas/arch-profile.schema.json" in names
+    assert "buildmatrix/data/cuda.yaml" in names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {k: v for k, v in os.environ.items() if k != "BUILDMATRIX_PROFILES"}
+    env["PYTHONPATH"] = str(site)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from buildmatrix.cli import main; raise SystemExit(main())",
+         "profiles"],
+        capture_output=True, text=True, check=False, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"from {site / 'buildmatrix' / 'arch_profiles'}" in proc.stdout

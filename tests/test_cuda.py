@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from packaging.version import Version
+
+from buildmatrix.cuda import (
+    facts_from_data,
+    load_cuda_facts,
+    parse_cuda_version,
+    parse_driver_version,
+)
+from buildmatrix.errors import InputError
+
+
+def test_driver_version_keeps_its_text_and_compares_numerically() -> None:
+    v = parse_driver_version("535.104.05")
+    assert str(v) == "535.104.05"
+    assert parse_driver_version("570.26") < parse_driver_version("570.26.01")
+    assert parse_driver_version("570.26") == parse_driver_version("570.26.0")
+    assert parse_driver_version("525.60.13") > parse_driver_version("525.60.9")
+
+
+@pytest.mark.parametrize("text", ["535", "R525", "535.104.05.1", "", "latest"])
+def test_bad_driver_versions(text: str) -> None:
+    with pytest.raises(InputError, match="not a driver version"):
+        parse_driver_version(text)
+
+
+@pytest.mark.parametrize("text", ["12", "12.4.1", "v12.4", "twelve"])
+def test_bad_cuda_versions(text: str) -> None:
+    with pytest.raises(InputError, match=r"MAJOR\.MINOR"):
+        parse_cuda_version(text)
+
+
+def test_verified_facts_from_design() -> None:
+    """The values DESIGN.md section 7 lists as verified are what the table holds."""
+    facts = load_cuda_facts()
+    expected = {
+        "12.0": ("525.60.13", "8.0"),
+        "12.1": ("530.30.02", "8.1"),
+        "12.2": ("535.54.03", "8.2"),
+        "12.3": ("545.23.06", "8.3"),
+        "12.4": ("550.54.14", "8.4"),
+        "12.5": ("555.42.02", "8.5"),
+        "12.6": ("560.28.03", "8.5"),
+        "12.8": ("570.26", "8.7"),
+        "12.9": ("575.51.03", "8.8"),
+        "13.0": ("580.65.06", "9.0"),
+    }
+    for version, (driver, isa) in expected.items():
+        tk = facts.toolkit(Version(version))
+        assert tk is not None, version
+        assert str(tk.driver) == driver
+        assert tk.ptx_isa == Version(isa)
+    assert str(facts.runtime_floor(11)) == "450.80.02"
+    assert str(facts.runtime_floor(12)) == "525.60.13"
+    assert str(facts.runtime_floor(13)) == "580.65.06"
+    assert facts.runtime_floor(14) is None
+    for sm, first in [("sm_80", "11.0"), ("sm_86", "11.1"), ("sm_89", "11.8"), ("sm_90", "11.8"),
+                      ("sm_90a", "12.0"), ("sm_100", "12.8"), ("sm_120", "12.8"),
+                      ("sm_103", "12.9"), ("sm_100f", "12.9")]:  # fmt: skip
+        support = facts.arch_support(sm)
+        assert support is not None
+        assert support.first == Version(first), sm
+
+
+@pytest.mark.parametrize(
+    ("driver", "cuda"),
+    [
+        ("535.104.05", "12.2"),
+        ("535.54.03", "12.2"),
+        ("535.54.02", "12.1"),
+        ("525.60.13", "12.0"),
+        ("470.82.01", "11.4"),
+        ("590.44.01", "13.0"),  # newer than the table: the newest known, a lower bound
+        ("440.33", None),
+    ],
+)
+def test_driver_cuda(driver: str, cuda: str | None) -> None:
+    got = load_cuda_facts().driver_cuda(parse_driver_version(driver))
+    assert got == (Version(cuda) if cuda else None)
+
+
+def _facts_data() -> dict[str, Any]:
+    return {
+        "toolkits": [
+            {"version": "12.0", "driver": "525.60.13", "ptx_isa": "8.0"},
+            {"version": "12.1", "driver": "530.30.02", "ptx_isa": "8.1"},
+        ],
+        "minor_version_compatibility": {"12": "525.60.13"},
+        "architectures": {"sm_90": {"first": "11.8"}},
+    }
+
+
+def test_facts_order_is_checked() -> None:
+    data = _facts_data()
+    data["toolkits"].reverse()
+    with pytest.raises(InputError, match="oldest first"):
+        facts_from_data(data, source="cuda.yaml")
+
+
+def test_facts_schema_is_checked() -> None:
+    data = _facts_data()
+    data["toolkits"][0]["drivr"] = "1.2"
+    with pytest.raises(InputError, match=r"cuda\.yaml: key 'toolkits\[0\]': unknown key 'drivr'"):
+        facts_from_data(data, source="cuda.yaml")
