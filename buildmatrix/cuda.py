@@ -16,7 +16,6 @@ from packaging.version import Version
 
 from buildmatrix import schema
 from buildmatrix.errors import InputError
-from buildmatrix.yamlio import load_yaml_text
 
 _CUDA_RE = re.compile(r"[0-9]+\.[0-9]+")
 _DRIVER_RE = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?")
@@ -158,6 +157,8 @@ def facts_from_data(data: object, *, source: str) -> CudaFacts:
 @cache
 def load_cuda_facts() -> CudaFacts:
     """The CUDA facts shipped with buildmatrix (parsed once per process)."""
+    from buildmatrix.yamlio import load_yaml_text  # PyYAML only when the table is read
+
     text = resources.files("buildmatrix").joinpath("data", "cuda.yaml").read_text()
     source = "buildmatrix/data/cuda.yaml"
     return facts_from_data(load_yaml_text(text, source=source), source=source)

@@ -27,7 +27,6 @@ from buildmatrix.cuda import (
     parse_driver_version,
 )
 from buildmatrix.errors import InputError, did_you_mean
-from buildmatrix.yamlio import load_yaml_file
 
 ENV_VAR = "BUILDMATRIX_PROFILES"
 
@@ -299,6 +298,8 @@ def load_profiles(directory: Path) -> ProfileSet:
             f"profiles folder {directory} holds no .yaml files; "
             "add one sm_XY.yaml per architecture."
         )
+    from buildmatrix.yamlio import load_yaml_file  # PyYAML only when profiles are read
+
     facts = load_cuda_facts()
     profiles = [_profile_from_data(load_yaml_file(p), p, facts) for p in paths]
     _cross_check(profiles)

@@ -6,12 +6,12 @@ import json
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
-from typing import Any
-
-import jsonschema
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from buildmatrix.errors import InputError, did_you_mean
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 
 @cache
@@ -58,6 +58,8 @@ def validate(instance: Any, schema_name: str, *, source: str) -> None:
 
     Errors are reported in document order so the user fixes the file top-down.
     """
+    import jsonschema  # ~70 ms to import: only when a data file is loaded
+
     schema = load_schema(schema_name)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(

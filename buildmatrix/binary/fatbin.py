@@ -1,0 +1,184 @@
+"""The CUDA fatbinary container: entries listed from their headers alone.
+
+Layout (DESIGN.md section 7; ZLUDA ``dark_api/src/fatbin.rs``, clang
+``CGCUDANV.cpp``, n-eiling/cuda-fatbin-decompression; checked against cuobjdump
+by the tests):
+
+- container header, 16 bytes ``<IHHQ``: magic 0xBA55ED50, version, header size,
+  size of the entries that follow. Several containers may follow one another.
+- entry header, at least 64 bytes: ``+0 u16 kind`` (1 PTX, 2 ELF, 8 LTO IR),
+  ``+4 u32 header size``, ``+8 u64 payload size``, ``+24 u16 minor``, ``+26 u16
+  major`` (the PTX ISA version for PTX), ``+28 u32 arch``, ``+40 u64 flags``,
+  ``+56 u64 uncompressed size``. The next entry starts after header and payload.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cache
+from typing import Any
+
+from packaging.version import Version
+
+from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
+from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
+
+FATBIN_MAGIC = 0xBA55ED50
+FATBIN_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
+_CONTAINER = struct.Struct("<IHHQ")
+_ENTRY = struct.Struct(
+    "<HHIQ8xHHI8xQ8xQ"
+)  # kind, _, hsize, payload, minor, major, arch, flags, unc
+
+# Flags seen with nvcc 12.x/13.0 (verified against cuobjdump in the tests).
+FLAG_COMPRESSED_LZ4 = 0x2000
+FLAG_COMPRESSED = 0x8000
+FLAG_ARCH_SPECIFIC = 0x100000
+FLAG_FAMILY_SPECIFIC = 0x200000
+
+# Sanity bounds: real headers are 16 and 64-120 bytes.
+_MAX_HEADER = 4096
+_MIN_ENTRY_HEADER = 64
+_PAD_CHUNK = 1 << 16
+
+
+class EntryKind(StrEnum):
+    SASS = "sass"
+    PTX = "ptx"
+    LTOIR = "ltoir"
+
+
+_KINDS = {1: EntryKind.PTX, 2: EntryKind.SASS, 8: EntryKind.LTOIR}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FatbinEntry:
+    kind: EntryKind
+    arch: Arch
+    ptx_isa: Version | None
+    compressed: bool
+    size: int
+    offset: int
+
+    @property
+    def arch_name(self) -> str:
+        """``sm_90a``, ``compute_90``, or ``lto_90`` for LTO IR (nvcc's ``code=lto_90``)."""
+        if self.kind is EntryKind.LTOIR:
+            return f"lto_{self.arch.cc.number}{self.arch.suffix.value}"
+        return str(self.arch)
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"kind": self.kind.value, "arch": self.arch_name}
+        if self.ptx_isa is not None:
+            doc["ptx_isa"] = f"{self.ptx_isa.major}.{self.ptx_isa.minor}"
+        doc["compressed"] = self.compressed
+        doc["size"] = self.size
+        return doc
+
+
+@cache
+def _entry_arch(kind: EntryKind, number: int, suffix_flags: int) -> Arch:
+    # Cached: a large library repeats a dozen archs thousands of times.
+    suffix = Suffix.NONE
+    if suffix_flags & FLAG_ARCH_SPECIFIC:
+        suffix = Suffix.ARCH
+    elif suffix_flags & FLAG_FAMILY_SPECIFIC:
+        suffix = Suffix.FAMILY
+    code_kind = CodeKind.SASS if kind is EntryKind.SASS else CodeKind.PTX
+    return Arch(ComputeCapability.from_number(number), code_kind, suffix)
+
+
+@cache
+def _isa(major: int, minor: int) -> Version:
+    return Version(f"{major}.{minor}")
+
+
+def _skip_zeros(src: ByteSource, pos: int, end: int) -> int:
+    """Skip zero padding between containers; return the first non-zero offset or ``end``.
+
+    Padding is a few bytes, so the first read is small; it grows only for long runs.
+    """
+    chunk_size = 64
+    while pos < end:
+        chunk = read_exact(src, pos, min(chunk_size, end - pos), what="fatbin padding")
+        stripped = chunk.lstrip(b"\0")
+        if stripped:
+            return pos + len(chunk) - len(stripped)
+        pos += len(chunk)
+        chunk_size = min(chunk_size * 4, _PAD_CHUNK)
+    return end
+
+
+def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> list[FatbinEntry]:
+    """List every entry of the fatbinary containers in ``[start, start + length)``.
+
+    ``where`` names the region in messages (``section .nv_fatbin``). Every size is
+    checked against the region before use, and every step moves forward by at least
+    one header, so corrupt input ends in :class:`CorruptBinary`, never a loop.
+    """
+    name = f"{src.name} ({where})"
+    if length <= 0:
+        raise CorruptBinary(f"{name}: the fatbinary is empty (0 bytes).")
+    end = start + length
+    if end > src.size:
+        raise CorruptBinary(
+            f"{name}: claims {length} bytes at {start:#x}, past the end of the "
+            f"file ({src.size} bytes); the file is truncated."
+        )
+    entries: list[FatbinEntry] = []
+    pos = start
+    while pos < end:
+        if pos != start:
+            pos = _skip_zeros(src, pos, end)
+            if pos >= end:
+                break
+        head = read_exact(src, pos, _CONTAINER.size, what="fatbin container header")
+        magic, _version, hsize, fat_size = _CONTAINER.unpack(head)
+        if magic != FATBIN_MAGIC:
+            raise CorruptBinary(
+                f"{name}: no fatbinary magic at offset {pos:#x} "
+                f"(found {magic:#010x}, expected {FATBIN_MAGIC:#010x})."
+            )
+        if not _CONTAINER.size <= hsize <= _MAX_HEADER:
+            raise CorruptBinary(f"{name}: fatbin container at {pos:#x} has header size {hsize}.")
+        body, body_end = pos + hsize, pos + hsize + fat_size
+        if body_end > end:
+            raise CorruptBinary(
+                f"{name}: fatbin container at {pos:#x} claims {fat_size} bytes "
+                f"of entries but only {end - body} remain."
+            )
+        p = body
+        while p < body_end:
+            if body_end - p < _MIN_ENTRY_HEADER:
+                raise CorruptBinary(
+                    f"{name}: {body_end - p} stray bytes at {p:#x} inside a fatbin container."
+                )
+            raw = read_exact(src, p, _ENTRY.size, what="fatbin entry header")
+            kind_id, _, ehsize, payload, minor, major, number, flags, _unc = _ENTRY.unpack(raw)
+            if not _MIN_ENTRY_HEADER <= ehsize <= _MAX_HEADER:
+                raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has header size {ehsize}.")
+            if p + ehsize + payload > body_end:
+                raise CorruptBinary(
+                    f"{name}: fatbin entry at {p:#x} claims a {payload}-byte "
+                    f"payload that runs past its container."
+                )
+            kind = _KINDS.get(kind_id)
+            if kind is None:
+                raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has unknown kind {kind_id}.")
+            if not 10 <= number <= 999:
+                raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has arch {number}.")
+            entries.append(
+                FatbinEntry(
+                    kind=kind,
+                    arch=_entry_arch(kind, number, flags),
+                    ptx_isa=Version(f"{major}.{minor}") if kind is EntryKind.PTX else None,
+                    compressed=bool(flags & (FLAG_COMPRESSED | FLAG_COMPRESSED_LZ4)),
+                    size=payload,
+                    offset=p,
+                )
+            )
+            p += ehsize + payload
+        pos = body_end
+    return entries

@@ -1,0 +1,179 @@
+"""Find CUDA device code in files and folders: which SASS and PTX each file holds."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from buildmatrix.arch import Arch
+from buildmatrix.binary.cubin import cubin_arch
+from buildmatrix.binary.elf import EM_CUDA, is_elf, read_elf
+from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES, EntryKind, FatbinEntry, parse_fatbin
+from buildmatrix.binary.ptx import ptx_target
+from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
+from buildmatrix.errors import InputError
+
+if TYPE_CHECKING:
+    from buildmatrix.compat import CodeTarget
+
+# The fatbinary the CUDA runtime registers at load time is .nv_fatbin; relocatable
+# device code (-rdc=true) sits in __nv_relfatbin and is used only where there is no
+# executable one (an object file). cuobjdump makes the same choice by default.
+FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
+_HEAD = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileReport:
+    """The device code of one file. ``path`` is relative to the scanned root."""
+
+    path: str
+    format: str
+    entries: tuple[FatbinEntry, ...]
+
+    def _archs(self, kind: EntryKind) -> list[str]:
+        archs: set[Arch] = {e.arch for e in self.entries if e.kind is kind}
+        return [str(a) for a in sorted(archs, key=lambda a: a.sort_key)]
+
+    @property
+    def sass(self) -> list[str]:
+        return self._archs(EntryKind.SASS)
+
+    @property
+    def ptx(self) -> list[str]:
+        return self._archs(EntryKind.PTX)
+
+    def code_targets(self) -> list[CodeTarget]:
+        """Loadable code only (SASS and PTX; LTO IR needs a device link first)."""
+        from buildmatrix.compat import CodeTarget
+
+        return [
+            CodeTarget(arch=e.arch, ptx_isa=e.ptx_isa)
+            for e in self.entries
+            if e.kind is not EntryKind.LTOIR
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "sass": self.sass,
+            "ptx": self.ptx,
+            "entries": [e.to_json() for e in self.entries],
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScanProblem:
+    path: str
+    message: str
+
+
+def inspect_source(src: ByteSource, *, path: str, head: bytes | None = None) -> FileReport | None:
+    """The device code in one file, or None when it has none."""
+    if head is None:
+        head = src.read_at(0, _HEAD)
+    if is_elf(head):
+        info = read_elf(src)
+        if info.machine == EM_CUDA:
+            arch = cubin_arch(src, info)
+            entry = FatbinEntry(
+                kind=EntryKind.SASS,
+                arch=arch,
+                ptx_isa=None,
+                compressed=False,
+                size=src.size,
+                offset=0,
+            )
+            return FileReport(path=path, format="cubin", entries=(entry,))
+        for name in FATBIN_SECTIONS:
+            section = info.section(name)
+            if section is not None:
+                where = f"section {name}"
+                entries = parse_fatbin(src, section.offset, section.size, where=where)
+                return FileReport(path=path, format="elf", entries=tuple(entries))
+        return None
+    if head[:4] == FATBIN_MAGIC_BYTES:
+        entries = parse_fatbin(src, 0, src.size, where="fatbin file")
+        return FileReport(path=path, format="fatbin", entries=tuple(entries))
+    if path.endswith(".ptx"):
+        arch, isa = ptx_target(src)
+        entry = FatbinEntry(
+            kind=EntryKind.PTX, arch=arch, ptx_isa=isa, compressed=False, size=src.size, offset=0
+        )
+        return FileReport(path=path, format="ptx", entries=(entry,))
+    return None
+
+
+def inspect_file(path: Path, *, display: str | None = None) -> FileReport | None:
+    """Open and inspect one file; a missing or unreadable file is an input error."""
+    shown = display if display is not None else str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise InputError(f"{shown}: cannot open: {exc.strerror}.") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{shown}: not a regular file.")
+        return inspect_source(FileSource(fd, name=shown), path=shown)
+    finally:
+        os.close(fd)
+
+
+def _walk(root: Path) -> Iterator[tuple[str, str]]:
+    """(absolute path, path relative to root) of every regular file, in sorted order.
+
+    Symbolic links are never followed: a link inside the tree points at a file the
+    walk reaches anyway, and a link out of the tree must not be read.
+    """
+    stack = [(str(root), "")]
+    while stack:
+        folder, rel = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        subfolders = []
+        for entry in entries:
+            child = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.is_symlink():
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                subfolders.append((entry.path, child))
+            elif entry.is_file(follow_symlinks=False):
+                yield entry.path, child
+        stack.extend(reversed(subfolders))
+
+
+def scan_tree(
+    root: Path, *, on_file: Callable[[str, bool], None] | None = None
+) -> Iterator[FileReport | ScanProblem]:
+    """Every file with device code under ``root``, plus a problem for each corrupt one.
+
+    ``on_file(path, has_code)`` is called for every regular file (for progress).
+    """
+    for full, rel in _walk(root):
+        result: FileReport | ScanProblem | None
+        try:
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            result = ScanProblem(path=rel, message=f"cannot open: {exc.strerror}")
+        else:
+            try:
+                src = FileSource(fd, name=rel)
+                head = src.read_at(0, _HEAD)
+                result = inspect_source(src, path=rel, head=head) if len(head) >= 4 else None
+            except CorruptBinary as exc:
+                result = ScanProblem(path=rel, message=str(exc))
+            except OSError as exc:
+                result = ScanProblem(path=rel, message=f"cannot read: {exc.strerror}")
+            finally:
+                os.close(fd)
+        if on_file is not None:
+            on_file(rel, isinstance(result, FileReport))
+        if result is not None:
+            yield result

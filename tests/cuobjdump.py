@@ -1,0 +1,47 @@
+"""NVIDIA's cuobjdump as the reference reader (pip package nvidia-cuda-cuobjdump)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+_LINE = re.compile(r"^(ELF|PTX) file\s+\d+: .*\.(sm_\d+[af]?)\.(cubin|ptx)$")
+
+
+def find_cuobjdump() -> Path | None:
+    """cuobjdump on PATH, else the one the nvidia-cuda-cuobjdump wheel installs."""
+    on_path = shutil.which("cuobjdump")
+    if on_path:
+        return Path(on_path)
+    spec = importlib.util.find_spec("nvidia")
+    for folder in spec.submodule_search_locations or [] if spec else []:
+        for candidate in sorted(Path(folder).glob("cu*/bin/cuobjdump"), reverse=True):
+            return candidate
+    return None
+
+
+def cuobjdump_lists(tool: Path, path: Path) -> tuple[Counter[str], Counter[str]]:
+    """(SASS, PTX) entries as cuobjdump lists them, with multiplicity.
+
+    cuobjdump names SASS ``sm_XY[a]`` (an ``f`` cubin reads as plain) and PTX
+    ``sm_XY[a|f]``; PTX is returned as ``compute_XY[a|f]`` to match buildmatrix.
+    """
+    sass: Counter[str] = Counter()
+    ptx: Counter[str] = Counter()
+    for flag in ("--list-elf", "--list-ptx"):
+        proc = subprocess.run(
+            [str(tool), flag, str(path)], capture_output=True, text=True, check=False
+        )
+        if proc.returncode not in (0, 255):
+            raise RuntimeError(f"cuobjdump {flag} {path} failed: {proc.stderr}")
+        for line in proc.stdout.splitlines():
+            m = _LINE.match(line.strip())
+            if m and m[1] == "ELF":
+                sass[m[2]] += 1
+            elif m:
+                ptx["compute_" + m[2].removeprefix("sm_")] += 1
+    return sass, ptx

@@ -1,0 +1,68 @@
+"""inspect against nvcc's own output and NVIDIA's cuobjdump, entry for entry.
+
+The fixtures are rebuilt from source with nvcc (skipped where nvcc is absent) so
+that the committed ones can never drift from what the compiler really produces.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from buildmatrix.binary.fatbin import EntryKind
+from buildmatrix.binary.scan import inspect_file
+from tests.cuobjdump import cuobjdump_lists, find_cuobjdump
+from tests.fixtures.build import BIN, FIXTURES, Fixture, build, expected, have_nvcc
+
+pytestmark = pytest.mark.integration
+
+CUOBJDUMP = find_cuobjdump()
+CUOBJDUMP_READS = {"shared", "exe", "object", "cubin", "fatbin"}  # not .ptx text
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not have_nvcc():
+        pytest.skip("nvcc is not installed: the committed fixtures are tested instead")
+    out = tmp_path_factory.mktemp("fixtures")
+    build(out)
+    return out
+
+
+def _ours(path: Path) -> tuple[Counter[str], Counter[str]]:
+    report = inspect_file(path)
+    sass: Counter[str] = Counter()
+    ptx: Counter[str] = Counter()
+    for e in report.entries if report else ():
+        if e.kind is EntryKind.SASS:
+            # cuobjdump names a family-specific cubin by its plain SM.
+            sass[str(e.arch).removesuffix("f")] += 1
+        elif e.kind is EntryKind.PTX:
+            ptx[str(e.arch)] += 1
+    return sass, ptx
+
+
+@pytest.mark.parametrize("fx", FIXTURES, ids=lambda fx: fx.name)
+def test_rebuilt_fixture_matches_gencode_and_committed(rebuilt: Path, fx: Fixture) -> None:
+    fresh = inspect_file(rebuilt / fx.name)
+    committed = inspect_file(BIN / fx.name)
+    if fx.kind == "host":
+        assert fresh is None
+        assert committed is None
+        return
+    assert fresh is not None
+    assert committed is not None
+    assert (fresh.sass, fresh.ptx) == expected(fx)
+    assert [e.arch_name for e in fresh.entries] == [e.arch_name for e in committed.entries]
+
+
+@pytest.mark.parametrize(
+    "fx", [f for f in FIXTURES if f.kind in CUOBJDUMP_READS], ids=lambda fx: fx.name
+)
+def test_agrees_with_cuobjdump_entry_for_entry(rebuilt: Path, fx: Fixture) -> None:
+    if CUOBJDUMP is None:
+        pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump)")
+    path = rebuilt / fx.name
+    assert _ours(path) == cuobjdump_lists(CUOBJDUMP, path)

@@ -1,0 +1,135 @@
+"""inspect on the committed nvcc-built fixtures, on folders, and through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_tree
+from tests.binaries import container, elf_with_section, entry
+from tests.conftest import REPO, CliRunner
+from tests.fixtures.build import BIN, FIXTURES, Fixture, expected
+
+INSPECT_SCHEMA = json.loads((REPO / "buildmatrix/schemas/inspect.schema.json").read_text())
+CODE_FIXTURES = [fx for fx in FIXTURES if fx.kind != "host"]
+
+
+@pytest.mark.parametrize("fx", CODE_FIXTURES, ids=lambda fx: fx.name)
+def test_committed_fixture_matches_its_gencode(fx: Fixture) -> None:
+    report = inspect_file(BIN / fx.name)
+    assert report is not None
+    sass, ptx = expected(fx)
+    assert (report.sass, report.ptx) == (sass, ptx)
+
+
+def test_details_of_entries() -> None:
+    compressed = inspect_file(BIN / "libcompressed.so")
+    assert compressed is not None
+    assert all(e.compressed for e in compressed.entries)
+    ptx = inspect_file(BIN / "libsass_ptx.so")
+    assert ptx is not None
+    isas = {str(e.ptx_isa) for e in ptx.entries if e.ptx_isa is not None}
+    assert isas == {"9.0"}  # nvcc 13.0 emits PTX ISA 9.0
+    lto = inspect_file(BIN / "kernels_lto.fatbin")
+    assert lto is not None
+    assert [e.arch_name for e in lto.entries] == ["lto_90"]
+    assert lto.code_targets() == []
+    assert inspect_file(BIN / "libhost_only.so") is None
+
+
+def test_scan_tree_lists_only_cuda_files_in_order() -> None:
+    reports = list(scan_tree(BIN))
+    assert all(isinstance(r, FileReport) for r in reports)
+    paths = [r.path for r in reports]
+    assert paths == sorted(fx.name for fx in CODE_FIXTURES)
+
+
+def _tree(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    (root / "usr/lib/cuda").mkdir(parents=True)
+    (root / "opt").mkdir()
+    (root / "usr/lib/cuda/libsass_ptx.so").write_bytes((BIN / "libsass_ptx.so").read_bytes())
+    (root / "usr/lib/libhost.so").write_bytes((BIN / "libhost_only.so").read_bytes())
+    (root / "usr/lib/README").write_text("not a binary")
+    (root / "usr/lib/empty").write_bytes(b"")
+    bad = elf_with_section(".nv_fatbin", container(entry(header_size=0)))
+    (root / "opt/broken.so").write_bytes(bad)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "libmulti.so").write_bytes((BIN / "libmulti.so").read_bytes())
+    (root / "opt/link-out.so").symlink_to(outside / "libmulti.so")
+    (root / "opt/dir-out").symlink_to(outside)
+    (root / "usr/lib/libsass_ptx.so.1").symlink_to("cuda/libsass_ptx.so")
+    return root
+
+
+def test_scan_tree_follows_no_symlink_and_reports_corrupt_files(tmp_path: Path) -> None:
+    results = list(scan_tree(_tree(tmp_path)))
+    reports = [r for r in results if isinstance(r, FileReport)]
+    problems = [r for r in results if isinstance(r, ScanProblem)]
+    assert [r.path for r in reports] == ["usr/lib/cuda/libsass_ptx.so"]
+    assert [p.path for p in problems] == ["opt/broken.so"]
+    assert "has header size 0" in problems[0].message
+
+
+def test_inspect_cli_json(tmp_path: Path, cli: CliRunner) -> None:
+    root = _tree(tmp_path)
+    result = cli("inspect", "--json", str(root), str(BIN / "kernels_sm90a.cubin"))
+    assert result.code == 0
+    doc = result.json()
+    jsonschema.validate(doc, INSPECT_SCHEMA)
+    assert [f["path"] for f in doc["files"]] == [
+        "usr/lib/cuda/libsass_ptx.so",
+        str(BIN / "kernels_sm90a.cubin"),
+    ]
+    first = doc["files"][0]
+    assert first["sass"] == ["sm_80", "sm_90"]
+    assert first["ptx"] == ["compute_90"]
+    assert {"kind": "ptx", "arch": "compute_90", "ptx_isa": "9.0"}.items() <= next(
+        e for e in first["entries"] if e["kind"] == "ptx"
+    ).items()
+    assert len(doc["problems"]) == 1
+    assert "warning:" in result.err
+
+
+def test_inspect_cli_table(cli: CliRunner) -> None:
+    result = cli("inspect", str(BIN))
+    assert result.code == 0
+    lines = result.out.splitlines()
+    assert lines[0].split() == ["FILE", "SASS", "PTX"]
+    multi = next(line for line in lines if line.startswith("libmulti.so"))
+    assert "sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_103, sm_120" in multi
+    assert "compute_120 (ISA 9.0)" in multi
+    assert lines[-1] == f"{len(CODE_FIXTURES)} file(s) with device code of {len(FIXTURES)} scanned"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["inspect"], "Missing argument"),
+        (["inspect", "/nonexistent/lib.so"], "/nonexistent/lib.so: no such file or folder"),
+        (["inspect", "BAD"], "has header size 0"),
+    ],
+)
+def test_inspect_cli_bad_input_exits_2(
+    tmp_path: Path, cli: CliRunner, args: list[str], message: str
+) -> None:
+    if "BAD" in args:
+        bad = tmp_path / "bad.so"
+        bad.write_bytes(elf_with_section(".nv_fatbin", container(entry(header_size=0))))
+        args = ["inspect", str(bad)]
+    result = cli(*args)
+    assert result.code == 2
+    assert message in result.err
+
+
+def test_inspect_truncated_library(tmp_path: Path, cli: CliRunner) -> None:
+    data = (BIN / "libmulti.so").read_bytes()
+    cut = tmp_path / "libmulti.so"
+    cut.write_bytes(data[: len(data) // 2])
+    result = cli("inspect", str(cut))
+    assert result.code == 2
+    assert "truncated" in result.err or "past the end" in result.err
