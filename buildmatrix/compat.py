@@ -184,8 +184,8 @@ def judge_codes(
         return Judgement(verdict=Verdict.NONE, reasons=("no device code",))
     best = max(_RANK[j.verdict] for j in judgements)
     verdict = next(v for v, r in _RANK.items() if r == best)
-    if verdict is Verdict.NONE:
-        reasons = tuple(r for j in judgements for r in j.reasons)
+    if verdict is Verdict.NONE:  # every refusal once (a library often repeats an arch)
+        reasons = tuple(dict.fromkeys(r for j in judgements for r in j.reasons))
     else:
         reasons = next(j.reasons for j in judgements if j.verdict is verdict)
     return Judgement(verdict=verdict, reasons=reasons)
@@ -201,6 +201,7 @@ def combine(verdicts: Iterable[Verdict]) -> Verdict:
 class DriverCheck:
     ok: bool
     reasons: tuple[str, ...]
+    failures: tuple[str, ...] = ()
 
 
 def check_driver(
@@ -213,20 +214,23 @@ def check_driver(
 ) -> DriverCheck:
     """Driver floors: the CUDA runtime's major (minor version compatibility) and the
     GPU's hardware floor from its profile. Unknown CUDA majors fail closed."""
-    ok = True
     reasons: list[str] = []
+    failures: list[str] = []
+
+    def fail(reason: str) -> None:
+        reasons.append(reason)
+        failures.append(reason)
+
     if cuda_runtime is not None:
         floor = facts.runtime_floor(cuda_runtime.major)
         rt = major_minor(cuda_runtime)
         if floor is None:
-            ok = False
-            reasons.append(
+            fail(
                 f"CUDA {rt} runtime: buildmatrix knows no driver floor for CUDA "
                 f"{cuda_runtime.major}.x; update its CUDA table"
             )
         elif driver < floor:
-            ok = False
-            reasons.append(
+            fail(
                 f"CUDA {rt} runtime needs driver >= {floor} "
                 f"(CUDA {cuda_runtime.major}.x minor version compatibility); "
                 f"node has {driver}"
@@ -236,8 +240,7 @@ def check_driver(
     if hardware_floor is not None:
         label = f" for {hardware}" if hardware else ""
         if driver < hardware_floor:
-            ok = False
-            reasons.append(f"driver {driver} is below the hardware floor {hardware_floor}{label}")
+            fail(f"driver {driver} is below the hardware floor {hardware_floor}{label}")
         else:
             reasons.append(f"driver {driver} >= hardware floor {hardware_floor}{label}")
-    return DriverCheck(ok=ok, reasons=tuple(reasons))
+    return DriverCheck(ok=not failures, reasons=tuple(reasons), failures=tuple(failures))

@@ -41,3 +41,6 @@ class CliRunner:
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     monkeypatch.delenv("BUILDMATRIX_PROFILES", raising=False)
     return CliRunner(capsys)
+
+
+from tests.services import auth_registry, docker_host, registry  # noqa: E402, F401

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import click
 
 from buildmatrix import __version__
+from buildmatrix.cli.check_cmd import check
 from buildmatrix.cli.inspect_cmd import inspect
 from buildmatrix.cli.profiles_cmd import profiles
 from buildmatrix.errors import BuildmatrixError
@@ -30,6 +31,7 @@ def cli() -> None:
 
 cli.add_command(profiles)
 cli.add_command(inspect)
+cli.add_command(check)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,266 @@
+"""``check``: does an image's device code run on the target GPUs and driver?
+
+Pure: takes the scanned image, the profiles and the options, returns a
+:class:`CheckResult`; the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.version import Version
+
+from buildmatrix.arch import ComputeCapability, parse_sm
+from buildmatrix.binary.scan import FileReport
+from buildmatrix.compat import Verdict, check_driver, combine, judge_codes
+from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
+from buildmatrix.errors import InputError
+from buildmatrix.image.model import ScannedImage
+from buildmatrix.node.snapshot import Snapshot
+from buildmatrix.profiles import Profile, ProfileSet
+
+FAMILY_LABEL = "io.buildmatrix.family"
+_CUDART = re.compile(r"(?:^|/)libcudart\.so\.(\d+)(?:\.(\d+))?")
+_CUDA_ENV = re.compile(r"(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    name: str
+    cc: ComputeCapability
+    profile: Profile | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetResult:
+    target: Target
+    verdict: Verdict
+    driver_ok: bool
+    reasons: tuple[str, ...]
+    code_failures: tuple[str, ...] = ()
+    jit_files: tuple[str, ...] = ()
+    driver_failures: tuple[str, ...] = ()
+
+    @property
+    def sm(self) -> str:
+        return self.target.profile.sm if self.target.profile else f"sm_{self.target.cc.number}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.target.name,
+            "sm": self.sm,
+            "compute_capability": str(self.target.cc),
+            "verdict": self.verdict.value,
+            "driver_ok": self.driver_ok,
+            "reasons": list(self.reasons),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    families: Sequence[str] = ()
+    sms: Sequence[str] = ()
+    driver: DriverVersion | None = None
+    snapshot: Snapshot | None = None
+    require_sass: bool = False
+    ignore: Sequence[str] = ()
+    allow_empty: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckResult:
+    image: ScannedImage
+    declared: dict[str, str | None]
+    targets: list[TargetResult]
+    files: list[FileReport]
+    ignored: list[str]
+    cuda_runtime: tuple[Version, str] | None
+    driver: DriverVersion | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        runtime = None
+        if self.cuda_runtime is not None:
+            runtime = {"version": major_minor(self.cuda_runtime[0]), "source": self.cuda_runtime[1]}
+        return {
+            "image": self.image.ref,
+            "digest": self.image.digest,
+            "declared": self.declared,
+            "targets": [t.to_json() for t in self.targets],
+            "verdict": "pass" if self.passed else "fail",
+            "files": [f.to_json() for f in self.files],
+            "problems": self.problems,
+            "cuda_runtime": runtime,
+            "driver": str(self.driver) if self.driver else None,
+            "ignored": self.ignored,
+        }
+
+
+def resolve_targets(
+    profiles: ProfileSet, image: ScannedImage, opts: Options
+) -> tuple[list[Target], dict[str, str | None]]:
+    """Targets from --family/--sm, else the image's family label, else the snapshot's GPUs."""
+    targets: list[Target] = []
+    label = image.config.labels.get(FAMILY_LABEL)
+    if opts.families or opts.sms:
+        for name in opts.families:
+            targets += [Target(name=name, cc=p.cc, profile=p) for p in profiles.family(name)]
+        for text in opts.sms:
+            arch = parse_sm(text)
+            profile = profiles.get(f"sm_{arch.cc.number}")
+            targets.append(Target(name=profile.sm, cc=profile.cc, profile=profile))
+        declared = {"family": label, "source": "flags"}
+    elif label:
+        for name in (x.strip() for x in label.split(",") if x.strip()):
+            targets += [Target(name=name, cc=p.cc, profile=p) for p in profiles.family(name)]
+        declared = {"family": label, "source": "label"}
+    elif opts.snapshot is not None and opts.snapshot.gpus:
+        for cc in sorted({g.cc for g in opts.snapshot.gpus}):
+            known = profiles.by_cc(cc)
+            name = known.family.value if known else f"cc {cc}"
+            targets.append(Target(name=name, cc=cc, profile=known))
+        declared = {"family": None, "source": "snapshot"}
+    else:
+        raise InputError(
+            f"'{image.ref}' has no {FAMILY_LABEL} label, so there is nothing to check against: "
+            "pass --family F or --sm SM (or --snapshot with a node's GPUs)."
+        )
+    unique = list({(t.name, t.cc): t for t in targets}.values())
+    return unique, declared
+
+
+def cuda_runtime(image: ScannedImage) -> tuple[Version, str] | None:
+    """The image's CUDA runtime: CUDA_VERSION in its config, else the libcudart it ships."""
+    env = image.config.env.get("CUDA_VERSION", "")
+    m = _CUDA_ENV.match(env)
+    if m:
+        return Version(f"{m[1]}.{m[2]}"), "CUDA_VERSION in the image config"
+    found: list[tuple[Version, str]] = []
+    for path in image.paths:
+        hit = _CUDART.search(path)
+        if hit:
+            found.append((Version(f"{hit[1]}.{hit[2] or 0}"), path))
+    if found:
+        version, path = max(found)
+        return version, path
+    return None
+
+
+def run_check(
+    image: ScannedImage, profiles: ProfileSet, opts: Options, facts: CudaFacts
+) -> CheckResult:
+    targets, declared = resolve_targets(profiles, image, opts)
+    files = [f for f in image.files if not _ignored(f.path, opts.ignore)]
+    ignored = [f.path for f in image.files if _ignored(f.path, opts.ignore)]
+    driver = opts.driver or (opts.snapshot.driver if opts.snapshot else None)
+    runtime = cuda_runtime(image)
+    problems: list[str] = []
+    results: list[TargetResult] = []
+    for target in targets:
+        results.append(
+            _judge_target(
+                target,
+                files,
+                allow_empty=opts.allow_empty,
+                unreadable=image.problems,
+                driver=driver,
+                runtime=runtime,
+                facts=facts,
+            )
+        )
+    for r in results:
+        label = f"{r.target.name} ({r.sm})"
+        if r.verdict is Verdict.NONE:
+            problems.append(f"{label}: no runnable code: " + "; ".join(r.code_failures))
+        elif r.verdict is Verdict.JIT and opts.require_sass:
+            problems.append(
+                f"{label}: runs only by PTX JIT, and --require-sass is set: "
+                + "; ".join(r.jit_files)
+            )
+        if not r.driver_ok:
+            problems.append(f"{label}: driver: " + "; ".join(r.driver_failures))
+    if not files and not opts.allow_empty:
+        problems.append(
+            "the image holds no CUDA device code at all (a CPU-only framework build?); "
+            "pass --allow-empty if that is intended"
+        )
+    return CheckResult(
+        image=image,
+        declared=declared,
+        targets=results,
+        files=files,
+        ignored=ignored,
+        cuda_runtime=runtime,
+        driver=driver,
+        problems=problems,
+    )
+
+
+def _ignored(path: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch("/" + path, p) for p in patterns)
+
+
+def _judge_target(
+    target: Target,
+    files: list[FileReport],
+    *,
+    allow_empty: bool,
+    unreadable: list[str],
+    driver: DriverVersion | None,
+    runtime: tuple[Version, str] | None,
+    facts: CudaFacts,
+) -> TargetResult:
+    verdicts: list[Verdict] = []
+    failures: list[str] = []
+    jit: list[str] = []
+    for f in files:
+        j = judge_codes(f.code_targets(), target.cc, driver=driver, facts=facts)
+        verdicts.append(j.verdict)
+        if j.verdict is Verdict.NONE:
+            failures.append(f"{f.path}: " + "; ".join(j.reasons))
+        elif j.verdict is Verdict.JIT:
+            jit.append(f"{f.path}: needs JIT: " + "; ".join(j.reasons))
+    for problem in unreadable:  # fail closed: a file we cannot read may be one that fails
+        verdicts.append(Verdict.NONE)
+        failures.append(f"unreadable: {problem}")
+    if not files and not unreadable and not allow_empty:
+        failures.append("no device code in the image")
+        verdicts.append(Verdict.NONE)
+    reasons = [*failures, *jit]
+    verdict = combine(verdicts)  # no files at all (allowed): nothing can fail on the GPU
+    if verdict is Verdict.NATIVE:
+        reasons.append(f"all {len(files)} file(s) with device code have SASS for {target.cc}")
+    driver_ok = True
+    driver_failures: tuple[str, ...] = ()
+    if driver is not None:
+        floor = target.profile.min_driver if target.profile else None
+        hardware = f"{target.profile.family} ({target.profile.sm})" if target.profile else ""
+        check = check_driver(
+            driver,
+            cuda_runtime=runtime[0] if runtime else None,
+            hardware_floor=floor,
+            hardware=hardware,
+            facts=facts,
+        )
+        driver_ok = check.ok
+        driver_failures = check.failures
+        reasons.extend(check.reasons)
+    else:
+        reasons.append("no driver given (--driver or --snapshot): driver floors not checked")
+    return TargetResult(
+        target=target,
+        verdict=verdict,
+        driver_ok=driver_ok,
+        reasons=tuple(reasons),
+        code_failures=tuple(failures),
+        jit_files=tuple(jit),
+        driver_failures=driver_failures,
+    )

@@ -1,0 +1,199 @@
+"""``buildmatrix check REF``: can this image run on these GPUs and this driver?"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from buildmatrix.cli._common import echo_json, json_option, load, profiles_option, table
+
+
+class ByteProgress:
+    """Bytes read so far, on stderr, only when stderr is a terminal (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self.total = 0
+        self._last = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, n: int) -> None:
+        with self._lock:
+            self.total += n
+            now = time.monotonic()
+            if self.enabled and now - self._last > 0.2:
+                self._last = now
+                click.echo(f"\rread {self.total / 2**20:,.0f} MiB", err=True, nl=False)
+
+    def done(self) -> None:
+        if self.enabled and self.total:
+            click.echo("\r\033[K", err=True, nl=False)
+
+
+def _markdown(result: object) -> str:
+    from buildmatrix.check import CheckResult
+
+    assert isinstance(result, CheckResult)
+    status = "PASS" if result.passed else "FAIL"
+    lines = [f"### buildmatrix check `{result.image.ref}`: {status}", ""]
+    if result.image.digest:
+        lines += [f"Digest `{result.image.digest}`", ""]
+    lines += ["| target | SM | verdict | driver |", "|---|---|---|---|"]
+    for t in result.targets:
+        driver = "ok" if t.driver_ok else "**too old**"
+        if result.driver is None:
+            driver = "not checked"
+        lines.append(f"| {t.target.name} | {t.sm} | {t.verdict.value} | {driver} |")
+    lines += ["", f"{len(result.files)} file(s) with device code."]
+    if result.problems:
+        lines += ["", "Problems:", ""] + [f"- {p}" for p in result.problems]
+    return "\n".join(lines) + "\n"
+
+
+@click.command("check")
+@click.argument("ref")
+@click.option(
+    "--family",
+    "families",
+    multiple=True,
+    metavar="F",
+    help="Target GPU family from the profiles (repeatable).",
+)
+@click.option(
+    "--sm",
+    "sms",
+    multiple=True,
+    metavar="SM",
+    help="Target SM: sm_90, sm_90a, 9.0 or 90 (repeatable).",
+)
+@click.option("--driver", metavar="VER", help="Node driver version, e.g. 535.104.05.")
+@click.option(
+    "--snapshot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Node snapshot JSON (smoke --record): its driver, and its GPUs as targets "
+    "when no target is given.",
+)
+@click.option("--require-sass", is_flag=True, help="Fail when a target runs only by PTX JIT.")
+@click.option(
+    "--ignore",
+    "ignore",
+    multiple=True,
+    metavar="GLOB",
+    help="Leave out files matching GLOB (repeatable), e.g. '*/libnvrtc-builtins*'.",
+)
+@click.option("--allow-empty", is_flag=True, help="Pass an image without any CUDA device code.")
+@click.option(
+    "--platform",
+    default="linux/amd64",
+    show_default=True,
+    metavar="OS/ARCH",
+    help="Platform to pick from a multi-platform image.",
+)
+@click.option(
+    "--summary",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Append a Markdown summary to FILE (e.g. $GITHUB_STEP_SUMMARY).",
+)
+@profiles_option
+@json_option
+def check(  # noqa: PLR0917 - one parameter per option, as click passes them
+    ref: str,
+    families: tuple[str, ...],
+    sms: tuple[str, ...],
+    driver: str | None,
+    snapshot: Path | None,
+    require_sass: bool,
+    ignore: tuple[str, ...],
+    allow_empty: bool,
+    platform: str,
+    summary: Path | None,
+    profiles_dir: str | None,
+    as_json: bool,
+) -> int:
+    """Check which GPUs an image can run on, from the binaries inside it.
+
+    REF: docker-daemon:NAME[:TAG], docker://HOST/NAME[:TAG|@DIGEST], oci:PATH[:TAG],
+    docker-archive:PATH, dir:PATH, an existing path, or a bare NAME[:TAG] (the local
+    engine if it has it, else the registry). Without --family/--sm the image's
+    io.buildmatrix.family label sets the targets. Exit 0 pass, 1 fail.
+    """
+    from buildmatrix.check import Options, run_check
+    from buildmatrix.cuda import load_cuda_facts, parse_driver_version
+    from buildmatrix.image.open import scan_image
+    from buildmatrix.node.snapshot import load_snapshot
+
+    profiles = load(profiles_dir)
+    drv = parse_driver_version(driver, what="--driver") if driver else None
+    snap = load_snapshot(snapshot) if snapshot else None
+    progress = ByteProgress()
+    try:
+        image = scan_image(ref, platform=platform, progress=progress)
+    finally:
+        progress.done()
+    opts = Options(
+        families=families,
+        sms=sms,
+        driver=drv,
+        snapshot=snap,
+        require_sass=require_sass,
+        ignore=ignore,
+        allow_empty=allow_empty,
+    )
+    result = run_check(image, profiles, opts, load_cuda_facts())
+    if summary is not None:
+        try:
+            with summary.open("a", encoding="utf-8") as f:
+                f.write(_markdown(result))
+        except OSError as exc:
+            from buildmatrix.errors import InputError
+
+            raise InputError(f"--summary {summary}: cannot write: {exc.strerror}.") from None
+    if as_json:
+        echo_json(result.to_json())
+        return 0 if result.passed else 1
+    runtime = result.cuda_runtime
+    click.echo(
+        f"image    {result.image.ref}"
+        + (f"  ({result.image.digest})" if result.image.digest else "")
+    )
+    declared = result.declared
+    click.echo(
+        f"targets  from {declared['source']}"
+        + (f" (io.buildmatrix.family={declared['family']})" if declared["family"] else "")
+    )
+    click.echo(
+        f"runtime  CUDA {runtime[0]} ({runtime[1]})"
+        if runtime
+        else "runtime  no CUDA runtime found"
+    )
+    click.echo(f"driver   {result.driver}" if result.driver else "driver   not given")
+    click.echo(
+        f"files    {len(result.files)} with device code"
+        + (f", {len(result.ignored)} ignored" if result.ignored else "")
+    )
+    if result.files:
+        rows = [[f.path, ", ".join(f.sass) or "-", ", ".join(f.ptx) or "-"] for f in result.files]
+        click.echo("\n" + table(["FILE", "SASS", "PTX"], rows))
+    rows = [
+        [
+            t.target.name,
+            t.sm,
+            t.verdict.value,
+            "-" if result.driver is None else ("ok" if t.driver_ok else "TOO OLD"),
+        ]
+        for t in result.targets
+    ]
+    click.echo("\n" + table(["TARGET", "SM", "VERDICT", "DRIVER"], rows))
+    if result.passed:
+        click.echo("\nPASS")
+        return 0
+    click.echo("\nFAIL")
+    for problem in result.problems:
+        click.echo(f"  - {problem}")
+    return 1

@@ -1,0 +1,1 @@
+"""Container images as buildmatrix reads them: references, sources and layers."""

@@ -1,0 +1,136 @@
+"""The local Docker engine, through the docker SDK: the image config from the API,
+the filesystem from one streamed ``docker save`` (nothing written to disk).
+
+The save stream holds the layers in an order only its manifest.json (which may
+come last) tells, so each layer tar is summarised as it streams by and the
+summaries are merged once the manifest is known.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from typing import IO, TYPE_CHECKING, Any, cast
+
+from buildmatrix.errors import EnvironmentUnavailable, InputError
+from buildmatrix.image.layers import LayerSummary, scan_layer
+from buildmatrix.image.model import (
+    MAX_JSON,
+    ImageConfig,
+    Progress,
+    ScannedImage,
+    VerifyingReader,
+    finish,
+    iter_chunks_reader,
+)
+from buildmatrix.image.ref import ImageRef
+
+if TYPE_CHECKING:
+    import docker
+
+_CHUNK = 4 << 20
+
+
+def engine() -> docker.DockerClient:
+    """A client for the engine named by DOCKER_HOST (or the default socket)."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=300)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise EnvironmentUnavailable(
+            f"no Docker engine answers ({exc}). Start one, or set DOCKER_HOST to its socket."
+        ) from None
+    return client
+
+
+def find_image(client: docker.DockerClient, ref: ImageRef) -> Any | None:
+    import docker
+
+    for name in (ref.given.removeprefix("docker-daemon:"), ref.name):
+        try:
+            return client.images.get(name)
+        except docker.errors.ImageNotFound:
+            continue
+        except docker.errors.APIError as exc:
+            raise EnvironmentUnavailable(
+                f"the Docker engine failed to look up {name}: {exc}."
+            ) from None
+    return None
+
+
+def scan_daemon_image(
+    client: docker.DockerClient, image: Any, ref: ImageRef, *, progress: Progress | None = None
+) -> ScannedImage:
+    import docker
+
+    attrs = image.attrs
+    config = ImageConfig.from_json(attrs, image_id=attrs.get("Id"))
+    repo = ref.name.rsplit(":", 1)[0] if not ref.digest else ref.name.split("@")[0]
+    digests = [d for d in attrs.get("RepoDigests") or [] if d.split("@")[0] == repo]
+    digest = digests[0].split("@", 1)[1] if digests else None
+    chunks = client.api.get_image(attrs["Id"], chunk_size=_CHUNK)
+    stream = iter_chunks_reader(iter(chunks))
+    summaries: dict[str, LayerSummary] = {}
+    documents: dict[str, Any] = {}
+    counter = VerifyingReader(stream, digest=None, name=ref.given, progress=progress)
+    try:
+        with tarfile.open(fileobj=counter, mode="r|", bufsize=_CHUNK) as outer:
+            for member in outer:
+                if not member.isreg():
+                    continue
+                data = outer.extractfile(member)
+                if data is None:  # pragma: no cover
+                    continue
+                head = data.read(512)
+                if head[:1] in (b"{", b"[") and member.size <= MAX_JSON:  # manifest, config
+                    documents[member.name] = head + data.read()
+                elif head[257:262] == b"ustar":  # a layer tar
+                    layer = _Prefixed(head, data)
+                    name = f"{ref.given} {member.name}"
+                    summaries[member.name] = scan_layer(cast(IO[bytes], layer), name=name)
+    except (tarfile.TarError, docker.errors.DockerException) as exc:
+        raise EnvironmentUnavailable(
+            f"the Docker engine could not export {ref.given} ({exc})."
+        ) from None
+    try:
+        manifest = json.loads(documents["manifest.json"])
+        layer_names = manifest[0]["Layers"]
+        layers = [summaries[name] for name in layer_names]
+    except (KeyError, IndexError, ValueError) as exc:
+        raise InputError(
+            f"'{ref.given}': the engine's save stream has no usable manifest ({exc})."
+        ) from None
+    return finish(ref=ref.given, digest=digest, config=config, layers=layers)
+
+
+class _Prefixed:
+    """A file object that first returns bytes already read, then the rest."""
+
+    def __init__(self, head: bytes, rest: Any) -> None:
+        self._head = head
+        self._rest = rest
+
+    def read(self, size: int = -1) -> bytes:
+        if self._head:
+            if size < 0:
+                data, self._head = self._head + self._rest.read(), b""
+                return bytes(data)
+            data, self._head = self._head[:size], self._head[size:]
+            if len(data) < size:
+                data += self._rest.read(size - len(data))
+            return bytes(data)
+        return bytes(self._rest.read(size))
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return False

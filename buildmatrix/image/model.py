@@ -1,0 +1,229 @@
+"""What an image source hands to ``check``: the config and the final view's device code."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from buildmatrix.binary.scan import FileReport, ScanProblem
+from buildmatrix.errors import InputError
+from buildmatrix.image.layers import ImageTree, LayerSummary, merge, scan_layer
+
+DEFAULT_PLATFORM = "linux/amd64"
+MAX_JSON = 16 << 20  # manifests and configs are small; refuse to buffer more
+
+# Media types (OCI image spec; Docker image manifest v2 schema 2).
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
+MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageConfig:
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    image_id: str | None = None
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], *, image_id: str | None = None) -> ImageConfig:
+        """From an image config blob (``{"config": {"Labels":…, "Env":[…]}}``)."""
+        cfg = doc.get("config") or doc.get("Config") or {}
+        labels = {str(k): str(v) for k, v in (cfg.get("Labels") or {}).items()}
+        env = {}
+        for item in cfg.get("Env") or []:
+            key, _, value = str(item).partition("=")
+            env[key] = value
+        return cls(labels=labels, env=env, image_id=image_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScannedImage:
+    """An image reduced to what ``check`` needs."""
+
+    ref: str
+    digest: str | None
+    config: ImageConfig
+    files: list[FileReport]
+    problems: list[str]
+    paths: list[str]
+    layers: int
+
+
+Progress = Callable[[int], None]  # called with bytes read since the last call
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerBlob:
+    """A layer to read: a name for messages, how to open it, the digest to verify."""
+
+    name: str
+    open: Callable[[], AbstractContextManager[IO[bytes]]]
+    digest: str | None = None
+
+
+class VerifyingReader(io.RawIOBase):
+    """Reads through a stream, hashing what passes and counting it for progress."""
+
+    def __init__(
+        self, stream: IO[bytes], *, digest: str | None, name: str, progress: Progress | None = None
+    ) -> None:
+        super().__init__()
+        self._stream = stream
+        self._name = name
+        self._progress = progress
+        self._expected = digest
+        algo = digest.split(":", 1)[0] if digest else "sha256"
+        if algo not in ("sha256", "sha512"):
+            raise InputError(f"{name}: unsupported digest algorithm '{algo}'.")
+        self._hash = hashlib.new(algo)
+        self.bytes_read = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._stream.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self._hash.update(data)
+        self.bytes_read += n
+        if self._progress is not None and n:
+            self._progress(n)
+        return n
+
+    def verify(self) -> None:
+        """Drain what the tar reader left unread, then compare digests."""
+        while self.read(1 << 20):
+            pass
+        if self._expected is None:
+            return
+        got = f"{self._hash.name}:{self._hash.hexdigest()}"
+        if got != self._expected:
+            raise InputError(
+                f"{self._name}: content digest {got} does not match the expected "
+                f"{self._expected} ({self.bytes_read} bytes read); the blob is corrupt or "
+                "truncated. Nothing was checked."
+            )
+
+
+def read_json_blob(stream: IO[bytes], *, name: str, digest: str | None) -> dict[str, Any]:
+    """Read a small JSON blob, verify its digest, and parse it."""
+    data = stream.read(MAX_JSON + 1)
+    if len(data) > MAX_JSON:
+        raise InputError(f"{name}: JSON blob larger than {MAX_JSON >> 20} MiB; refused.")
+    if digest is not None:
+        algo, _, expected = digest.partition(":")
+        if algo not in ("sha256", "sha512") or hashlib.new(algo, data).hexdigest() != expected:
+            raise InputError(f"{name}: content does not match digest {digest}; corrupt blob.")
+    try:
+        doc = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{name}: not valid JSON ({exc}).") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{name}: expected a JSON object.")
+    return doc
+
+
+def scan_blob(blob: LayerBlob, progress: Progress | None) -> LayerSummary:
+    with blob.open() as raw:
+        reader = VerifyingReader(raw, digest=blob.digest, name=blob.name, progress=progress)
+        summary = scan_layer(reader, name=blob.name)  # type: ignore[arg-type]
+        reader.verify()
+    return summary
+
+
+def scan_blobs(
+    blobs: list[LayerBlob], progress: Progress | None = None, workers: int = 2
+) -> list[LayerSummary]:
+    """Summarise layers in parallel (decompression and reads release the GIL)."""
+    if len(blobs) <= 1 or workers <= 1:
+        return [scan_blob(b, progress) for b in blobs]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda b: scan_blob(b, progress), blobs))
+
+
+def finish(
+    *, ref: str, digest: str | None, config: ImageConfig, layers: list[LayerSummary]
+) -> ScannedImage:
+    """Merge layer summaries and collect the final view's device code."""
+    tree: ImageTree = merge(layers)
+    files: list[FileReport] = []
+    problems: list[str] = []
+    paths: list[str] = []
+    for path, node in tree.files():
+        paths.append(path)
+        result = node.result
+        if isinstance(result, FileReport):
+            files.append(_at(result, path))
+        elif isinstance(result, ScanProblem):
+            problems.append(f"{path}: {result.message}")
+    return ScannedImage(
+        ref=ref,
+        digest=digest,
+        config=config,
+        files=files,
+        problems=problems,
+        paths=paths,
+        layers=len(layers),
+    )
+
+
+def _at(report: FileReport, path: str) -> FileReport:
+    """The report under the path where the final view has it (hard links differ)."""
+    if report.path == path:
+        return report
+    return FileReport(path=path, format=report.format, entries=report.entries)
+
+
+def select_platform(
+    manifests: Iterable[dict[str, Any]], platform: str, *, name: str
+) -> dict[str, Any]:
+    """Pick the manifest for ``os/arch[/variant]`` from an index's descriptors."""
+    want = platform.split("/")
+    found: list[str] = []
+    for desc in manifests:
+        p = desc.get("platform") or {}
+        have = [p.get("os", ""), p.get("architecture", "")] + (
+            [p["variant"]] if p.get("variant") else []
+        )
+        found.append("/".join(have))
+        if have[: len(want)] == want or (len(want) == 2 and have[:2] == want):
+            return desc
+    raise InputError(
+        f"{name}: no image for platform {platform}; the index has "
+        f"{', '.join(x for x in found if x) or 'no platforms'}. Pass --platform."
+    )
+
+
+def iter_chunks_reader(chunks: Iterator[bytes]) -> io.BufferedReader:
+    """A file object over an iterator of byte chunks (the engine's save stream)."""
+
+    class _Raw(io.RawIOBase):
+        def __init__(self) -> None:
+            super().__init__()
+            self._rest = b""
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: Any) -> int:
+            while not self._rest:
+                try:
+                    self._rest = next(chunks)
+                except StopIteration:
+                    return 0
+            n = min(len(buffer), len(self._rest))
+            buffer[:n] = self._rest[:n]
+            self._rest = self._rest[n:]
+            return n
+
+    return io.BufferedReader(_Raw(), buffer_size=1 << 20)

@@ -1,0 +1,69 @@
+"""One entry point: a reference in, the scanned image out, whatever the transport."""
+
+from __future__ import annotations
+
+from buildmatrix.errors import EnvironmentUnavailable
+from buildmatrix.image.model import DEFAULT_PLATFORM, Progress, ScannedImage
+from buildmatrix.image.ref import DEFAULT_HOST, ImageRef, Transport, parse_ref
+
+
+def scan_image(
+    text: str, *, platform: str = DEFAULT_PLATFORM, progress: Progress | None = None
+) -> ScannedImage:
+    """Open REF and reduce it to its config and final-view device code."""
+    ref = parse_ref(text)
+    match ref.transport:
+        case Transport.DIR:
+            from buildmatrix.image.local import scan_directory
+
+            return scan_directory(ref)
+        case Transport.OCI:
+            from buildmatrix.image.local import scan_oci_layout
+
+            return scan_oci_layout(ref, platform=platform, progress=progress)
+        case Transport.ARCHIVE:
+            from buildmatrix.image.local import scan_docker_archive
+
+            return scan_docker_archive(ref, progress=progress)
+        case Transport.REGISTRY:
+            from buildmatrix.image.registry import scan_registry
+
+            return scan_registry(ref, platform=platform, progress=progress)
+        case Transport.DAEMON:
+            return _from_engine(ref, progress=progress, required=True)  # type: ignore[return-value]
+        case Transport.BARE:
+            found = _from_engine(ref, progress=progress, required=False)
+            if found is not None:
+                return found
+            from buildmatrix.image.ref import parse_name
+            from buildmatrix.image.registry import scan_registry
+
+            remote = parse_name(text, given=text, transport=Transport.REGISTRY)
+            return scan_registry(remote, platform=platform, progress=progress)
+    raise AssertionError(ref.transport)  # pragma: no cover - every transport is handled
+
+
+def _from_engine(
+    ref: ImageRef, *, progress: Progress | None, required: bool
+) -> ScannedImage | None:
+    from buildmatrix.errors import InputError
+    from buildmatrix.image.daemon import engine, find_image, scan_daemon_image
+
+    try:
+        client = engine()
+    except EnvironmentUnavailable:
+        if required:
+            raise
+        return None
+    image = find_image(client, ref)
+    if image is None:
+        if required:
+            raise InputError(
+                f"'{ref.given}': the Docker engine has no image {ref.name}. "
+                "Build or pull it first, or name another transport."
+            )
+        return None
+    return scan_daemon_image(client, image, ref, progress=progress)
+
+
+__all__ = ["DEFAULT_HOST", "scan_image"]

@@ -1,0 +1,148 @@
+"""Image references in skopeo's transport syntax (DESIGN.md section 4).
+
+``docker-daemon:NAME[:TAG]``, ``docker://HOST/NAME[:TAG|@DIGEST]``,
+``oci:PATH[:TAG]``, ``docker-archive:PATH``, ``dir:PATH``, a plain existing path,
+or a bare ``NAME[:TAG]`` (the local engine if it has it, else the registry).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from buildmatrix.errors import InputError
+
+
+class Transport(StrEnum):
+    DAEMON = "docker-daemon"
+    REGISTRY = "docker"
+    OCI = "oci"
+    ARCHIVE = "docker-archive"
+    DIR = "dir"
+    BARE = "bare"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageRef:
+    """A parsed reference. ``name`` is NAME[:TAG] or repository; ``path`` for files."""
+
+    transport: Transport
+    given: str
+    path: Path | None = None
+    host: str = ""
+    repository: str = ""
+    tag: str = ""
+    digest: str = ""
+
+    @property
+    def reference(self) -> str:
+        """The tag or digest to ask a registry for."""
+        return self.digest or self.tag or "latest"
+
+    @property
+    def name(self) -> str:
+        """``host/repository:tag`` (or ``@digest``), as an engine names it."""
+        base = f"{self.host}/{self.repository}" if self.host else self.repository
+        return f"{base}@{self.digest}" if self.digest else f"{base}:{self.tag or 'latest'}"
+
+
+# Docker's reference grammar (distribution/reference), simplified where it
+# does not change the outcome for valid names.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9-]+)*|\[[0-9a-fA-F:]+\])"
+    r"(?::[0-9]+)?"
+)
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-fA-F0-9]{32,}"
+_HOST_RE = re.compile(_HOST)
+_NAME_RE = re.compile(
+    rf"(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
+)
+DEFAULT_HOST = "docker.io"
+# skopeo transports buildmatrix does not read; named so that the error is clear.
+_UNSUPPORTED = {"oci-archive", "containers-storage", "ostree", "sif", "tarball", "docker-archive-"}
+
+
+def _is_host(component: str) -> bool:
+    # As Docker decides: a first component with '.' or ':' or 'localhost' is a host.
+    return (
+        "." in component
+        or ":" in component
+        or component == "localhost"
+        or component.startswith("[")
+    )
+
+
+def parse_name(text: str, *, given: str, transport: Transport) -> ImageRef:
+    """Parse ``[HOST/]NAME[:TAG][@DIGEST]``."""
+    first, _, rest = text.partition("/")
+    host = first if rest and _is_host(first) else ""
+    path = rest if host else text
+    m = _NAME_RE.fullmatch(path)
+    if not m or (host and not _HOST_RE.fullmatch(host)):
+        raise InputError(
+            f"'{given}' is not a valid image reference: expected [HOST/]NAME[:TAG][@DIGEST] "
+            "with a lower-case name, e.g. registry.example.com/team/train:1.0-cu124-hopper."
+        )
+    repo = m["repo"]
+    if not host and transport is Transport.REGISTRY:
+        host = DEFAULT_HOST
+    if host == DEFAULT_HOST and "/" not in repo:
+        repo = f"library/{repo}"
+    return ImageRef(
+        transport=transport,
+        given=given,
+        host=host,
+        repository=repo,
+        tag=m["tag"] or "",
+        digest=m["digest"] or "",
+    )
+
+
+def _path_and_tag(rest: str) -> tuple[Path, str]:
+    """``oci:PATH[:TAG]``: the tag is what follows the last ':' if PATH exists without it."""
+    path, sep, tag = rest.rpartition(":")
+    if sep and path and "/" not in tag and Path(path).exists():
+        return Path(path), tag
+    return Path(rest), ""
+
+
+def parse_ref(text: str) -> ImageRef:
+    """Parse a REF of the CLI contract; an unknown form is an :class:`InputError`."""
+    given = text
+    if not text.strip():
+        raise InputError("the image reference is empty; give NAME[:TAG] or TRANSPORT:...")
+    if text.startswith("docker://"):
+        return parse_name(text.removeprefix("docker://"), given=given, transport=Transport.REGISTRY)
+    if text.startswith("docker-daemon:"):
+        return parse_name(
+            text.removeprefix("docker-daemon:"), given=given, transport=Transport.DAEMON
+        )
+    if text.startswith("oci:"):
+        path, tag = _path_and_tag(text.removeprefix("oci:"))
+        return ImageRef(transport=Transport.OCI, given=given, path=path, tag=tag)
+    if text.startswith("docker-archive:"):
+        return ImageRef(
+            transport=Transport.ARCHIVE,
+            given=given,
+            path=Path(text.removeprefix("docker-archive:")),
+        )
+    if text.startswith("dir:"):
+        return ImageRef(transport=Transport.DIR, given=given, path=Path(text.removeprefix("dir:")))
+    if Path(text).exists():
+        return ImageRef(transport=Transport.DIR, given=given, path=Path(text))
+    prefix, sep, rest = text.partition(":")
+    if sep and (prefix in _UNSUPPORTED or rest.startswith(("/", "./", "../"))):
+        known = ", ".join(f"{t.value}:" for t in Transport if t is not Transport.BARE)
+        what = (
+            f"the '{prefix}:' transport is not supported"
+            if prefix in _UNSUPPORTED
+            else f"'{rest}' does not exist"
+        )
+        raise InputError(
+            f"'{given}': {what}. Use one of {known} or a bare NAME[:TAG]; a path must exist."
+        )
+    return parse_name(text, given=given, transport=Transport.BARE)

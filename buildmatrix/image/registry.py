@@ -1,0 +1,198 @@
+"""OCI distribution registries, through oras-py.
+
+oras-py (``oras.provider.Registry``) brings the parts worth not writing again:
+the token flow (anonymous and with credentials), basic auth, and credentials from
+the Docker config file, its ``credHelpers`` and ``credsStore``. buildmatrix adds
+what a checker needs on top: manifest lists and OCI indexes resolved to one
+platform, Docker v2 and OCI manifests, layers streamed (never stored) and every
+manifest and blob verified against its digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, cast
+
+from buildmatrix.errors import EnvironmentUnavailable, InputError
+from buildmatrix.image.model import (
+    DEFAULT_PLATFORM,
+    INDEX_TYPES,
+    MANIFEST_TYPES,
+    ImageConfig,
+    LayerBlob,
+    Progress,
+    ScannedImage,
+    finish,
+    read_json_blob,
+    scan_blobs,
+    select_platform,
+)
+from buildmatrix.image.ref import ImageRef
+
+if TYPE_CHECKING:
+    import oras.provider
+    import requests
+
+ACCEPT = ", ".join((*INDEX_TYPES, *MANIFEST_TYPES))
+TIMEOUT = 60
+
+
+def is_loopback(host: str) -> bool:
+    """Registries on loopback may speak plain HTTP (as Docker allows for them)."""
+    bracketed = host.startswith("[")  # [::1]:5000
+    name = host[1:].partition("]")[0] if bracketed else host.rsplit(":", 1)[0]
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class RegistryClient:
+    def __init__(self, ref: ImageRef) -> None:
+        import oras.provider
+
+        self.ref = ref
+        insecure = is_loopback(ref.host)
+        self.registry: oras.provider.Registry = oras.provider.Registry(
+            ref.host, insecure=insecure, tls_verify=True, auth_backend=self._scheme(insecure)
+        )
+        self.container = self.registry.get_container(f"{ref.host}/{ref.repository}")
+        # Docker's rule, which oras-py does not follow: $DOCKER_CONFIG/config.json first.
+        configs = (
+            [str(Path(os.environ["DOCKER_CONFIG"]) / "config.json")]
+            if os.environ.get("DOCKER_CONFIG")
+            else None
+        )
+        self.registry.auth.load_configs(self.container, configs=configs)
+        if self.basic and getattr(self.registry.auth, "_basic_auth", None) is None:
+            raise self._refused("the registry asks for a user name and password")
+        # oras-py wraps do_request in a retry loop that sleeps 2 + 3**n seconds on any
+        # error, five times (~2 minutes for a refused connection). A check in CI must
+        # fail fast and say why, so the undecorated method is called.
+        self._request = oras.provider.Registry.do_request.__wrapped__
+
+    def _scheme(self, insecure: bool) -> str:
+        """oras-py's auth backend for this registry: 'basic' or 'token', from ``/v2/``.
+
+        Its token backend takes any challenge for a token realm, so a registry that
+        asks for Basic auth (htpasswd) needs the basic backend.
+        """
+        import requests
+
+        url = f"{'http' if insecure else 'https'}://{self.ref.host}/v2/"
+        try:
+            response = requests.get(url, timeout=TIMEOUT)
+        except requests.exceptions.RequestException as exc:
+            raise self._unreachable(exc) from None
+        challenge = response.headers.get("WWW-Authenticate", "")
+        self.basic = challenge.lower().startswith("basic")
+        return "basic" if self.basic else "token"
+
+    def _refused(self, why: str) -> EnvironmentUnavailable:
+        return EnvironmentUnavailable(
+            f"registry {self.ref.host} refused access to {self.ref.repository} ({why}). Log "
+            f"in with 'docker login {self.ref.host}' (buildmatrix reads the Docker config "
+            "file, $DOCKER_CONFIG/config.json) or check the credentials there."
+        )
+
+    def _unreachable(self, exc: Exception) -> EnvironmentUnavailable:
+        return EnvironmentUnavailable(
+            f"registry {self.ref.host} is unreachable ({type(exc).__name__}: {exc}). Check "
+            "the address and that the registry is running; loopback registries are "
+            "spoken to over plain HTTP, all others over HTTPS."
+        )
+
+    def _get(
+        self, url: str, *, accept: str | None = None, stream: bool = False, what: str
+    ) -> requests.Response:
+        import oras.auth
+        import requests
+
+        headers = {"Accept": accept} if accept else {}
+        try:
+            response = self._request(self.registry, url, "GET", headers=headers, stream=stream)
+        except requests.exceptions.RequestException as exc:
+            raise self._unreachable(exc) from None
+        except (ValueError, oras.auth.AuthenticationException) as exc:  # auth flow failed
+            raise self._refused(str(exc)) from None
+        if response.status_code in (401, 403):
+            raise self._refused(f"{response.status_code} for {what}")
+        if response.status_code == 404:
+            raise InputError(
+                f"'{self.ref.given}': {what} not found in {self.ref.host} "
+                f"(404). Check the name and tag."
+            )
+        if response.status_code != 200:
+            raise EnvironmentUnavailable(
+                f"registry {self.ref.host} answered {response.status_code} for {what}."
+            )
+        return cast("requests.Response", response)
+
+    def _url(self, kind: str, reference: str) -> str:
+        return (
+            f"{self.registry.prefix}://{self.ref.host}/v2/{self.ref.repository}/{kind}/{reference}"
+        )
+
+    def manifest(self, reference: str, *, digest: str | None) -> tuple[dict[str, Any], str]:
+        """A manifest (or index) and its digest, verified when the digest is known."""
+        what = f"manifest {reference}"
+        response = self._get(self._url("manifests", reference), accept=ACCEPT, what=what)
+        body = response.content
+        computed = "sha256:" + hashlib.sha256(body).hexdigest()
+        expected = digest or (reference if reference.startswith("sha256:") else None)
+        if expected is not None and computed != expected:
+            raise InputError(
+                f"'{self.ref.given}': {what} has digest {computed}, expected "
+                f"{expected}; the registry returned other content."
+            )
+        import io
+
+        doc = read_json_blob(io.BytesIO(body), name=f"{self.ref.host} {what}", digest=None)
+        return doc, computed
+
+    @contextmanager
+    def blob(self, digest: str) -> Iterator[IO[bytes]]:
+        response = self._get(self._url("blobs", digest), stream=True, what=f"blob {digest[:19]}")
+        try:
+            yield cast(IO[bytes], response.raw)
+        finally:
+            response.close()
+
+    def json_blob(self, digest: str) -> dict[str, Any]:
+        with self.blob(digest) as f:
+            return read_json_blob(f, name=f"{self.ref.host} blob {digest[:19]}", digest=digest)
+
+
+def scan_registry(
+    ref: ImageRef, *, platform: str = DEFAULT_PLATFORM, progress: Progress | None = None
+) -> ScannedImage:
+    client = RegistryClient(ref)
+    doc, digest = client.manifest(ref.reference, digest=ref.digest or None)
+    while doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
+        desc = select_platform(doc.get("manifests") or [], platform, name=ref.given)
+        doc, digest = client.manifest(str(desc["digest"]), digest=str(desc["digest"]))
+    if doc.get("schemaVersion") != 2 or "layers" not in doc:
+        raise InputError(
+            f"'{ref.given}': unsupported manifest (schema {doc.get('schemaVersion')}, "
+            f"media type {doc.get('mediaType')}); only OCI and Docker v2 images."
+        )
+    config_digest = str((doc.get("config") or {}).get("digest", ""))
+    config = ImageConfig.from_json(client.json_blob(config_digest), image_id=config_digest)
+    blobs = [
+        LayerBlob(
+            name=f"{ref.host}/{ref.repository} layer {i} ({layer['digest'][:19]})",
+            open=partial(client.blob, str(layer["digest"])),
+            digest=str(layer["digest"]),
+        )
+        for i, layer in enumerate(doc["layers"])
+    ]
+    layers = scan_blobs(blobs, progress)
+    return finish(ref=ref.given, digest=digest, config=config, layers=layers)

@@ -1,0 +1,1 @@
+"""GPU nodes: NVML snapshots, checks, labels."""

@@ -1,0 +1,155 @@
+"""Craft image layers and images byte by byte: docker-archive tars and OCI layouts.
+
+Real formats, written here so that tests control every entry (whiteouts, opaque
+folders, links, names that escape the root) that ``docker build`` would not emit.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.fixtures.build import BIN
+
+
+@dataclass(frozen=True)
+class Symlink:
+    target: str
+
+
+@dataclass(frozen=True)
+class Hardlink:
+    target: str
+
+
+@dataclass(frozen=True)
+class Dir:
+    pass
+
+
+Entry = bytes | Symlink | Hardlink | Dir
+
+
+def fixture(name: str) -> bytes:
+    return (BIN / name).read_bytes()
+
+
+def layer_tar(entries: dict[str, Entry]) -> bytes:
+    """A layer tar with the entries in the given order (whiteouts are plain names)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, entry in entries.items():
+            info = tarfile.TarInfo(name)
+            info.mtime = 0
+            if isinstance(entry, bytes):
+                info.size = len(entry)
+                info.mode = 0o755
+                tar.addfile(info, io.BytesIO(entry))
+                continue
+            if isinstance(entry, Symlink):
+                info.type, info.linkname = tarfile.SYMTYPE, entry.target
+            elif isinstance(entry, Hardlink):
+                info.type, info.linkname = tarfile.LNKTYPE, entry.target
+            else:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+@dataclass
+class Image:
+    layers: list[dict[str, Entry]]
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def config(self, diff_ids: list[str]) -> bytes:
+        env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+        env += [f"{k}={v}" for k, v in self.env.items()]
+        doc = {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Labels": self.labels, "Env": env},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+            "history": [{"created_by": "buildmatrix test"} for _ in diff_ids],
+        }
+        return json.dumps(doc).encode()
+
+
+def _sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def write_docker_archive(path: Path, image: Image, *, tag: str = "bmtest/crafted:latest") -> Path:
+    """A legacy ``docker save`` tar: manifest.json, <id>.json, <layer>/layer.tar."""
+    tars = [layer_tar(layer) for layer in image.layers]
+    config = image.config([_sha(t) for t in tars])
+    config_name = _sha(config).split(":")[1] + ".json"
+    names = [f"{_sha(t).split(':')[1]}/layer.tar" for t in tars]
+    manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": names}]
+    with tarfile.open(path, "w") as out:
+        for name, data in [
+            (config_name, config),
+            *zip(names, tars, strict=True),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    return path
+
+
+def write_oci_layout(
+    path: Path, image: Image, *, tag: str = "latest", compress: bool = True
+) -> Path:
+    """An OCI image layout with gzip (or plain) layers, tagged ``tag``."""
+    blobs = path / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+
+    def put(data: bytes) -> str:
+        digest = _sha(data)
+        (blobs / digest.split(":")[1]).write_bytes(data)
+        return digest
+
+    tars = [layer_tar(layer) for layer in image.layers]
+    layers = []
+    for t in tars:
+        data = gzip.compress(t, mtime=0) if compress else t
+        kind = "tar+gzip" if compress else "tar"
+        layers.append(
+            {
+                "mediaType": f"application/vnd.oci.image.layer.v1.{kind}",
+                "digest": put(data),
+                "size": len(data),
+            }
+        )
+    config = image.config([_sha(t) for t in tars])
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": put(config),
+            "size": len(config),
+        },
+        "layers": layers,
+    }
+    manifest_bytes = json.dumps(manifest).encode()
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": manifest["mediaType"],
+                "digest": put(manifest_bytes),
+                "size": len(manifest_bytes),
+                "annotations": {"org.opencontainers.image.ref.name": tag},
+            }
+        ],
+    }
+    (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (path / "index.json").write_text(json.dumps(index))
+    return path

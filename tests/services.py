@@ -1,0 +1,159 @@
+"""Real services for the integration tests: a Docker engine and OCI registries.
+
+Each fixture uses what is there (``BUILDMATRIX_TEST_DOCKER_HOST``, else a running
+engine on ``DOCKER_HOST``) or starts its own from the installed binaries
+(``dockerd`` with the vfs driver, ``docker-registry``) in a temporary folder on
+loopback, and stops it afterwards. Where the binaries are missing the tests that
+need them skip and say why.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:  # any failure means "not up yet"
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not come up within {timeout:.0f} s")
+
+
+def _engine_answers(host: str) -> bool:
+    import docker
+
+    try:
+        docker.DockerClient(base_url=host, timeout=5).ping()
+    except docker.errors.DockerException:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def docker_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Docker engine's address: an existing one, or one started here."""
+    for candidate in (
+        os.environ.get("BUILDMATRIX_TEST_DOCKER_HOST"),
+        os.environ.get("DOCKER_HOST"),
+    ):
+        if candidate and _engine_answers(candidate):
+            yield candidate
+            return
+    dockerd = shutil.which("dockerd")
+    if dockerd is None or os.geteuid() != 0:
+        pytest.skip(
+            "no Docker engine: install docker.io (dockerd) and run as root, "
+            "or set BUILDMATRIX_TEST_DOCKER_HOST"
+        )
+    root = tmp_path_factory.mktemp("dockerd")
+    host = f"unix://{root}/docker.sock"
+    log = (root / "dockerd.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            dockerd,
+            "--storage-driver=vfs",
+            "--iptables=false",
+            "--ip6tables=false",
+            "--bridge=none",
+            f"--host={host}",
+            f"--data-root={root}/data",
+            f"--exec-root={root}/exec",
+            f"--pidfile={root}/docker.pid",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        _wait(lambda: _engine_answers(host), "dockerd")
+        yield host
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+@dataclass(frozen=True)
+class Registry:
+    host: str  # 127.0.0.1:PORT
+    user: str = ""
+    password: str = ""
+
+    def docker_config(self, folder: Path, *, password: str | None = None) -> Path:
+        """A Docker config folder holding credentials for this registry."""
+        folder.mkdir(parents=True, exist_ok=True)
+        secret = base64.b64encode(f"{self.user}:{password or self.password}".encode()).decode()
+        (folder / "config.json").write_text(json.dumps({"auths": {self.host: {"auth": secret}}}))
+        return folder
+
+
+def _start_registry(root: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], str]:
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        pytest.skip("no registry: install docker-registry (Debian package)")
+    port = free_port()
+    config = root / "config.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {root}/data\n  delete:\n    enabled: true\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n{extra}"
+    )
+    log = (root / "registry.log").open("wb")
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    host = f"127.0.0.1:{port}"
+
+    def up() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    _wait(up, "docker-registry")
+    return proc, host
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A plain-HTTP registry on loopback, anonymous access."""
+    proc, host = _start_registry(tmp_path_factory.mktemp("registry"))
+    try:
+        yield Registry(host)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A registry that demands basic auth (htpasswd, bcrypt) for everything."""
+    bcrypt = pytest.importorskip("bcrypt")
+    root = tmp_path_factory.mktemp("auth-registry")
+    user, password = "ci", "s3cret-pass"
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+    (root / "htpasswd").write_text(f"{user}:{hashed}\n")
+    extra = f"auth:\n  htpasswd:\n    realm: buildmatrix-test\n    path: {root}/htpasswd\n"
+    proc, host = _start_registry(root, extra)
+    try:
+        yield Registry(host, user, password)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,104 @@
+"""check through the CLI: output forms, the summary file, exit codes for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CliRunner
+from tests.images import Image, fixture, write_docker_archive
+
+HOPPER_IMAGE = Image(
+    layers=[{"usr/lib/libhopper_a.so": fixture("libhopper_a.so")}],
+    labels={"io.buildmatrix.family": "hopper"},
+    env={"CUDA_VERSION": "12.4.1"},
+)
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> str:
+    return f"docker-archive:{write_docker_archive(tmp_path / 'img.tar', HOPPER_IMAGE)}"
+
+
+def test_table_output_pass(cli: CliRunner, archive: str) -> None:
+    result = cli("check", archive, "--driver", "535.104.05")
+    assert result.code == 0, result.err
+    assert "targets  from label (io.buildmatrix.family=hopper)" in result.out
+    assert "runtime  CUDA 12.4 (CUDA_VERSION in the image config)" in result.out
+    lines = result.out.splitlines()
+    target = lines[lines.index(next(x for x in lines if x.startswith("TARGET"))) + 1]
+    assert target.split() == ["hopper", "sm_90", "native", "ok"]
+    assert lines[-1] == "PASS"
+
+
+def test_table_output_fail_names_file_and_reason(cli: CliRunner, archive: str) -> None:
+    result = cli("check", archive, "--family", "ampere")
+    assert result.code == 1
+    assert "FAIL" in result.out
+    assert (
+        "ampere (sm_80): no runnable code: usr/lib/libhopper_a.so: sm_90a is arch-specific "
+        "SASS and runs only on 9.0, not 8.0"
+    ) in result.out
+
+
+def test_summary_is_appended(cli: CliRunner, archive: str, tmp_path: Path) -> None:
+    summary = tmp_path / "summary.md"
+    summary.write_text("# earlier step\n")
+    assert cli("check", archive, "--summary", str(summary)).code == 0
+    assert cli("check", archive, "--family", "ampere", "--summary", str(summary)).code == 1
+    text = summary.read_text()
+    assert text.startswith("# earlier step\n")
+    assert ": PASS" in text
+    assert ": FAIL" in text
+    assert "| hopper | sm_90 | native | not checked |" in text
+    assert "| ampere | sm_86 | none | not checked |" in text
+
+
+def test_require_sass_and_driver_too_old(cli: CliRunner, archive: str) -> None:
+    result = cli("check", archive, "--driver", "520.61.05", "--json")
+    assert result.code == 1
+    doc = result.json()
+    assert doc["targets"][0]["driver_ok"] is False
+    assert doc["driver"] == "520.61.05"
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["check", "Bad:Ref"], 2, "not a valid image reference"),
+        (["check", "oci:/no/such/layout"], 2, "is not an OCI image layout"),
+        (["check", "docker-archive:/no/such.tar"], 2, "is not a file"),
+        (["check", "ARCHIVE", "--sm", "sm_99"], 2, "no arch profile for 'sm_99'"),
+        (["check", "ARCHIVE", "--family", "hoper"], 2, "Did you mean 'hopper'"),
+        (["check", "ARCHIVE", "--driver", "R535"], 2, "--driver: 'R535' is not a driver version"),
+        (["check", "ARCHIVE", "--snapshot", "SNAP"], 2, "not valid JSON"),
+        (["check", "ARCHIVE", "--summary", "/no/such/dir/x.md"], 2, "cannot write"),
+    ],
+)
+def test_bad_input_exits_2(
+    cli: CliRunner, archive: str, tmp_path: Path, args: list[str], code: int, message: str
+) -> None:
+    snap = tmp_path / "snap.json"
+    snap.write_text("{not json")
+    args = [archive if a == "ARCHIVE" else str(snap) if a == "SNAP" else a for a in args]
+    result = cli(*args)
+    assert result.code == code, result.err
+    assert message in result.err
+
+
+def test_snapshot_schema_errors_name_the_key(cli: CliRunner, archive: str, tmp_path: Path) -> None:
+    snap = tmp_path / "snap.json"
+    snap.write_text(json.dumps({"version": 1, "driver_version": "535", "gpus": []}))
+    result = cli("check", archive, "--snapshot", str(snap))
+    assert result.code == 2
+    assert "key 'driver_version'" in result.err
+
+
+def test_not_a_docker_archive(cli: CliRunner, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"\0" * 1024)
+    result = cli("check", f"docker-archive:{junk}", "--family", "hopper")
+    assert result.code == 2
+    assert "manifest.json" in result.err

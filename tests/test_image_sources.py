@@ -1,0 +1,356 @@
+"""check against every source kind, with real components where they exist.
+
+Images are crafted here (layer by layer, so that whiteouts, opaque folders and
+links are exactly as the test wants) and then loaded into the real Docker engine,
+pushed to a real registry by skopeo, and converted by skopeo, so that every
+transport reads bytes a real tool wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from tests.conftest import REPO, CliRunner
+from tests.images import Dir, Image, Symlink, fixture, write_docker_archive, write_oci_layout
+from tests.services import Registry, free_port
+
+pytestmark = pytest.mark.integration
+
+CHECK_SCHEMA = json.loads((REPO / "buildmatrix/schemas/check.schema.json").read_text())
+
+SM80, HOPPER, MULTI = fixture("libsass_sm80.so"), fixture("libhopper_a.so"), fixture("libmulti.so")
+
+# Without whiteout, opaque and symlink handling, the sm_80-only libraries of the
+# first layer would survive and the hopper check would fail.
+LAYERED = Image(
+    layers=[
+        {
+            "usr/lib/libold.so": SM80,
+            "opt/cuda/lib/libstale.so": SM80,
+            "opt/cuda-13/lib/": Dir(),
+            "etc/os-release": b"ID=test\n",
+        },
+        {
+            "usr/lib/.wh.libold.so": b"",
+            "opt/cuda/lib/.wh..wh..opq": b"",
+            "opt/cuda/lib/libhopper.so": HOPPER,
+            "usr/local/cuda": Symlink("/opt/cuda-13"),
+        },
+        {
+            "opt/cuda-13/lib/libmulti.so": MULTI,
+            "usr/lib/libmulti.so.1": Symlink("../../opt/cuda-13/lib/libmulti.so"),
+        },
+    ],
+    labels={"io.buildmatrix.family": "hopper"},
+    env={"CUDA_VERSION": "13.0.0"},
+)
+MISLABELED = Image(
+    layers=[{"usr/lib/libsass_sm80.so": SM80}], labels={"io.buildmatrix.family": "hopper"}
+)
+EXPECTED_FILES = ["opt/cuda-13/lib/libmulti.so", "opt/cuda/lib/libhopper.so"]
+
+
+def run_check(cli: CliRunner, ref: str, *extra: str) -> tuple[int, dict[str, object]]:
+    result = cli("check", ref, "--json", *extra)
+    assert result.code in (0, 1), result.err
+    doc = result.json()
+    jsonschema.validate(doc, CHECK_SCHEMA)
+    return result.code, doc
+
+
+def assert_layered(code: int, doc: dict[str, object]) -> None:
+    assert code == 0, doc["problems"]
+    assert sorted(f["path"] for f in doc["files"]) == EXPECTED_FILES  # type: ignore[attr-defined]
+    assert doc["declared"] == {"family": "hopper", "source": "label"}
+    assert [(t["sm"], t["verdict"]) for t in doc["targets"]] == [("sm_90", "native")]  # type: ignore[attr-defined]
+    assert doc["cuda_runtime"] == {"version": "13.0", "source": "CUDA_VERSION in the image config"}
+
+
+def assert_mislabeled(code: int, doc: dict[str, object]) -> None:
+    assert code == 1
+    assert doc["verdict"] == "fail"
+    assert "sm_80 SASS runs only on compute capability 8.x" in doc["problems"][0]  # type: ignore[index]
+
+
+# ------------------------------------------------------------------ files on disk
+
+
+def test_docker_archive(tmp_path: Path, cli: CliRunner) -> None:
+    assert_layered(
+        *run_check(cli, f"docker-archive:{write_docker_archive(tmp_path / 'a.tar', LAYERED)}")
+    )
+    assert_mislabeled(
+        *run_check(cli, f"docker-archive:{write_docker_archive(tmp_path / 'b.tar', MISLABELED)}")
+    )
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_oci_layout(tmp_path: Path, cli: CliRunner, compress: bool) -> None:
+    layout = write_oci_layout(tmp_path / "oci", LAYERED, tag="v1", compress=compress)
+    assert_layered(*run_check(cli, f"oci:{layout}:v1"))
+    assert_layered(*run_check(cli, f"oci:{layout}"))  # the only image needs no tag
+
+
+def test_zstd_layers(tmp_path: Path, cli: CliRunner) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    layout = write_oci_layout(tmp_path / "oci", LAYERED, compress=False)
+    index = json.loads((layout / "index.json").read_text())
+    blobs = layout / "blobs" / "sha256"
+    manifest = json.loads((blobs / index["manifests"][0]["digest"][7:]).read_text())
+    import hashlib
+
+    for layer in manifest["layers"]:
+        data = zstandard.ZstdCompressor().compress((blobs / layer["digest"][7:]).read_bytes())
+        layer["digest"] = "sha256:" + hashlib.sha256(data).hexdigest()
+        layer["mediaType"] = "application/vnd.oci.image.layer.v1.tar+zstd"
+        (blobs / layer["digest"][7:]).write_bytes(data)
+    body = json.dumps(manifest).encode()
+    index["manifests"][0]["digest"] = "sha256:" + hashlib.sha256(body).hexdigest()
+    (blobs / index["manifests"][0]["digest"][7:]).write_bytes(body)
+    (layout / "index.json").write_text(json.dumps(index))
+    assert_layered(*run_check(cli, f"oci:{layout}:latest"))
+
+
+def test_directory_and_single_file(tmp_path: Path, cli: CliRunner) -> None:
+    root = tmp_path / "rootfs"
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "usr/lib/libhopper_a.so").write_bytes(HOPPER)
+    (root / "usr/lib/libsass_sm80.so").write_bytes(SM80)
+    code, doc = run_check(cli, f"dir:{root}", "--family", "hopper")
+    assert code == 1
+    code, doc = run_check(cli, str(root), "--family", "ampere", "--ignore", "*/libhopper_a.so")
+    assert code == 0
+    assert doc["ignored"] == ["usr/lib/libhopper_a.so"]
+    code, doc = run_check(cli, str(root / "usr/lib/libhopper_a.so"), "--sm", "sm_90")
+    assert code == 0
+    assert doc["declared"] == {"family": None, "source": "flags"}
+
+
+def _corrupt_first_layer(layout: Path, *, truncate: bool) -> None:
+    index = json.loads((layout / "index.json").read_text())
+    blobs = layout / "blobs" / "sha256"
+    manifest = json.loads((blobs / index["manifests"][0]["digest"][7:]).read_text())
+    blob = blobs / manifest["layers"][1]["digest"][7:]
+    data = bytearray(blob.read_bytes())
+    if truncate:
+        del data[len(data) // 2 :]
+    else:
+        data[-30] ^= 0xFF
+    blob.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("truncate", [False, True], ids=["flipped byte", "truncated"])
+def test_corrupt_blobs_exit_2(tmp_path: Path, cli: CliRunner, truncate: bool) -> None:
+    layout = write_oci_layout(tmp_path / "oci", LAYERED, compress=False)
+    _corrupt_first_layer(layout, truncate=truncate)
+    result = cli("check", f"oci:{layout}")
+    assert result.code == 2
+    assert "digest" in result.err or "truncated" in result.err
+    assert result.out == ""
+
+
+def test_layer_escaping_the_root_is_refused(tmp_path: Path, cli: CliRunner) -> None:
+    evil = Image(
+        layers=[{"usr/lib/libhopper_a.so": HOPPER, "../../etc/cron.d/x": b"* * * * *"}],
+        labels={"io.buildmatrix.family": "hopper"},
+    )
+    result = cli("check", f"docker-archive:{write_docker_archive(tmp_path / 'e.tar', evil)}")
+    assert result.code == 2
+    assert "escapes the image root" in result.err
+    assert not (tmp_path.parent / "etc").exists()
+
+
+def test_multi_platform_index(tmp_path: Path, cli: CliRunner) -> None:
+    amd = write_oci_layout(tmp_path / "amd", LAYERED)
+    arm = write_oci_layout(tmp_path / "arm", MISLABELED)
+    merged = tmp_path / "multi"
+    shutil.copytree(amd, merged)
+    shutil.copytree(arm / "blobs", merged / "blobs", dirs_exist_ok=True)
+    amd_desc = json.loads((amd / "index.json").read_text())["manifests"][0]
+    arm_desc = json.loads((arm / "index.json").read_text())["manifests"][0]
+    amd_desc["platform"] = {"os": "linux", "architecture": "amd64"}
+    arm_desc["platform"] = {"os": "linux", "architecture": "arm64"}
+    del amd_desc["annotations"], arm_desc["annotations"]
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [arm_desc, amd_desc],
+    }
+    body = json.dumps(index).encode()
+    import hashlib
+
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    (merged / "blobs/sha256" / digest[7:]).write_bytes(body)
+    (merged / "index.json").write_text(
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "manifests": [
+                    {
+                        "mediaType": index["mediaType"],
+                        "digest": digest,
+                        "size": len(body),
+                        "annotations": {"org.opencontainers.image.ref.name": "multi"},
+                    }
+                ],
+            }
+        )
+    )
+    assert_layered(*run_check(cli, f"oci:{merged}:multi"))
+    assert_mislabeled(*run_check(cli, f"oci:{merged}:multi", "--platform", "linux/arm64"))
+    result = cli("check", f"oci:{merged}:multi", "--platform", "linux/s390x")
+    assert result.code == 2
+    assert "no image for platform linux/s390x" in result.err
+
+
+# ------------------------------------------------------------ skopeo and registry
+
+
+def skopeo(*args: str) -> None:
+    if shutil.which("skopeo") is None:
+        pytest.skip("skopeo is not installed (Debian package skopeo)")
+    subprocess.run(["skopeo", "--insecure-policy", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def pushed(registry: Registry, tmp_path: Path) -> Iterator[str]:
+    """LAYERED and MISLABELED pushed to the registry by skopeo."""
+    for name, image in (("layered", LAYERED), ("mislabeled", MISLABELED)):
+        layout = write_oci_layout(tmp_path / name, image, tag="v1")
+        skopeo(
+            "copy",
+            "--dest-tls-verify=false",
+            f"oci:{layout}:v1",
+            f"docker://{registry.host}/bmtest/{name}:v1",
+        )
+    yield registry.host
+
+
+def test_registry(pushed: str, cli: CliRunner, tmp_path: Path) -> None:
+    assert_layered(*run_check(cli, f"docker://{pushed}/bmtest/layered:v1"))
+    assert_mislabeled(*run_check(cli, f"docker://{pushed}/bmtest/mislabeled:v1"))
+    code, doc = run_check(cli, f"{pushed}/bmtest/layered:v1")  # bare: no engine has it
+    assert_layered(code, doc)
+    digest = str(doc["digest"])
+    assert digest.startswith("sha256:")
+    assert_layered(*run_check(cli, f"docker://{pushed}/bmtest/layered@{digest}"))
+
+
+def test_skopeo_conversions(pushed: str, cli: CliRunner, tmp_path: Path) -> None:
+    """docker-archive and OCI layouts as skopeo writes them, from the registry image."""
+    src = f"docker://{pushed}/bmtest/layered:v1"
+    skopeo("copy", "--src-tls-verify=false", src, f"docker-archive:{tmp_path}/s.tar:bm/l:v1")
+    skopeo("copy", "--src-tls-verify=false", src, f"oci:{tmp_path}/layout:v1")
+    assert_layered(*run_check(cli, f"docker-archive:{tmp_path}/s.tar"))
+    assert_layered(*run_check(cli, f"oci:{tmp_path}/layout:v1"))
+
+
+def test_registry_errors(pushed: str, cli: CliRunner) -> None:
+    missing = cli("check", f"docker://{pushed}/bmtest/layered:nope")
+    assert missing.code == 2
+    assert "not found" in missing.err
+    port = free_port()
+    unreachable = cli("check", f"docker://127.0.0.1:{port}/bmtest/layered:v1")
+    assert unreachable.code == 3
+    assert "unreachable" in unreachable.err
+
+
+def test_registry_with_auth(
+    auth_registry: Registry, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = write_oci_layout(tmp_path / "l", LAYERED, tag="v1")
+    ref = f"docker://{auth_registry.host}/bmtest/private:v1"
+    skopeo(
+        "copy",
+        "--dest-tls-verify=false",
+        f"--dest-creds={auth_registry.user}:{auth_registry.password}",
+        f"oci:{layout}:v1",
+        ref,
+    )
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "nobody"))
+    anonymous = cli("check", ref)
+    assert anonymous.code == 3
+    assert "refused access" in anonymous.err
+    monkeypatch.setenv(
+        "DOCKER_CONFIG", str(auth_registry.docker_config(tmp_path / "wrong", password="nope"))
+    )
+    wrong = cli("check", ref)
+    assert wrong.code == 3
+    monkeypatch.setenv("DOCKER_CONFIG", str(auth_registry.docker_config(tmp_path / "good")))
+    assert_layered(*run_check(cli, ref))
+
+
+# ------------------------------------------------------------------ Docker engine
+
+
+def _dynamic(path: Path) -> bool:
+    from buildmatrix.binary.elf import read_elf
+    from buildmatrix.binary.source import BytesSource
+
+    info = read_elf(BytesSource(path.read_bytes(), name=str(path)))
+    return info.section(".interp") is not None
+
+
+@pytest.fixture
+def engine(docker_host: str, monkeypatch: pytest.MonkeyPatch) -> object:
+    import docker
+
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    return docker.DockerClient(base_url=docker_host)
+
+
+def test_engine(engine: object, cli: CliRunner, tmp_path: Path) -> None:
+    client = engine
+    for name, image in (("layered", LAYERED), ("mislabeled", MISLABELED)):
+        archive = write_docker_archive(tmp_path / f"{name}.tar", image, tag=f"bmtest/{name}:v1")
+        client.images.load(archive.read_bytes())  # type: ignore[attr-defined]
+    try:
+        assert_layered(*run_check(cli, "docker-daemon:bmtest/layered:v1"))
+        assert_layered(*run_check(cli, "bmtest/layered:v1"))  # bare: the engine has it
+        assert_mislabeled(*run_check(cli, "docker-daemon:bmtest/mislabeled:v1"))
+        missing = cli("check", "docker-daemon:bmtest/absent:v1")
+        assert missing.code == 2
+        assert "has no image" in missing.err
+    finally:
+        for name in ("layered", "mislabeled"):
+            client.images.remove(f"bmtest/{name}:v1", force=True)  # type: ignore[attr-defined]
+
+
+def test_engine_build_with_real_whiteout(engine: object, cli: CliRunner, tmp_path: Path) -> None:
+    """docker build writes the whiteout itself when a RUN step deletes a library."""
+    busybox = shutil.which("busybox")
+    if busybox is None or _dynamic(Path(busybox)):
+        pytest.skip("busybox-static is needed for a RUN step in a FROM scratch image")
+    context = tmp_path / "ctx"
+    context.mkdir()
+    shutil.copy(busybox, context / "busybox")
+    (context / "libsass_sm80.so").write_bytes(SM80)
+    (context / "libhopper_a.so").write_bytes(HOPPER)
+    (context / "Dockerfile").write_text(
+        "FROM scratch\nCOPY busybox /bin/busybox\n"
+        "COPY libsass_sm80.so libhopper_a.so /usr/lib/\n"
+        'RUN ["/bin/busybox", "rm", "/usr/lib/libsass_sm80.so"]\n'
+        "LABEL io.buildmatrix.family=hopper\n"
+    )
+    client = engine
+    client.images.build(path=str(context), tag="bmtest/built:v1", rm=True)  # type: ignore[attr-defined]
+    try:
+        code, doc = run_check(cli, "docker-daemon:bmtest/built:v1")
+        assert code == 0, doc["problems"]
+        assert [f["path"] for f in doc["files"]] == ["usr/lib/libhopper_a.so"]  # type: ignore[attr-defined]
+    finally:
+        client.images.remove("bmtest/built:v1", force=True)  # type: ignore[attr-defined]
+
+
+def test_no_engine_exits_3(cli: CliRunner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")
+    result = cli("check", "docker-daemon:bmtest/layered:v1")
+    assert result.code == 3
+    assert "no Docker engine answers" in result.err
