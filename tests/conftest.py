@@ -43,4 +43,9 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> 
     return CliRunner(capsys)
 
 
-from tests.services import auth_registry, docker_host, registry  # noqa: E402, F401
+from tests.services import (  # noqa: E402, F401
+    auth_registry,
+    docker_host,
+    registry,
+    token_registry,
+)

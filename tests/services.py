@@ -157,3 +157,24 @@ def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A registry with bearer-token auth; tokens come from tests/token_server.py."""
+    pytest.importorskip("cryptography")
+    from tests.token_server import ISSUER, SERVICE, token_server
+
+    root = tmp_path_factory.mktemp("token-registry")
+    user, password = "ci-token", "t0ken-pass"
+    with token_server(root, user, password) as (realm, issuer):
+        extra = (
+            f"auth:\n  token:\n    realm: {realm}\n    service: {SERVICE}\n"
+            f"    issuer: {ISSUER}\n    rootcertbundle: {issuer.bundle}\n"
+        )
+        proc, host = _start_registry(root, extra)
+        try:
+            yield Registry(host, user, password)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

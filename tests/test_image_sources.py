@@ -262,9 +262,18 @@ def test_registry_errors(pushed: str, cli: CliRunner) -> None:
     assert "unreachable" in unreachable.err
 
 
+@pytest.mark.parametrize("kind", ["basic", "token"])
 def test_registry_with_auth(
-    auth_registry: Registry, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str,
+    request: pytest.FixtureRequest,
+    cli: CliRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """htpasswd basic auth, and bearer tokens from a token server (registry token spec)."""
+    auth_registry: Registry = request.getfixturevalue(
+        "auth_registry" if kind == "basic" else "token_registry"
+    )
     layout = write_oci_layout(tmp_path / "l", LAYERED, tag="v1")
     ref = f"docker://{auth_registry.host}/bmtest/private:v1"
     skopeo(

@@ -14,6 +14,7 @@ import click
 
 from buildmatrix import __version__
 from buildmatrix.cli.check_cmd import check
+from buildmatrix.cli.generate_cmd import generate, matrix
 from buildmatrix.cli.inspect_cmd import inspect
 from buildmatrix.cli.profiles_cmd import profiles
 from buildmatrix.errors import BuildmatrixError
@@ -32,6 +33,8 @@ def cli() -> None:
 cli.add_command(profiles)
 cli.add_command(inspect)
 cli.add_command(check)
+cli.add_command(generate)
+cli.add_command(matrix)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

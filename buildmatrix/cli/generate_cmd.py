@@ -1,0 +1,231 @@
+"""``buildmatrix generate`` and ``buildmatrix matrix``: builds from the arch profiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+
+from buildmatrix.cli._common import JSON_VERSION, load, profiles_option
+from buildmatrix.errors import CheckFailed, InputError
+
+
+def images_option(func: Any) -> Any:
+    return click.option(
+        "--images",
+        "images_dir",
+        default="images",
+        show_default=True,
+        metavar="DIR",
+        help="Folder of image specs (DIR/NAME/image.yaml).",
+    )(func)
+
+
+def out_option(func: Any) -> Any:
+    return click.option(
+        "--out",
+        "out_dir",
+        default="build",
+        show_default=True,
+        metavar="DIR",
+        help="Where the generated Dockerfiles go.",
+    )(func)
+
+
+def explain_option(func: Any) -> Any:
+    return click.option(
+        "--explain", is_flag=True, help="List every combination left out, and why (on stderr)."
+    )(func)
+
+
+def _matrix(images_dir: str, profiles_dir: str | None, out_dir: str, image: str | None) -> Any:
+    from buildmatrix.matrix import expand_all
+    from buildmatrix.specs import load_specs
+
+    profiles = load(profiles_dir)
+    specs = load_specs(Path(images_dir), profiles, only=image)
+    return expand_all(specs, profiles, out=Path(out_dir))
+
+
+def _explain(matrix: Any) -> None:
+    if not matrix.dropped:
+        click.echo("nothing left out", err=True)
+    for d in matrix.dropped:
+        click.echo(f"left out  {d}", err=True)
+
+
+def _rendered(matrix: Any) -> dict[Path, str]:
+    from buildmatrix.render import render
+
+    files: dict[Path, str] = {}
+    for entry in matrix.entries:
+        source = Path(os.path.relpath(entry.spec.source)).as_posix()
+        files[entry.dockerfile] = render(entry, source=source)
+    return files
+
+
+def _stale(out: Path, matrix: Any, expected: dict[Path, str]) -> list[Path]:
+    """Generated Dockerfiles under ``out`` that the matrix no longer produces."""
+    from buildmatrix.render import HEADER
+
+    marker = HEADER.split("{", 1)[0]
+    stale = []
+    for name in sorted({e.spec.name for e in matrix.entries}):
+        folder = out / name
+        for path in sorted(folder.glob("*.Dockerfile")) if folder.is_dir() else []:
+            if path not in expected and path.read_text(errors="replace").startswith(marker):
+                stale.append(path)
+    return stale
+
+
+@click.command("generate")
+@images_option
+@profiles_option
+@out_option
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Write nothing; exit 1 if the files on disk differ from what would be written.",
+)
+@explain_option
+def generate(
+    images_dir: str, profiles_dir: str | None, out_dir: str, check_only: bool, explain: bool
+) -> int:
+    """Write one Dockerfile per matrix entry: OUT/IMAGE/TAG.Dockerfile.
+
+    Each carries io.buildmatrix.* and OCI labels and an NVIDIA_REQUIRE_ARCH
+    constraint derived from the SMs the variant holds.
+    """
+    matrix = _matrix(images_dir, profiles_dir, out_dir, None)
+    if explain:
+        _explain(matrix)
+    expected = _rendered(matrix)
+    out = Path(out_dir)
+    stale = _stale(out, matrix, expected)
+    if check_only:
+        missing = [p for p in expected if not p.is_file()]
+        changed = [
+            p
+            for p, text in expected.items()
+            if p.is_file() and p.read_text(errors="replace") != text
+        ]
+        if missing or changed or stale:
+            lines = (
+                [f"  missing  {p}" for p in missing]
+                + [f"  changed  {p}" for p in changed]
+                + [f"  stale    {p}" for p in stale]
+            )
+            raise CheckFailed(
+                "generated files are out of date; run `buildmatrix generate`:\n" + "\n".join(lines)
+            )
+        click.echo(f"{len(expected)} Dockerfiles in {out} are up to date")
+        return 0
+    written = 0
+    for path, text in expected.items():
+        if path.is_file() and path.read_text(errors="replace") == text:
+            continue
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as exc:
+            raise InputError(f"--out {out}: cannot write {path}: {exc.strerror}.") from None
+        written += 1
+    for path in stale:
+        path.unlink()
+    click.echo(
+        f"{len(expected)} Dockerfiles in {out}: {written} written, "
+        f"{len(expected) - written} unchanged, {len(stale)} stale removed; "
+        f"{len(matrix.dropped)} combinations left out (--explain says why)"
+    )
+    return 0
+
+
+def _bake(matrix: Any) -> dict[str, Any]:
+    targets: dict[str, Any] = {}
+    for entry in matrix.entries:
+        name = re.sub(r"[^A-Za-z0-9_-]", "-", f"{entry.spec.name}-{entry.tag}")
+        context = Path(os.path.relpath(entry.spec.context))
+        targets[name] = {
+            "context": context.as_posix(),
+            "dockerfile": Path(os.path.relpath(entry.dockerfile, context)).as_posix(),
+            "tags": [entry.image_ref],
+            "labels": entry.labels,
+        }
+    return {"group": {"default": {"targets": list(targets)}}, "target": targets}
+
+
+@click.command("matrix")
+@images_option
+@profiles_option
+@out_option
+@click.option(
+    "--image", metavar="NAME", help="Only this image (also a way to split large matrices)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["github", "bake", "json"]),
+    default="github",
+    show_default=True,
+)
+@explain_option
+def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
+    images_dir: str,
+    profiles_dir: str | None,
+    out_dir: str,
+    image: str | None,
+    fmt: str,
+    explain: bool,
+) -> int:
+    """Print the build matrix: GitHub Actions strategy.matrix, docker buildx bake, or JSON."""
+    from buildmatrix.matrix import GITHUB_MATRIX_LIMIT
+
+    m = _matrix(images_dir, profiles_dir, out_dir, image)
+    if explain:
+        _explain(m)
+    entries = [e.to_json() for e in m.entries]
+    if fmt == "github":
+        if len(entries) > GITHUB_MATRIX_LIMIT:
+            per_image = {e["image"]: 0 for e in entries}
+            for e in entries:
+                per_image[e["image"]] += 1
+            raise InputError(
+                f"the matrix has {len(entries)} entries, over GitHub's limit of "
+                f"{GITHUB_MATRIX_LIMIT} jobs per matrix. Split it: one job per image with "
+                f"--image NAME ({', '.join(f'{k}: {v}' for k, v in per_image.items())}), or "
+                "narrow families, CUDA versions or axes in the specs."
+            )
+        keys = (
+            "image",
+            "family",
+            "cuda",
+            "tag",
+            "tags",
+            "dockerfile",
+            "context",
+            "gencode",
+            "torch_arch_list",
+            "sm",
+        )
+        doc: dict[str, Any] = {"include": [{k: e[k] for k in keys} for e in entries]}
+    elif fmt == "bake":
+        doc = _bake(m)
+    else:
+        doc = {
+            "version": JSON_VERSION,
+            "entries": entries,
+            "dropped": [{"image": d.image, "what": d.what, "reason": d.reason} for d in m.dropped],
+        }
+    click.echo(
+        json.dumps(
+            doc,
+            indent=2 if fmt == "json" else None,
+            separators=None if fmt == "json" else (",", ":"),
+        )
+    )
+    return 0

@@ -1,0 +1,262 @@
+"""Matrix expansion: image specs x families x CUDA versions x axes, minus what cannot be.
+
+A combination is dropped, with its reason, when the spec excludes it, when the
+family lacks a required feature, or when the CUDA version can build none of the
+family's SMs. SMs of a kept family that the CUDA version cannot build (or that
+lack a required feature) are left out of that entry, also with a reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from buildmatrix.arch import Family
+from buildmatrix.profiles import Profile, ProfileSet
+from buildmatrix.specs import Cuda, ImageSpec
+
+GITHUB_MATRIX_LIMIT = 256  # jobs per matrix (GitHub Actions usage limits)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One image variant to build."""
+
+    spec: ImageSpec
+    family: Family
+    profiles: tuple[Profile, ...]
+    cuda: Cuda
+    axes: tuple[tuple[str, str], ...]
+    tag: str
+    dockerfile: Path
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return {
+            "name": self.spec.name,
+            "version": self.spec.version,
+            "family": self.family.value,
+            "cuda": self.cuda.full,
+            "cuda_major": str(self.cuda.major),
+            "cuda_minor": str(self.cuda.minor),
+            **dict(self.axes),
+        }
+
+    @property
+    def image_ref(self) -> str:
+        return f"{self.spec.repository}:{self.tag}"
+
+    @property
+    def sms(self) -> list[str]:
+        return [p.sm for p in self.profiles]
+
+    def _cuda_version(self) -> Version:
+        return Version(self.cuda.mm)
+
+    @property
+    def gencode(self) -> list[str]:
+        return [g for p in self.profiles for g in p.gencode(self._cuda_version())]
+
+    @property
+    def torch_arch_list(self) -> str:
+        return ";".join(e for p in self.profiles for e in p.torch_arch_list(self._cuda_version()))
+
+    @property
+    def cmake_architectures(self) -> str:
+        return ";".join(
+            e for p in self.profiles for e in p.cmake_architectures(self._cuda_version())
+        )
+
+    @property
+    def min_driver(self) -> str:
+        """The lowest hardware floor among the entry's SMs (per-SM floors are in the ENV)."""
+        return str(min(p.min_driver for p in self.profiles))
+
+    @property
+    def nvidia_require_arch(self) -> str:
+        """The ``NVIDIA_REQUIRE_ARCH`` value: which GPUs may start this image.
+
+        nvidia-container-toolkit: space-separated alternatives (OR), each a
+        comma-separated list of conditions (AND), on ``arch`` (compute capability)
+        and ``driver``. Per SM: SASS ``sm_XY`` runs on X.Y up to the next major;
+        with PTX any later GPU may JIT it. The SM's driver floor joins each
+        alternative.
+        """
+        alternatives = []
+        ordered = sorted(self.profiles, key=lambda p: p.cc)
+        for i, p in enumerate(ordered):
+            conditions = [f"arch>={p.cc}"]
+            nxt = next((q.cc for q in ordered[i + 1 :] if q.cc.major == p.cc.major), None)
+            if nxt is not None:
+                conditions.append(f"arch<{nxt}")  # the next SM of the major has its own floor
+            elif not p.ptx:
+                conditions.append(f"arch<{p.cc.major + 1}.0")
+            conditions.append(f"driver>={p.min_driver}")
+            alternatives.append(",".join(conditions))
+        return " ".join(alternatives)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {
+            "io.buildmatrix.family": self.family.value,
+            "io.buildmatrix.sm": ",".join(self.sms),
+            "io.buildmatrix.cuda": self.cuda.full,
+            "io.buildmatrix.min-driver": self.min_driver,
+            "io.buildmatrix.image": self.spec.name,
+            "org.opencontainers.image.title": self.spec.name,
+            "org.opencontainers.image.version": self.spec.version,
+            "org.opencontainers.image.description": self.spec.description
+            or f"{self.spec.name} for {self.family.value} GPUs",
+        }
+
+    def to_json(self, *, relative_to: Path | None = None) -> dict[str, Any]:
+        def rel(path: Path) -> str:
+            base = relative_to or Path.cwd()
+            return Path(os.path.relpath(path, base)).as_posix()
+
+        return {
+            "image": self.spec.name,
+            "family": self.family.value,
+            "sm": self.sms,
+            "cuda": self.cuda.full,
+            "axes": dict(self.axes),
+            "tag": self.tag,
+            "tags": [self.image_ref],
+            "dockerfile": rel(self.dockerfile),
+            "context": rel(self.spec.context),
+            "gencode": " ".join(self.gencode),
+            "torch_arch_list": self.torch_arch_list,
+            "cmake_architectures": self.cmake_architectures,
+            "min_driver": self.min_driver,
+            "nvidia_require_arch": self.nvidia_require_arch,
+            "labels": self.labels,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dropped:
+    image: str
+    what: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.image}: {self.what}: {self.reason}"
+
+
+@dataclass
+class Matrix:
+    entries: list[Entry] = field(default_factory=list)
+    dropped: list[Dropped] = field(default_factory=list)
+
+
+def _excluded(fields: dict[str, str], rules: tuple[dict[str, str], ...]) -> dict[str, str] | None:
+    for rule in rules:
+        if all(
+            fields.get(k) == v or (k == "cuda" and _same_cuda(fields, v)) for k, v in rule.items()
+        ):
+            return rule
+    return None
+
+
+def _same_cuda(fields: dict[str, str], value: str) -> bool:
+    # An exclusion may name CUDA as MAJOR.MINOR while the spec lists 12.8.1.
+    return f"{fields['cuda_major']}.{fields['cuda_minor']}" == value
+
+
+def _why_not(p: Profile, cuda: Cuda, requires: tuple[str, ...]) -> str | None:
+    missing = [f for f in requires if f not in p.features]
+    if missing:
+        return f"{p.sm} lacks {', '.join(missing)}"
+    if not p.supports_cuda(Version(cuda.mm)):
+        if Version(cuda.mm) < p.min_cuda:
+            return f"{p.sm} needs CUDA {p.min_cuda} or newer"
+        return f"CUDA {cuda.mm} no longer targets {p.sm} (last: {p.max_cuda})"
+    return None
+
+
+def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
+    """The variants of one spec, in a stable order: family (by SM), CUDA, axes."""
+    matrix = Matrix()
+    families = spec.families or tuple(f.value for f in profiles.families)
+    axis_names = [k for k, _ in spec.axes]
+    combos = [
+        (family_name, cuda, values)
+        for family_name in families
+        for cuda in spec.cuda
+        for values in itertools.product(*(v for _, v in spec.axes))
+    ]
+    for family_name, cuda, values in combos:
+        axes = tuple(zip(axis_names, values, strict=True))
+        what = " ".join([family_name, f"cuda {cuda.full}", *(f"{k}={v}" for k, v in axes)])
+        members = profiles.family(family_name)
+        fields = {
+            "name": spec.name,
+            "version": spec.version,
+            "family": family_name,
+            "cuda": cuda.full,
+            "cuda_major": str(cuda.major),
+            "cuda_minor": str(cuda.minor),
+            **dict(axes),
+        }
+        rule = _excluded(fields, spec.exclude)
+        if rule is not None:
+            shown = ", ".join(f"{k}={v}" for k, v in rule.items())
+            matrix.dropped.append(
+                Dropped(image=spec.name, what=what, reason=f"excluded by the spec ({shown})")
+            )
+            continue
+        reasons = {p.sm: _why_not(p, cuda, spec.requires) for p in members}
+        kept = tuple(p for p in members if reasons[p.sm] is None)
+        if not kept:
+            matrix.dropped.append(
+                Dropped(
+                    image=spec.name, what=what, reason="; ".join(r for r in reasons.values() if r)
+                )
+            )
+            continue
+        for sm, reason in reasons.items():
+            if reason is not None:
+                matrix.dropped.append(
+                    Dropped(
+                        image=spec.name,
+                        what=f"{what}: {sm}",
+                        reason=f"left out of the variant: {reason}",
+                    )
+                )
+        tag = spec.tag.format(**fields)
+        matrix.entries.append(
+            Entry(
+                spec=spec,
+                family=kept[0].family,
+                profiles=kept,
+                cuda=cuda,
+                axes=axes,
+                tag=tag,
+                dockerfile=out / spec.name / f"{tag}.Dockerfile",
+            )
+        )
+    return matrix
+
+
+def expand_all(specs: list[ImageSpec], profiles: ProfileSet, *, out: Path) -> Matrix:
+    total = Matrix()
+    seen: dict[str, Entry] = {}
+    for spec in specs:
+        m = expand(spec, profiles, out=out)
+        for e in m.entries:
+            if e.image_ref in seen:
+                from buildmatrix.errors import InputError
+
+                raise InputError(
+                    f"{spec.source}: two variants get the same tag {e.image_ref}; put every "
+                    "axis and the family into the tag pattern."
+                )
+            seen[e.image_ref] = e
+        total.entries += m.entries
+        total.dropped += m.dropped
+    return total

@@ -1,0 +1,185 @@
+"""Image specs: ``images/NAME/image.yaml``, validated on load into frozen dataclasses."""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from buildmatrix import schema
+from buildmatrix.errors import InputError, did_you_mean
+from buildmatrix.profiles import FEATURE_MIN_CC, ProfileSet
+
+DEFAULT_TAG = "{version}-cu{cuda_major}{cuda_minor}-{family}"
+SPEC_FILE = "image.yaml"
+# Fields every tag pattern, exclusion and template may use, besides the axes.
+BUILTIN_FIELDS = ("name", "version", "family", "cuda", "cuda_major", "cuda_minor")
+_CUDA = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cuda:
+    """A CUDA version as a spec names it (``12.8.1``), with its parts."""
+
+    full: str
+    major: int
+    minor: int
+
+    @property
+    def mm(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageSpec:
+    name: str
+    repository: str
+    version: str
+    description: str
+    template: Path
+    context: Path
+    cuda: tuple[Cuda, ...]
+    families: tuple[str, ...] | None
+    requires: tuple[str, ...]
+    axes: tuple[tuple[str, tuple[str, ...]], ...]
+    exclude: tuple[dict[str, str], ...]
+    tag: str
+    source: Path
+
+    @property
+    def folder(self) -> Path:
+        return self.source.parent
+
+
+def _text(value: Any) -> str:
+    # YAML gives booleans and numbers for axis values; templates and tags see text.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _check_fields(pattern: str, allowed: list[str], *, source: Path, key: str) -> None:
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None]
+    except ValueError as exc:
+        raise InputError(
+            f"{source}: key '{key}': '{pattern}' is not a valid pattern ({exc})."
+        ) from None
+    for field in fields:
+        if field not in allowed:
+            raise InputError(
+                f"{source}: key '{key}' uses unknown field '{{{field}}}'."
+                f"{did_you_mean(field, allowed)} Known fields: {', '.join(allowed)}."
+            )
+
+
+def spec_from_data(data: Any, path: Path, profiles: ProfileSet) -> ImageSpec:
+    source = path
+    if data is None:
+        raise InputError(
+            f"{source}: the file is empty; an image spec needs name, repository, "
+            "version, template and cuda."
+        )
+    schema.validate(data, "image-spec", source=str(source))
+    folder = path.parent
+    template = folder / data["template"]
+    if not template.is_file():
+        raise InputError(
+            f"{source}: key 'template': {template} does not exist; the path is "
+            f"relative to {folder}."
+        )
+    context = folder / data.get("context", ".")
+    if not context.is_dir():
+        raise InputError(f"{source}: key 'context': {context} is not a folder.")
+    cudas = []
+    for text in data["cuda"]:
+        m = _CUDA.fullmatch(text)
+        if m is None:  # pragma: no cover - the schema's pattern is the same
+            raise InputError(f"{source}: key 'cuda': '{text}' is not a CUDA version.")
+        cudas.append(Cuda(full=text, major=int(m[1]), minor=int(m[2])))
+    known = [f.value for f in profiles.families]
+    families = tuple(data["families"]) if "families" in data else None
+    for family in families or ():
+        if family not in known:
+            raise InputError(
+                f"{source}: key 'families': no profile has family '{family}'."
+                f"{did_you_mean(family, known)} Families: {', '.join(known)}."
+            )
+    requires = tuple(data.get("requires", ()))
+    for feature in requires:
+        if feature not in FEATURE_MIN_CC:
+            raise InputError(
+                f"{source}: key 'requires': unknown feature '{feature}'."
+                f"{did_you_mean(feature, list(FEATURE_MIN_CC))} Features: "
+                f"{', '.join(FEATURE_MIN_CC)}."
+            )
+        if not any(feature in p.features for p in profiles):
+            raise InputError(
+                f"{source}: key 'requires': no arch profile has feature "
+                f"'{feature}', so nothing could be built."
+            )
+    axes = tuple(
+        (k, tuple(_text(v) for v in values)) for k, values in (data.get("axes") or {}).items()
+    )
+    clash = [k for k, _ in axes if k in BUILTIN_FIELDS]
+    if clash:
+        raise InputError(
+            f"{source}: key 'axes': '{clash[0]}' is a built-in field; rename the axis."
+        )
+    fields = [*BUILTIN_FIELDS, *(k for k, _ in axes)]
+    tag = data.get("tag", DEFAULT_TAG)
+    _check_fields(tag, fields, source=source, key="tag")
+    exclude = []
+    for i, rule in enumerate(data.get("exclude") or []):
+        for key in rule:
+            if key not in fields:
+                raise InputError(
+                    f"{source}: key 'exclude[{i}]' names unknown field '{key}'."
+                    f"{did_you_mean(key, fields)} Known fields: {', '.join(fields)}."
+                )
+        exclude.append({k: _text(v) for k, v in rule.items()})
+    if data["name"] != folder.name:
+        raise InputError(
+            f"{source}: key 'name' is '{data['name']}' but the folder is "
+            f"'{folder.name}'; make them agree."
+        )
+    return ImageSpec(
+        name=data["name"],
+        repository=data["repository"],
+        version=data["version"],
+        description=data.get("description", ""),
+        template=template,
+        context=context,
+        cuda=tuple(cudas),
+        families=families,
+        requires=requires,
+        axes=axes,
+        exclude=tuple(exclude),
+        tag=tag,
+        source=source,
+    )
+
+
+def load_specs(images: Path, profiles: ProfileSet, *, only: str | None = None) -> list[ImageSpec]:
+    """Every ``*/image.yaml`` under ``images`` (sorted by name), or just ``only``."""
+    from buildmatrix.yamlio import load_yaml_file
+
+    if not images.is_dir():
+        raise InputError(
+            f"images folder {images} does not exist; pass --images DIR (a folder "
+            "with one sub-folder per image, each holding image.yaml)."
+        )
+    paths = sorted(images.glob(f"*/{SPEC_FILE}"))
+    if only is not None:
+        names = [p.parent.name for p in paths]
+        if only not in names:
+            raise InputError(
+                f"no image '{only}' in {images}.{did_you_mean(only, names)} "
+                f"Images: {', '.join(names) or '(none)'}."
+            )
+        paths = [p for p in paths if p.parent.name == only]
+    if not paths:
+        raise InputError(f"{images} holds no */{SPEC_FILE}; add images/NAME/{SPEC_FILE}.")
+    return [spec_from_data(load_yaml_file(p), p, profiles) for p in paths]

