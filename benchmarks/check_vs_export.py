@@ -154,9 +154,13 @@ def main() -> int:
     corpus = args.workdir / "lib"
     size = sum(p.stat().st_size for p in corpus.rglob("*") if p.is_file()) / 2**30
     bm = [sys.executable, "-m", "buildmatrix", "check", "--family", "hopper", "--json"]
+    # The engine's and registry's data stay in WORKDIR/state between runs, so a rerun
+    # measures without rebuilding and pushing (delete the folder to start afresh).
+    state = args.workdir / "state"
+    state.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bm-bench-", dir=args.workdir) as tmp:
         scratch = Path(tmp)
-        procs, host, registry = start_services(scratch)
+        procs, host, registry = start_services(state)
         try:
             context = corpus
             lines = ["FROM scratch"] + [

@@ -13,7 +13,7 @@ import tarfile
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.image.layers import LayerSummary, scan_layer
+from buildmatrix.image.layers import TAR_BUFSIZE, LayerSummary, scan_layer
 from buildmatrix.image.model import (
     MAX_JSON,
     ImageConfig,
@@ -72,24 +72,9 @@ def scan_daemon_image(
     digest = digests[0].split("@", 1)[1] if digests else None
     chunks = client.api.get_image(attrs["Id"], chunk_size=_CHUNK)
     stream = iter_chunks_reader(iter(chunks))
-    summaries: dict[str, LayerSummary] = {}
-    documents: dict[str, Any] = {}
     counter = VerifyingReader(stream, digest=None, name=ref.given, progress=progress)
     try:
-        with tarfile.open(fileobj=counter, mode="r|", bufsize=_CHUNK) as outer:
-            for member in outer:
-                if not member.isreg():
-                    continue
-                data = outer.extractfile(member)
-                if data is None:  # pragma: no cover
-                    continue
-                head = data.read(512)
-                if head[:1] in (b"{", b"[") and member.size <= MAX_JSON:  # manifest, config
-                    documents[member.name] = head + data.read()
-                elif head[257:262] == b"ustar":  # a layer tar
-                    layer = _Prefixed(head, data)
-                    name = f"{ref.given} {member.name}"
-                    summaries[member.name] = scan_layer(cast(IO[bytes], layer), name=name)
+        summaries, documents = scan_save_stream(counter, name=ref.given)  # type: ignore[arg-type]
     except (tarfile.TarError, docker.errors.DockerException) as exc:
         raise EnvironmentUnavailable(
             f"the Docker engine could not export {ref.given} ({exc})."
@@ -103,6 +88,30 @@ def scan_daemon_image(
             f"'{ref.given}': the engine's save stream has no usable manifest ({exc})."
         ) from None
     return finish(ref=ref.given, digest=digest, config=config, layers=layers)
+
+
+def scan_save_stream(
+    stream: IO[bytes], *, name: str
+) -> tuple[dict[str, LayerSummary], dict[str, bytes]]:
+    """Read a ``docker save`` tar as one stream: layer summaries and JSON documents by
+    member name (the manifest says which layer is which)."""
+    summaries: dict[str, LayerSummary] = {}
+    documents: dict[str, bytes] = {}
+    with tarfile.open(fileobj=stream, mode="r|", bufsize=TAR_BUFSIZE) as outer:
+        for member in outer:
+            if not member.isreg():
+                continue
+            data = outer.extractfile(member)
+            if data is None:  # pragma: no cover
+                continue
+            head = data.read(512)
+            if head[:1] in (b"{", b"[") and member.size <= MAX_JSON:  # manifest, config
+                documents[member.name] = head + data.read()
+            elif head[257:262] == b"ustar":  # a layer tar
+                layer = _Prefixed(head, data)
+                label = f"{name} {member.name}"
+                summaries[member.name] = scan_layer(cast(IO[bytes], layer), name=label)
+    return summaries, documents
 
 
 class _Prefixed:

@@ -84,7 +84,8 @@ class VerifyingReader(io.RawIOBase):
         algo = digest.split(":", 1)[0] if digest else "sha256"
         if algo not in ("sha256", "sha512"):
             raise InputError(f"{name}: unsupported digest algorithm '{algo}'.")
-        self._hash = hashlib.new(algo)
+        # Nothing to verify against (the engine's save stream): count only, hash nothing.
+        self._hash = hashlib.new(algo) if digest else None
         self.bytes_read = 0
 
     def readable(self) -> bool:
@@ -94,7 +95,8 @@ class VerifyingReader(io.RawIOBase):
         data = self._stream.read(len(buffer))
         n = len(data)
         buffer[:n] = data
-        self._hash.update(data)
+        if self._hash is not None:
+            self._hash.update(data)
         self.bytes_read += n
         if self._progress is not None and n:
             self._progress(n)
@@ -104,7 +106,7 @@ class VerifyingReader(io.RawIOBase):
         """Drain what the tar reader left unread, then compare digests."""
         while self.read(1 << 20):
             pass
-        if self._expected is None:
+        if self._expected is None or self._hash is None:
             return
         got = f"{self._hash.name}:{self._hash.hexdigest()}"
         if got != self._expected:
@@ -210,20 +212,21 @@ def iter_chunks_reader(chunks: Iterator[bytes]) -> io.BufferedReader:
     class _Raw(io.RawIOBase):
         def __init__(self) -> None:
             super().__init__()
-            self._rest = b""
+            self._chunk = memoryview(b"")
+            self._pos = 0
 
         def readable(self) -> bool:
             return True
 
         def readinto(self, buffer: Any) -> int:
-            while not self._rest:
+            while self._pos >= len(self._chunk):  # a memoryview: no copy of the rest
                 try:
-                    self._rest = next(chunks)
+                    self._chunk, self._pos = memoryview(next(chunks)), 0
                 except StopIteration:
                     return 0
-            n = min(len(buffer), len(self._rest))
-            buffer[:n] = self._rest[:n]
-            self._rest = self._rest[n:]
+            n = min(len(buffer), len(self._chunk) - self._pos)
+            buffer[:n] = self._chunk[self._pos : self._pos + n]
+            self._pos += n
             return n
 
     return io.BufferedReader(_Raw(), buffer_size=1 << 20)
