@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,67 +37,18 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.inspect_vs_cuobjdump import fetch, measure  # noqa: E402
 from tests.cuobjdump import find_cuobjdump  # noqa: E402
-from tests.services import free_port  # noqa: E402
+from tests.services import start_dockerd, start_registry  # noqa: E402
 
 IMAGE = "bm-bench/cuda-libs:1"
 REPOSITORY = IMAGE.partition(":")[0]
 
 
-def wait_for(check: Callable[[], bool], what: str) -> None:
-    for _ in range(150):
-        try:
-            if check():
-                return
-        except Exception:  # not up yet
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{what} did not start")
-
-
 def start_services(root: Path) -> tuple[list[subprocess.Popen[bytes]], str, str]:
-    host = f"unix://{root}/docker.sock"
-    dockerd = subprocess.Popen(
-        [
-            "dockerd",
-            "--storage-driver=vfs",
-            "--iptables=false",
-            "--ip6tables=false",
-            "--bridge=none",
-            f"--host={host}",
-            f"--data-root={root}/data",
-            f"--exec-root={root}/exec",
-            f"--pidfile={root}/docker.pid",
-            "--insecure-registry=127.0.0.0/8",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    port = free_port()
-    config = root / "registry.yml"
-    config.write_text(
-        f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
-        f"    rootdirectory: {root}/registry\nhttp:\n  addr: 127.0.0.1:{port}\n"
-    )
-    registry = subprocess.Popen(
-        ["docker-registry", "serve", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    env = {**os.environ, "DOCKER_HOST": host}
-    wait_for(
-        lambda: (
-            subprocess.run(
-                ["docker", "version"], env=env, capture_output=True, check=False
-            ).returncode
-            == 0
-        ),
-        "dockerd",
-    )
-    wait_for(
-        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/").status == 200,
-        "docker-registry",
-    )
-    return [dockerd, registry], host, f"127.0.0.1:{port}"
+    """dockerd and docker-registry as the tests start them (tests/services.py)."""
+    dockerd, host = start_dockerd(root, "--insecure-registry=127.0.0.0/8")
+    (root / "registry").mkdir(exist_ok=True)
+    registry, address = start_registry(root / "registry")
+    return [dockerd, registry], host, address
 
 
 def docker(host: str, *args: str, **kw: object) -> subprocess.CompletedProcess[bytes]:

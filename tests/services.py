@@ -23,6 +23,12 @@ from pathlib import Path
 import pytest
 
 
+def _registry(root: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], str]:
+    if shutil.which("docker-registry") is None:
+        pytest.skip("no registry: install docker-registry (Debian package)")
+    return start_registry(root, extra)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,25 +57,14 @@ def _engine_answers(host: str) -> bool:
     return True
 
 
-@pytest.fixture(scope="session")
-def docker_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Docker engine's address: an existing one, or one started here."""
-    for candidate in (
-        os.environ.get("BUILDMATRIX_TEST_DOCKER_HOST"),
-        os.environ.get("DOCKER_HOST"),
-    ):
-        if candidate and _engine_answers(candidate):
-            yield candidate
-            return
+def start_dockerd(root: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start dockerd (vfs driver, no networking setup) with its state under ``root``;
+    returns the process and its ``unix://`` address once it answers."""
     dockerd = shutil.which("dockerd")
-    if dockerd is None or os.geteuid() != 0:
-        pytest.skip(
-            "no Docker engine: install docker.io (dockerd) and run as root, "
-            "or set BUILDMATRIX_TEST_DOCKER_HOST"
-        )
-    root = tmp_path_factory.mktemp("dockerd")
+    if dockerd is None:
+        raise FileNotFoundError("dockerd is not installed (Debian package docker.io)")
     host = f"unix://{root}/docker.sock"
-    log = (root / "dockerd.log").open("wb")
+    log = (root / "dockerd.log").open("ab")
     proc = subprocess.Popen(
         [
             dockerd,
@@ -81,17 +76,41 @@ def docker_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             f"--data-root={root}/data",
             f"--exec-root={root}/exec",
             f"--pidfile={root}/docker.pid",
+            *extra,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+    log.close()
     try:
         _wait(lambda: _engine_answers(host), "dockerd")
+    except RuntimeError:
+        proc.terminate()
+        raise
+    return proc, host
+
+
+@pytest.fixture(scope="session")
+def docker_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Docker engine's address: an existing one, or one started here."""
+    for candidate in (
+        os.environ.get("BUILDMATRIX_TEST_DOCKER_HOST"),
+        os.environ.get("DOCKER_HOST"),
+    ):
+        if candidate and _engine_answers(candidate):
+            yield candidate
+            return
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        pytest.skip(
+            "no Docker engine: install docker.io (dockerd) and run as root, "
+            "or set BUILDMATRIX_TEST_DOCKER_HOST"
+        )
+    proc, host = start_dockerd(tmp_path_factory.mktemp("dockerd"))
+    try:
         yield host
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        log.close()
 
 
 @dataclass(frozen=True)
@@ -108,10 +127,12 @@ class Registry:
         return folder
 
 
-def _start_registry(root: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], str]:
+def start_registry(root: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], str]:
+    """Start docker-registry on a free loopback port with its storage under ``root``;
+    ``extra`` is appended to its YAML config (auth). Returns the process and host:port."""
     binary = shutil.which("docker-registry")
     if binary is None:
-        pytest.skip("no registry: install docker-registry (Debian package)")
+        raise FileNotFoundError("docker-registry is not installed (Debian package)")
     port = free_port()
     config = root / "config.yml"
     config.write_text(
@@ -134,7 +155,7 @@ def _start_registry(root: Path, extra: str = "") -> tuple[subprocess.Popen[bytes
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     """A plain-HTTP registry on loopback, anonymous access."""
-    proc, host = _start_registry(tmp_path_factory.mktemp("registry"))
+    proc, host = _registry(tmp_path_factory.mktemp("registry"))
     try:
         yield Registry(host)
     finally:
@@ -151,7 +172,7 @@ def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
     (root / "htpasswd").write_text(f"{user}:{hashed}\n")
     extra = f"auth:\n  htpasswd:\n    realm: buildmatrix-test\n    path: {root}/htpasswd\n"
-    proc, host = _start_registry(root, extra)
+    proc, host = _registry(root, extra)
     try:
         yield Registry(host, user, password)
     finally:
@@ -172,7 +193,7 @@ def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registr
             f"auth:\n  token:\n    realm: {realm}\n    service: {SERVICE}\n"
             f"    issuer: {ISSUER}\n    rootcertbundle: {issuer.bundle}\n"
         )
-        proc, host = _start_registry(root, extra)
+        proc, host = _registry(root, extra)
         try:
             yield Registry(host, user, password)
         finally:
