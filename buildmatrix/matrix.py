@@ -23,6 +23,21 @@ from buildmatrix.specs import Cuda, ImageSpec
 GITHUB_MATRIX_LIMIT = 256  # jobs per matrix (GitHub Actions usage limits)
 
 
+def variant_fields(
+    spec: ImageSpec, family: str, cuda: Cuda, axes: tuple[tuple[str, str], ...]
+) -> dict[str, str]:
+    """The fields a tag pattern, an exclusion and a template see for one variant."""
+    return {
+        "name": spec.name,
+        "version": spec.version,
+        "family": family,
+        "cuda": cuda.full,
+        "cuda_major": str(cuda.major),
+        "cuda_minor": str(cuda.minor),
+        **dict(axes),
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class Entry:
     """One image variant to build."""
@@ -37,15 +52,7 @@ class Entry:
 
     @property
     def fields(self) -> dict[str, str]:
-        return {
-            "name": self.spec.name,
-            "version": self.spec.version,
-            "family": self.family.value,
-            "cuda": self.cuda.full,
-            "cuda_major": str(self.cuda.major),
-            "cuda_minor": str(self.cuda.minor),
-            **dict(self.axes),
-        }
+        return variant_fields(self.spec, self.family.value, self.cuda, self.axes)
 
     @property
     def image_ref(self) -> str:
@@ -194,15 +201,7 @@ def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
         axes = tuple(zip(axis_names, values, strict=True))
         what = " ".join([family_name, f"cuda {cuda.full}", *(f"{k}={v}" for k, v in axes)])
         members = profiles.family(family_name)
-        fields = {
-            "name": spec.name,
-            "version": spec.version,
-            "family": family_name,
-            "cuda": cuda.full,
-            "cuda_major": str(cuda.major),
-            "cuda_minor": str(cuda.minor),
-            **dict(axes),
-        }
+        fields = variant_fields(spec, family_name, cuda, axes)
         rule = _excluded(fields, spec.exclude)
         if rule is not None:
             shown = ", ".join(f"{k}={v}" for k, v in rule.items())

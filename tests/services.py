@@ -17,16 +17,24 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 
-def _registry(root: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], str]:
+@contextmanager
+def _registry(root: Path, extra: str = "") -> Iterator[str]:
+    """A registry for the duration of a fixture (skips where none is installed)."""
     if shutil.which("docker-registry") is None:
         pytest.skip("no registry: install docker-registry (Debian package)")
-    return start_registry(root, extra)
+    proc, host = start_registry(root, extra)
+    try:
+        yield host
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def free_port() -> int:
@@ -155,12 +163,8 @@ def start_registry(root: Path, extra: str = "") -> tuple[subprocess.Popen[bytes]
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     """A plain-HTTP registry on loopback, anonymous access."""
-    proc, host = _registry(tmp_path_factory.mktemp("registry"))
-    try:
+    with _registry(tmp_path_factory.mktemp("registry")) as host:
         yield Registry(host)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")
@@ -172,12 +176,8 @@ def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
     (root / "htpasswd").write_text(f"{user}:{hashed}\n")
     extra = f"auth:\n  htpasswd:\n    realm: buildmatrix-test\n    path: {root}/htpasswd\n"
-    proc, host = _registry(root, extra)
-    try:
+    with _registry(root, extra) as host:
         yield Registry(host, user, password)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")
@@ -193,9 +193,5 @@ def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registr
             f"auth:\n  token:\n    realm: {realm}\n    service: {SERVICE}\n"
             f"    issuer: {ISSUER}\n    rootcertbundle: {issuer.bundle}\n"
         )
-        proc, host = _registry(root, extra)
-        try:
+        with _registry(root, extra) as host:
             yield Registry(host, user, password)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from buildmatrix.errors import EnvironmentUnavailable
 from buildmatrix.image.model import DEFAULT_PLATFORM, Progress, ScannedImage
-from buildmatrix.image.ref import DEFAULT_HOST, ImageRef, Transport, parse_ref
+from buildmatrix.image.ref import ImageRef, Transport, parse_ref
 
 
 def scan_image(
@@ -64,6 +64,3 @@ def _from_engine(
             )
         return None
     return scan_daemon_image(client, image, ref, progress=progress)
-
-
-__all__ = ["DEFAULT_HOST", "scan_image"]
