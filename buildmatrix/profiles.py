@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,14 @@ FEATURE_MIN_CC: Mapping[str, ComputeCapability] = {
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProductFloor:
+    """A product whose driver floor is above its SM's (e.g. H200 on sm_90)."""
+
+    min_driver: DriverVersion
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Profile:
     sm: str
     cc: ComputeCapability
@@ -58,10 +66,16 @@ class Profile:
     ptx: bool
     arch_specific: bool
     source: str
+    product_floors: Mapping[str, ProductFloor] = field(default_factory=dict, hash=False)
 
     @property
     def number(self) -> int:
         return self.cc.number
+
+    def driver_floor(self, product: str | None = None) -> DriverVersion:
+        """The hardware driver floor: the SM's, or the product's where it is higher."""
+        special = self.product_floors.get(product) if product else None
+        return max(self.min_driver, special.min_driver) if special else self.min_driver
 
     def supports_cuda(self, cuda: Version) -> bool:
         """Whether toolkit ``cuda`` can build this SM (min_cuda <= cuda <= max_cuda)."""
@@ -112,6 +126,10 @@ class Profile:
             "family": self.family.value,
             "description": self.description,
             "products": list(self.products),
+            "product_floors": {
+                name: {"min_driver": str(f.min_driver), "source": f.source}
+                for name, f in self.product_floors.items()
+            },
             "min_cuda": str(self.min_cuda),
             "max_cuda": str(self.max_cuda) if self.max_cuda else None,
             "min_driver": str(self.min_driver),
@@ -248,20 +266,48 @@ def _profile_from_data(data: Any, path: Path, facts: CudaFacts) -> Profile:
                 f"{source}: key 'features' lists {feature}, which needs compute "
                 f"capability {floor} or newer; {sm} is {cc}. Remove it."
             )
+    min_driver = parse_driver_version(data["min_driver"], what=f"{source}: key 'min_driver'")
+    products, floors = _products(data["products"], source=source, sm_floor=min_driver)
     return Profile(
         sm=sm,
         cc=cc,
         family=family,
         description=str(data.get("description", "")),
-        products=tuple(data["products"]),
+        products=products,
+        product_floors=floors,
         min_cuda=min_cuda,
         max_cuda=max_cuda,
-        min_driver=parse_driver_version(data["min_driver"], what=f"{source}: key 'min_driver'"),
+        min_driver=min_driver,
         features=tuple(data["features"]),
         ptx=bool(data.get("ptx", False)),
         arch_specific=bool(data.get("arch_specific", False)),
         source=source,
     )
+
+
+def _products(
+    items: list[Any], *, source: str, sm_floor: DriverVersion
+) -> tuple[tuple[str, ...], dict[str, ProductFloor]]:
+    """Product names, and the per-product floors of those written as mappings."""
+    names: list[str] = []
+    floors: dict[str, ProductFloor] = {}
+    for item in items:
+        name = item if isinstance(item, str) else item["name"]
+        if name in names:
+            raise InputError(f"{source}: key 'products' lists '{name}' twice; list it once.")
+        names.append(name)
+        if isinstance(item, str):
+            continue
+        floor = parse_driver_version(
+            item["min_driver"], what=f"{source}: products '{name}' min_driver"
+        )
+        if floor <= sm_floor:
+            raise InputError(
+                f"{source}: products '{name}' has min_driver {floor}, not above the SM's "
+                f"min_driver {sm_floor}; write the product as a plain name."
+            )
+        floors[name] = ProductFloor(min_driver=floor, source=item["source"])
+    return tuple(names), floors
 
 
 def _cross_check(profiles: Sequence[Profile]) -> None:
