@@ -33,6 +33,7 @@ class Target:
     name: str
     cc: ComputeCapability
     profile: Profile | None
+    product: str | None = None  # an NVML product name: its own driver floor applies
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,37 +105,62 @@ class CheckResult:
         }
 
 
+def _family_targets(profiles: ProfileSet, names: Sequence[str]) -> list[Target]:
+    return [Target(name=n, cc=p.cc, profile=p) for n in names for p in profiles.family(n)]
+
+
+def _label_families(label: str | None) -> list[str]:
+    return [x.strip() for x in (label or "").split(",") if x.strip()]
+
+
 def resolve_targets(
     profiles: ProfileSet, image: ScannedImage, opts: Options
-) -> tuple[list[Target], dict[str, str | None]]:
-    """Targets from --family/--sm, else the image's family label, else the snapshot's GPUs."""
+) -> tuple[list[Target], dict[str, str | None], list[str]]:
+    """Targets, where they came from, and problems with the image's own claim.
+
+    With a snapshot the node's GPU models are the question and the image's family
+    label is only a claim checked against them; else --family/--sm; else the label.
+    """
     targets: list[Target] = []
+    claims: list[str] = []
     label = image.config.labels.get(FAMILY_LABEL)
-    if opts.families or opts.sms:
-        for name in opts.families:
-            targets += [Target(name=name, cc=p.cc, profile=p) for p in profiles.family(name)]
-        for text in opts.sms:
-            arch = parse_sm(text)
-            profile = profiles.get(f"sm_{arch.cc.number}")
-            targets.append(Target(name=profile.sm, cc=profile.cc, profile=profile))
+    if opts.snapshot is not None:
+        models = sorted({(g.cc, g.name) for g in opts.snapshot.gpus})
+        for cc, product in models:
+            targets.append(Target(name=product, cc=cc, profile=profiles.by_cc(cc), product=product))
+        declared: dict[str, str | None] = {"family": label, "source": "snapshot"}
+        claimed = _label_families(label)
+        if label is not None:
+            for cc, product in models:
+                profile = profiles.by_cc(cc)
+                family = profile.family.value if profile else f"cc {cc}"
+                if family not in claimed:
+                    claims.append(
+                        f"{product} ({family}): the image's {FAMILY_LABEL} label claims "
+                        f"'{label}', which does not include this GPU's family"
+                    )
+    elif opts.families or opts.sms:
         declared = {"family": label, "source": "flags"}
-    elif label:
-        for name in (x.strip() for x in label.split(",") if x.strip()):
-            targets += [Target(name=name, cc=p.cc, profile=p) for p in profiles.family(name)]
+    elif label is not None:
+        targets = _family_targets(profiles, _label_families(label))
         declared = {"family": label, "source": "label"}
-    elif opts.snapshot is not None and opts.snapshot.gpus:
-        for cc in sorted({g.cc for g in opts.snapshot.gpus}):
-            known = profiles.by_cc(cc)
-            name = known.family.value if known else f"cc {cc}"
-            targets.append(Target(name=name, cc=cc, profile=known))
-        declared = {"family": None, "source": "snapshot"}
     else:
         raise InputError(
             f"'{image.ref}' has no {FAMILY_LABEL} label, so there is nothing to check against: "
             "pass --family F or --sm SM (or --snapshot with a node's GPUs)."
         )
+    targets += _family_targets(profiles, opts.families)
+    for text in opts.sms:
+        profile = profiles.get(f"sm_{parse_sm(text).cc.number}")
+        targets.append(Target(name=profile.sm, cc=profile.cc, profile=profile))
+    if not targets:
+        where = "the snapshot lists no GPU" if opts.snapshot else f"label '{label}' names none"
+        raise InputError(
+            f"'{image.ref}': no target GPU to check against ({where}); a check without "
+            "targets proves nothing. Pass --family F or --sm SM."
+        )
     unique = list({(t.name, t.cc): t for t in targets}.values())
-    return unique, declared
+    return unique, declared, claims
 
 
 def cuda_runtime(image: ScannedImage) -> tuple[Version, str] | None:
@@ -157,12 +183,12 @@ def cuda_runtime(image: ScannedImage) -> tuple[Version, str] | None:
 def run_check(
     image: ScannedImage, profiles: ProfileSet, opts: Options, facts: CudaFacts
 ) -> CheckResult:
-    targets, declared = resolve_targets(profiles, image, opts)
+    targets, declared, claims = resolve_targets(profiles, image, opts)
     files = [f for f in image.files if not _ignored(f.path, opts.ignore)]
     ignored = [f.path for f in image.files if _ignored(f.path, opts.ignore)]
     driver = opts.driver or (opts.snapshot.driver if opts.snapshot else None)
     runtime = cuda_runtime(image)
-    problems: list[str] = []
+    problems: list[str] = list(claims)
     results: list[TargetResult] = []
     for target in targets:
         results.append(
@@ -241,8 +267,10 @@ def _judge_target(
     driver_ok = True
     driver_failures: tuple[str, ...] = ()
     if driver is not None:
-        floor = target.profile.min_driver if target.profile else None
-        hardware = f"{target.profile.family} ({target.profile.sm})" if target.profile else ""
+        floor = target.profile.driver_floor(target.product) if target.profile else None
+        hardware = ""
+        if target.profile:
+            hardware = target.product or f"{target.profile.family} ({target.profile.sm})"
         check = check_driver(
             driver,
             cuda_runtime=runtime[0] if runtime else None,

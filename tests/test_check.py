@@ -181,10 +181,17 @@ def test_snapshot_gives_driver_and_targets(tmp_path: Path) -> None:
     img = image(lib("libhopper_a.so"), env={"CUDA_VERSION": "13.0.0"})
     result = run_check(img, PROFILES, Options(snapshot=load_snapshot(snap)), FACTS)
     assert result.declared["source"] == "snapshot"
-    assert verdicts(result) == {"hopper/sm_90": "native"}
+    assert verdicts(result) == {"NVIDIA H100 80GB HBM3/sm_90": "native"}
     # A CUDA 13 image on an R535 node: the runtime floor fails.
     assert not result.passed
     assert "580.65.06" in result.problems[0]
+
+
+def test_a_label_naming_no_family_is_no_target() -> None:
+    """Zero targets prove nothing: bad input, never a pass."""
+    img = image(lib("libmulti.so"), labels={"io.buildmatrix.family": " , "})
+    with pytest.raises(InputError, match="no target GPU to check against"):
+        run_check(img, PROFILES, Options(), FACTS)
 
 
 @pytest.mark.parametrize(
