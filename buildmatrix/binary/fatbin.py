@@ -15,6 +15,7 @@ by the tests):
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
@@ -111,12 +112,14 @@ def _skip_zeros(src: ByteSource, pos: int, end: int) -> int:
     return end
 
 
-def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> list[FatbinEntry]:
-    """List every entry of the fatbinary containers in ``[start, start + length)``.
+def container_spans(
+    src: ByteSource, start: int, length: int, *, where: str
+) -> Iterator[tuple[int, int]]:
+    """(offset, size) of each fatbinary container in ``[start, start + length)``.
 
-    ``where`` names the region in messages (``section .nv_fatbin``). Every size is
-    checked against the region before use, and every step moves forward by at least
-    one header, so corrupt input ends in :class:`CorruptBinary`, never a loop.
+    One container is one translation unit's fatbinary: what the CUDA runtime
+    registers, and what ``cuModuleLoadFatBinary`` loads as one module. Sizes are
+    checked against the region before use, and each step moves forward.
     """
     name = f"{src.name} ({where})"
     if length <= 0:
@@ -127,7 +130,6 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
             f"{name}: claims {length} bytes at {start:#x}, past the end of the "
             f"file ({src.size} bytes); the file is truncated."
         )
-    entries: list[FatbinEntry] = []
     pos = start
     while pos < end:
         if pos != start:
@@ -143,13 +145,28 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
             )
         if not _CONTAINER.size <= hsize <= _MAX_HEADER:
             raise CorruptBinary(f"{name}: fatbin container at {pos:#x} has header size {hsize}.")
-        body, body_end = pos + hsize, pos + hsize + fat_size
-        if body_end > end:
+        if pos + hsize + fat_size > end:
             raise CorruptBinary(
                 f"{name}: fatbin container at {pos:#x} claims {fat_size} bytes "
-                f"of entries but only {end - body} remain."
+                f"of entries but only {end - pos - hsize} remain."
             )
-        p = body
+        yield pos, hsize + fat_size
+        pos += hsize + fat_size
+
+
+def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> list[FatbinEntry]:
+    """List every entry of the fatbinary containers in ``[start, start + length)``.
+
+    ``where`` names the region in messages (``section .nv_fatbin``). Every size is
+    checked against the region before use, and every step moves forward by at least
+    one header, so corrupt input ends in :class:`CorruptBinary`, never a loop.
+    """
+    name = f"{src.name} ({where})"
+    entries: list[FatbinEntry] = []
+    for pos, size in container_spans(src, start, length, where=where):
+        hsize = _CONTAINER.unpack(read_exact(src, pos, _CONTAINER.size, what="header"))[2]
+        body_end = pos + size
+        p = pos + hsize
         while p < body_end:
             if body_end - p < _MIN_ENTRY_HEADER:
                 raise CorruptBinary(
@@ -180,5 +197,4 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
                 )
             )
             p += ehsize + payload
-        pos = body_end
     return entries

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,9 @@ class FileReport:
     path: str
     format: str
     entries: tuple[FatbinEntry, ...]
+    # Where the file's bytes were kept when the scan was asked to keep them (the load
+    # test hands them to the driver); not part of the report.
+    stored: str | None = field(default=None, compare=False)
 
     def _archs(self, kind: EntryKind) -> list[str]:
         archs: set[Arch] = {e.arch for e in self.entries if e.kind is kind}

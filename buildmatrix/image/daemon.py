@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
@@ -61,7 +62,12 @@ def find_image(client: docker.DockerClient, ref: ImageRef) -> Any | None:
 
 
 def scan_daemon_image(
-    client: docker.DockerClient, image: Any, ref: ImageRef, *, progress: Progress | None = None
+    client: docker.DockerClient,
+    image: Any,
+    ref: ImageRef,
+    *,
+    progress: Progress | None = None,
+    keep: Path | None = None,
 ) -> ScannedImage:
     import docker
 
@@ -74,7 +80,11 @@ def scan_daemon_image(
     stream = iter_chunks_reader(iter(chunks))
     counter = VerifyingReader(stream, digest=None, name=ref.given, progress=progress)
     try:
-        summaries, documents = scan_save_stream(counter, name=ref.given)  # type: ignore[arg-type]
+        summaries, documents = scan_save_stream(
+            counter,  # type: ignore[arg-type]
+            name=ref.given,
+            keep=keep,
+        )
     except (tarfile.TarError, docker.errors.DockerException) as exc:
         raise EnvironmentUnavailable(
             f"the Docker engine could not export {ref.given} ({exc})."
@@ -91,7 +101,7 @@ def scan_daemon_image(
 
 
 def scan_save_stream(
-    stream: IO[bytes], *, name: str
+    stream: IO[bytes], *, name: str, keep: Path | None = None
 ) -> tuple[dict[str, LayerSummary], dict[str, bytes]]:
     """Read a ``docker save`` tar as one stream: layer summaries and JSON documents by
     member name (the manifest says which layer is which)."""
@@ -110,7 +120,7 @@ def scan_save_stream(
             elif head[257:262] == b"ustar":  # a layer tar
                 layer = _Prefixed(head, data)
                 label = f"{name} {member.name}"
-                summaries[member.name] = scan_layer(cast(IO[bytes], layer), name=label)
+                summaries[member.name] = scan_layer(cast(IO[bytes], layer), name=label, keep=keep)
     return summaries, documents
 
 

@@ -16,7 +16,8 @@ import posixpath
 import tarfile
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import IO, Literal, cast
 
 from buildmatrix.binary.elf import is_elf
@@ -73,17 +74,28 @@ def _might_hold_code(head: bytes, path: str) -> bool:
     return is_elf(head) or head[:4] == FATBIN_MAGIC_BYTES or path.endswith(".ptx")
 
 
-def _inspect_member(data: IO[bytes], size: int, path: str, head: bytes) -> Result:
+def _inspect_member(
+    data: IO[bytes], size: int, path: str, head: bytes, keep: Path | None
+) -> Result:
+    """Inspect a member; with ``keep``, files with device code stay there (load test)."""
     try:
-        if size <= SPOOL_LIMIT:
+        if size <= SPOOL_LIMIT and keep is None:
             blob = head + data.read(size - len(head))
             return inspect_source(BytesSource(blob, name=path), path=path)
-        with tempfile.TemporaryFile(prefix="buildmatrix-") as spool:
+        with tempfile.NamedTemporaryFile(
+            prefix="buildmatrix-", dir=keep, delete=keep is None
+        ) as spool:
             spool.write(head)
             while chunk := data.read(_CHUNK):
                 spool.write(chunk)
             spool.flush()
-            return inspect_source(FileSource(spool.fileno(), name=path), path=path)
+            report = inspect_source(FileSource(spool.fileno(), name=path), path=path)
+        if keep is None:
+            return report
+        if report is None:
+            Path(spool.name).unlink()
+            return None
+        return replace(report, stored=spool.name)
     except CorruptBinary as exc:
         return ScanProblem(path=path, message=str(exc))
 
@@ -110,8 +122,12 @@ def open_tar_stream(stream: IO[bytes], *, name: str) -> tarfile.TarFile:
     return tarfile.open(fileobj=buffered, mode="r|", bufsize=TAR_BUFSIZE)
 
 
-def scan_layer(stream: IO[bytes], *, name: str) -> LayerSummary:
-    """Read one layer tar stream into a summary; device code is inspected on the way."""
+def scan_layer(stream: IO[bytes], *, name: str, keep: Path | None = None) -> LayerSummary:
+    """Read one layer tar stream into a summary; device code is inspected on the way.
+
+    With ``keep`` (a private folder), every file with device code is kept there and
+    its report says where (``FileReport.stored``).
+    """
     summary = LayerSummary(name=name)
     try:
         with open_tar_stream(stream, name=name) as tar:
@@ -134,7 +150,8 @@ def scan_layer(stream: IO[bytes], *, name: str) -> LayerSummary:
                     target = clean_member_name(member.linkname, layer=name)
                     summary.entries[path] = Node("hardlink", target)
                 elif member.isreg():
-                    summary.entries[path] = Node("file", result=_file_result(tar, member, path))
+                    result = _file_result(tar, member, path, keep)
+                    summary.entries[path] = Node("file", result=result)
                 else:
                     summary.entries[path] = Node("other")
     except (tarfile.TarError, EOFError, OSError) as exc:
@@ -144,7 +161,9 @@ def scan_layer(stream: IO[bytes], *, name: str) -> LayerSummary:
     return summary
 
 
-def _file_result(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> Result:
+def _file_result(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, path: str, keep: Path | None
+) -> Result:
     if member.size < 4:
         return None
     data = tar.extractfile(member)
@@ -153,7 +172,7 @@ def _file_result(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> Re
     head = data.read(64)
     if not _might_hold_code(head, path):
         return None
-    return _inspect_member(data, member.size, path, head)
+    return _inspect_member(data, member.size, path, head, keep)
 
 
 # ---------------------------------------------------------------- the merged view

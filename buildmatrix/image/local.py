@@ -6,6 +6,7 @@ import json
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -50,7 +51,11 @@ def _json_blob(layout: Path, desc: dict[str, Any], *, name: str) -> dict[str, An
 
 
 def scan_oci_layout(
-    ref: ImageRef, *, platform: str = DEFAULT_PLATFORM, progress: Progress | None = None
+    ref: ImageRef,
+    *,
+    platform: str = DEFAULT_PLATFORM,
+    progress: Progress | None = None,
+    keep: Path | None = None,
 ) -> ScannedImage:
     """``oci:PATH[:TAG]``: index.json, the manifest for the tag and platform, its layers."""
     layout = ref.path
@@ -91,7 +96,7 @@ def scan_oci_layout(
                 digest=digest,
             )
         )
-    layers = scan_blobs(blobs, progress)
+    layers = scan_blobs(blobs, progress, keep=keep)
     return finish(ref=ref.given, digest=desc.get("digest"), config=config, layers=layers)
 
 
@@ -109,7 +114,9 @@ def _member(archive: Path, member: str) -> Iterator[IO[bytes]]:
         yield data
 
 
-def scan_docker_archive(ref: ImageRef, *, progress: Progress | None = None) -> ScannedImage:
+def scan_docker_archive(
+    ref: ImageRef, *, progress: Progress | None = None, keep: Path | None = None
+) -> ScannedImage:
     """``docker-archive:PATH``: a ``docker save`` tar (legacy or OCI-style inside)."""
     archive = ref.path
     if archive is None or not archive.is_file():
@@ -133,12 +140,15 @@ def scan_docker_archive(ref: ImageRef, *, progress: Progress | None = None) -> S
         LayerBlob(name=f"{archive}:{member}", open=partial(_member, archive, member))
         for member in entry.get("Layers") or []
     ]
-    layers = scan_blobs(blobs, progress)
+    layers = scan_blobs(blobs, progress, keep=keep)
     return finish(ref=ref.given, digest=None, config=config, layers=layers)
 
 
-def scan_directory(ref: ImageRef) -> ScannedImage:
-    """``dir:PATH`` or a plain path: a root folder (symlinks not followed) or one file."""
+def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
+    """``dir:PATH`` or a plain path: a root folder (symlinks not followed) or one file.
+
+    With ``keep``, reports point at the files where they are (nothing is copied).
+    """
     path = ref.path
     if path is None or not path.exists():
         raise InputError(f"'{ref.given}': no such file or folder.")
@@ -149,11 +159,12 @@ def scan_directory(ref: ImageRef) -> ScannedImage:
             if isinstance(result, ScanProblem):
                 problems.append(f"{result.path}: {result.message}")
             else:
-                files.append(result)
+                stored = str(path / result.path) if keep else None
+                files.append(replace(result, stored=stored))
     else:
         report = inspect_file(path, display=path.name)
         if report is not None:
-            files.append(report)
+            files.append(replace(report, stored=str(path) if keep else None))
     paths = [f.path for f in files] if not path.is_dir() else _all_paths(path)
     return ScannedImage(
         ref=ref.given,

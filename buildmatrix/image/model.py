@@ -8,7 +8,8 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import IO, Any
 
 from buildmatrix.binary.scan import FileReport, ScanProblem
@@ -135,22 +136,25 @@ def read_json_blob(stream: IO[bytes], *, name: str, digest: str | None) -> dict[
     return doc
 
 
-def scan_blob(blob: LayerBlob, progress: Progress | None) -> LayerSummary:
+def scan_blob(blob: LayerBlob, progress: Progress | None, keep: Path | None = None) -> LayerSummary:
     with blob.open() as raw:
         reader = VerifyingReader(raw, digest=blob.digest, name=blob.name, progress=progress)
-        summary = scan_layer(reader, name=blob.name)  # type: ignore[arg-type]
+        summary = scan_layer(reader, name=blob.name, keep=keep)  # type: ignore[arg-type]
         reader.verify()
     return summary
 
 
 def scan_blobs(
-    blobs: list[LayerBlob], progress: Progress | None = None, workers: int = 2
+    blobs: list[LayerBlob],
+    progress: Progress | None = None,
+    workers: int = 2,
+    keep: Path | None = None,
 ) -> list[LayerSummary]:
     """Summarise layers in parallel (decompression and reads release the GIL)."""
     if len(blobs) <= 1 or workers <= 1:
-        return [scan_blob(b, progress) for b in blobs]
+        return [scan_blob(b, progress, keep) for b in blobs]
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda b: scan_blob(b, progress), blobs))
+        return list(pool.map(lambda b: scan_blob(b, progress, keep), blobs))
 
 
 def finish(
@@ -181,9 +185,7 @@ def finish(
 
 def _at(report: FileReport, path: str) -> FileReport:
     """The report under the path where the final view has it (hard links differ)."""
-    if report.path == path:
-        return report
-    return FileReport(path=path, format=report.format, entries=report.entries)
+    return report if report.path == path else replace(report, path=path)
 
 
 def select_platform(

@@ -2,49 +2,61 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from buildmatrix.errors import EnvironmentUnavailable
 from buildmatrix.image.model import DEFAULT_PLATFORM, Progress, ScannedImage
 from buildmatrix.image.ref import ImageRef, Transport, parse_ref
 
 
 def scan_image(
-    text: str, *, platform: str = DEFAULT_PLATFORM, progress: Progress | None = None
+    text: str,
+    *,
+    platform: str = DEFAULT_PLATFORM,
+    progress: Progress | None = None,
+    keep: Path | None = None,
 ) -> ScannedImage:
-    """Open REF and reduce it to its config and final-view device code."""
+    """Open REF and reduce it to its config and final-view device code.
+
+    With ``keep`` (a private folder the caller deletes), every file with device code
+    can be read again afterwards from ``FileReport.stored`` (``smoke --load-test``).
+    """
     ref = parse_ref(text)
     match ref.transport:
         case Transport.DIR:
             from buildmatrix.image.local import scan_directory
 
-            return scan_directory(ref)
+            return scan_directory(ref, keep=keep is not None)
         case Transport.OCI:
             from buildmatrix.image.local import scan_oci_layout
 
-            return scan_oci_layout(ref, platform=platform, progress=progress)
+            return scan_oci_layout(ref, platform=platform, progress=progress, keep=keep)
         case Transport.ARCHIVE:
             from buildmatrix.image.local import scan_docker_archive
 
-            return scan_docker_archive(ref, progress=progress)
+            return scan_docker_archive(ref, progress=progress, keep=keep)
         case Transport.REGISTRY:
             from buildmatrix.image.registry import scan_registry
 
-            return scan_registry(ref, platform=platform, progress=progress)
+            return scan_registry(ref, platform=platform, progress=progress, keep=keep)
         case Transport.DAEMON:
-            return _from_engine(ref, progress=progress, required=True)  # type: ignore[return-value]
+            engine_image = _from_engine(ref, progress=progress, required=True, keep=keep)
+            assert engine_image is not None  # required=True raises instead of None
+            return engine_image
         case Transport.BARE:
-            found = _from_engine(ref, progress=progress, required=False)
+            found = _from_engine(ref, progress=progress, required=False, keep=keep)
             if found is not None:
                 return found
             from buildmatrix.image.ref import parse_name
             from buildmatrix.image.registry import scan_registry
 
             remote = parse_name(text, given=text, transport=Transport.REGISTRY)
-            return scan_registry(remote, platform=platform, progress=progress)
+            return scan_registry(remote, platform=platform, progress=progress, keep=keep)
     raise AssertionError(ref.transport)  # pragma: no cover - every transport is handled
 
 
 def _from_engine(
-    ref: ImageRef, *, progress: Progress | None, required: bool
+    ref: ImageRef, *, progress: Progress | None, required: bool, keep: Path | None
 ) -> ScannedImage | None:
     from buildmatrix.errors import InputError
     from buildmatrix.image.daemon import engine, find_image, scan_daemon_image
@@ -63,4 +75,4 @@ def _from_engine(
                 "Build or pull it first, or name another transport."
             )
         return None
-    return scan_daemon_image(client, image, ref, progress=progress)
+    return scan_daemon_image(client, image, ref, progress=progress, keep=keep)

@@ -172,7 +172,11 @@ class RegistryClient:
 
 
 def scan_registry(
-    ref: ImageRef, *, platform: str = DEFAULT_PLATFORM, progress: Progress | None = None
+    ref: ImageRef,
+    *,
+    platform: str = DEFAULT_PLATFORM,
+    progress: Progress | None = None,
+    keep: Path | None = None,
 ) -> ScannedImage:
     client = RegistryClient(ref)
     doc, digest = client.manifest(ref.reference, digest=ref.digest or None)
@@ -194,5 +198,5 @@ def scan_registry(
         )
         for i, layer in enumerate(doc["layers"])
     ]
-    layers = scan_blobs(blobs, progress)
+    layers = scan_blobs(blobs, progress, keep=keep)
     return finish(ref=ref.given, digest=digest, config=config, layers=layers)
