@@ -1,10 +1,23 @@
-"""Node snapshots: what NVML said about a node's GPUs (DESIGN.md section 4)."""
+"""Node snapshots: what NVML said about a node's GPUs (docs/smoke.md, "Snapshot format").
+
+A snapshot is what ``smoke --record`` writes and ``smoke --snapshot`` / ``check
+--snapshot`` read. The probe builds the same document from NVML, so a recorded node
+and a live one go through one loader.
+
+Per-GPU health fields follow one rule: ``null`` means NVML answered NOT_SUPPORTED
+(ECC on a GPU without ECC, remapped rows before Ampere or with MIG on), a missing
+key means the field was not recorded (snapshots written before it existed). Both
+load as ``None``; neither is a failure by itself. Any other NVML error is an entry
+of ``errors``, and an error fails the node.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from buildmatrix import schema
 from buildmatrix.arch import ComputeCapability, parse_cc
@@ -13,11 +26,42 @@ from buildmatrix.errors import InputError
 
 
 @dataclass(frozen=True, kw_only=True)
+class RemappedRows:
+    """``nvmlDeviceGetRemappedRows``: (corrected, uncorrected, isPending, failureOccurred)."""
+
+    corrected: int
+    uncorrected: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True, kw_only=True)
 class Gpu:
     index: int
     name: str
     cc: ComputeCapability
     memory_total_mib: int | None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    mig_mode: bool | None = None
+    mig_mode_pending: bool | None = None
+    ecc_uncorrected_volatile: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows: RemappedRows | None = None
+    persistence_mode: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NvmlError:
+    """One NVML call that failed, e.g. ``nvmlDeviceGetHandleByIndex(3)`` GPU_IS_LOST."""
+
+    call: str
+    error: str
+    index: int | None = None
+
+    def __str__(self) -> str:
+        where = f" on GPU {self.index}" if self.index is not None else ""
+        return f"{self.call}{where}: {self.error}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,8 +70,57 @@ class Snapshot:
     driver: DriverVersion
     cuda_driver_version: str | None
     gpus: tuple[Gpu, ...]
-    errors: tuple[str, ...]
+    errors: tuple[NvmlError, ...]
     source: str
+    gpu_count: int | None = None  # what nvmlDeviceGetCount said (lost GPUs included)
+
+
+def _remapped(doc: Mapping[str, Any] | None) -> RemappedRows | None:
+    if doc is None:
+        return None
+    return RemappedRows(
+        corrected=doc["corrected"],
+        uncorrected=doc["uncorrected"],
+        pending=doc["pending"],
+        failure=doc["failure"],
+    )
+
+
+def snapshot_from_doc(doc: Any, *, source: str) -> Snapshot:
+    """Validate a snapshot document (parsed JSON) and convert it."""
+    schema.validate(doc, "node-snapshot", source=source)
+    gpus = tuple(
+        Gpu(
+            index=g["index"],
+            name=g["name"],
+            cc=parse_cc(g["compute_capability"]),
+            memory_total_mib=g.get("memory_total_mib"),
+            uuid=g.get("uuid"),
+            pci_bus_id=g.get("pci_bus_id"),
+            mig_mode=g.get("mig_mode"),
+            mig_mode_pending=g.get("mig_mode_pending"),
+            ecc_uncorrected_volatile=g.get("ecc_uncorrected_volatile"),
+            retired_pages_pending=g.get("retired_pages_pending"),
+            remapped_rows=_remapped(g.get("remapped_rows")),
+            persistence_mode=g.get("persistence_mode"),
+        )
+        for g in doc["gpus"]
+    )
+    indexes = [g.index for g in gpus]
+    if len(set(indexes)) != len(indexes):
+        raise InputError(f"{source}: key 'gpus': a GPU index appears twice; indexes are unique.")
+    return Snapshot(
+        hostname=str(doc.get("hostname", "")),
+        driver=parse_driver_version(doc["driver_version"], what=f"{source}: driver_version"),
+        cuda_driver_version=doc.get("cuda_driver_version"),
+        gpus=gpus,
+        errors=tuple(
+            NvmlError(call=e["call"], error=e["error"], index=e.get("index"))
+            for e in doc.get("errors", [])
+        ),
+        gpu_count=doc.get("gpu_count"),
+        source=source,
+    )
 
 
 def load_snapshot(path: Path) -> Snapshot:
@@ -39,22 +132,4 @@ def load_snapshot(path: Path) -> Snapshot:
         raise InputError(f"{source}: cannot read the node snapshot: {exc.strerror}.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{source}: the node snapshot is not valid JSON ({exc}).") from None
-    schema.validate(doc, "node-snapshot", source=source)
-    return Snapshot(
-        hostname=str(doc.get("hostname", "")),
-        driver=parse_driver_version(doc["driver_version"], what=f"{source}: driver_version"),
-        cuda_driver_version=doc.get("cuda_driver_version"),
-        gpus=tuple(
-            Gpu(
-                index=g["index"],
-                name=g["name"],
-                cc=parse_cc(g["compute_capability"]),
-                memory_total_mib=g.get("memory_total_mib"),
-            )
-            for g in doc["gpus"]
-        ),
-        errors=tuple(
-            f"{e['call']}({e.get('index', '')}): {e['error']}" for e in doc.get("errors", [])
-        ),
-        source=source,
-    )
+    return snapshot_from_doc(doc, source=source)

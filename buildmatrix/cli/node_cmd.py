@@ -1,0 +1,373 @@
+"""``buildmatrix smoke`` and ``buildmatrix labels``: admit a GPU node, and describe it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from buildmatrix.cli._common import echo_json, json_option, load, profiles_option, table
+from buildmatrix.errors import BuildmatrixError, EnvironmentUnavailable, InputError
+
+if TYPE_CHECKING:
+    from buildmatrix.check import CheckResult
+    from buildmatrix.node.checks import LoadResult, NodeReport
+    from buildmatrix.node.pools import Pools
+    from buildmatrix.node.snapshot import Snapshot
+    from buildmatrix.profiles import ProfileSet
+
+NFD_TTL = timedelta(hours=24)  # NFD drops the labels if smoke stops re-running
+
+
+def _pools(path: Path | None, profiles: ProfileSet) -> Pools | None:
+    from buildmatrix.node.pools import load_pools
+
+    return load_pools(path, profiles) if path is not None else None
+
+
+def _live_snapshot(node: str | None, record: Path | None) -> Snapshot:
+    """Probe NVML; with ``record``, write what it said first (before any judging)."""
+    from buildmatrix.node.probe import probe
+    from buildmatrix.node.snapshot import snapshot_from_doc
+
+    doc = probe(hostname=node)
+    if record is not None:
+        try:
+            record.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"--record {record}: cannot write: {exc.strerror}.") from None
+    return snapshot_from_doc(doc, source="NVML")
+
+
+def _snapshot(snapshot: Path | None, record: Path | None, node: str | None) -> Snapshot:
+    from buildmatrix.node.snapshot import load_snapshot
+
+    if snapshot is not None and record is not None:
+        raise InputError(
+            "--snapshot and --record exclude each other: --record reads this node's GPUs "
+            "and writes them to FILE, --snapshot judges a recorded node instead."
+        )
+    return load_snapshot(snapshot) if snapshot is not None else _live_snapshot(node, record)
+
+
+@dataclass
+class _ImageOutcome:
+    ref: str
+    result: CheckResult | None = None
+    loads: Sequence[LoadResult] = ()
+    error: BuildmatrixError | None = None
+
+
+def _check_images(
+    refs: Sequence[str],
+    snap: Snapshot,
+    profiles: ProfileSet,
+    *,
+    require_sass: bool,
+    load_test: bool,
+    platform: str,
+) -> list[_ImageOutcome]:
+    """Each image judged on the node's GPUs (and loaded by the driver with --load-test).
+
+    An image that cannot be read is a failed check, not an abort: the node must still
+    be reported (and marked failed) when the registry is down.
+    """
+    from buildmatrix.check import Options, run_check
+    from buildmatrix.cuda import load_cuda_facts
+    from buildmatrix.image.open import scan_image
+
+    facts = load_cuda_facts()
+    outcomes = []
+    for ref in refs:
+        outcome = _ImageOutcome(ref=ref)
+        keep = Path(tempfile.mkdtemp(prefix="buildmatrix-load-")) if load_test else None
+        try:
+            image = scan_image(ref, platform=platform, keep=keep)
+            opts = Options(snapshot=snap, require_sass=require_sass)
+            outcome.result = run_check(image, profiles, opts, facts)
+            if load_test:
+                from buildmatrix.node.loadtest import load_test as run_load_test
+
+                outcome.loads = run_load_test(ref, outcome.result.files, facts)
+        except BuildmatrixError as exc:
+            outcome.error = exc
+        finally:
+            if keep is not None:
+                shutil.rmtree(keep, ignore_errors=True)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _verified(outcomes: Sequence[_ImageOutcome]) -> list[Any]:
+    """Images proven on the node, named by their spec (io.buildmatrix.image) label."""
+    from buildmatrix.node.labels import VerifiedImage
+
+    found = []
+    for o in outcomes:
+        if o.result is None or not o.result.passed:
+            continue
+        labels = o.result.image.config.labels
+        name = labels.get("io.buildmatrix.image") or o.ref.rsplit("/", 1)[-1].split(":")[0]
+        found.append(VerifiedImage(name=name))
+    return found
+
+
+def _unavailable_report(exc: EnvironmentUnavailable) -> dict[str, Any]:
+    from buildmatrix.node.labels import SMOKE
+
+    check = {"name": "nvml", "ok": False, "message": str(exc), "warning": False}
+    return {"verdict": "fail", "checks": [check], "labels": {SMOKE: "failed"}}
+
+
+def _write_nfd(path: Path, labels: dict[str, str]) -> None:
+    from buildmatrix.node.nfd import feature_file, write_atomically
+
+    write_atomically(path, feature_file(labels, now=datetime.now(UTC), ttl=NFD_TTL))
+
+
+def _print_report(snap: Snapshot, report: NodeReport, labels: dict[str, str]) -> None:
+    click.echo(f"node     {snap.hostname or '-'}  ({snap.source})")
+    cuda = f" (CUDA {snap.cuda_driver_version})" if snap.cuda_driver_version else ""
+    click.echo(f"driver   {snap.driver}{cuda}")
+    for m in report.models:
+        memory = f", {m.memory_mib} MiB" if m.memory_mib else ""
+        click.echo(f"gpus     {len(m.gpus)} x {m.name} ({m.cc}{memory}; GPU {m.indexes})")
+    rows = [
+        [c.name, "ok" if c.ok and not c.warning else ("warn" if c.ok else "FAIL"), c.message]
+        for c in report.checks
+    ]
+    click.echo("\n" + table(["CHECK", "RESULT", "MESSAGE"], rows))
+    click.echo("\nlabels")
+    for key, value in labels.items():
+        click.echo(f"  {key}={value}")
+    click.echo("\nPASS" if report.passed else "\nFAIL: the node is not admitted")
+
+
+@click.command("smoke")
+@click.option(
+    "--snapshot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Judge a recorded node snapshot instead of this node's GPUs.",
+)
+@click.option(
+    "--record",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Read this node's GPUs with NVML and write the snapshot to FILE too.",
+)
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    metavar="REF",
+    help="An image the node must run (any REF check takes; repeatable).",
+)
+@click.option(
+    "--pools",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Pools file: family/product -> pool (label gpu-pool).",
+)
+@click.option("--expect-gpus", type=click.IntRange(min=1), metavar="N", help="Fail below N GPUs.")
+@click.option("--allow-mixed", is_flag=True, help="Admit a node with several GPU models.")
+@click.option("--no-gfd-keys", is_flag=True, help="Leave out the keys GPU Feature Discovery owns.")
+@click.option("--require-sass", is_flag=True, help="Fail an image that runs only by PTX JIT.")
+@click.option(
+    "--load-test",
+    is_flag=True,
+    help="Load every image's device code on each GPU model through libcuda.",
+)
+@click.option(
+    "--nfd-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="PATH",
+    help="Write the labels as an NFD feature file (features.d/), atomically.",
+)
+@click.option(
+    "--node",
+    envvar="NODE_NAME",
+    metavar="NAME",
+    help="The node's name (default: $NODE_NAME, else the host name).",
+)
+@click.option(
+    "--platform",
+    default="linux/amd64",
+    show_default=True,
+    metavar="OS/ARCH",
+    help="Platform to pick from a multi-platform image.",
+)
+@profiles_option
+@json_option
+def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
+    snapshot: Path | None,
+    record: Path | None,
+    images: tuple[str, ...],
+    pools: Path | None,
+    expect_gpus: int | None,
+    allow_mixed: bool,
+    no_gfd_keys: bool,
+    require_sass: bool,
+    load_test: bool,
+    nfd_file: Path | None,
+    node: str | None,
+    platform: str,
+    profiles_dir: str | None,
+    as_json: bool,
+) -> int:
+    """Admit a GPU node: read its GPUs, check driver floors, health and image fit, label it.
+
+    Fails closed: any NVML error, unknown GPU or failed check is FAIL, and then the
+    labels hold only buildmatrix.io/smoke=failed. Exit 0 pass, 1 fail, 2 bad input,
+    3 NVML unavailable (the report is printed all the same).
+    """
+    from buildmatrix.cuda import load_cuda_facts
+    from buildmatrix.image.ref import parse_ref
+    from buildmatrix.node.checks import NodeOptions, evaluate
+    from buildmatrix.node.labels import node_labels
+
+    profiles = load(profiles_dir)
+    pool_map = _pools(pools, profiles)
+    for ref in images:
+        parse_ref(ref)  # a malformed reference is bad input, before any NVML or I/O
+    try:
+        snap = _snapshot(snapshot, record, node)
+    except EnvironmentUnavailable as exc:
+        doc = _unavailable_report(exc)
+        if nfd_file is not None:
+            _write_nfd(nfd_file, doc["labels"])
+        if as_json:
+            echo_json(doc)
+        else:
+            click.echo(f"FAIL: {exc}")
+        return exc.exit_code
+    outcomes = _check_images(
+        images,
+        snap,
+        profiles,
+        require_sass=require_sass,
+        load_test=load_test,
+        platform=platform,
+    )
+    report = evaluate(
+        snap,
+        profiles,
+        load_cuda_facts(),
+        options=NodeOptions(expect_gpus=expect_gpus, allow_mixed=allow_mixed),
+        images=[o.result for o in outcomes if o.result is not None],
+        unreadable=[(o.ref, str(o.error)) for o in outcomes if o.error is not None],
+        loads=[x for o in outcomes for x in o.loads],
+    )
+    labels = node_labels(
+        snap, report, pools=pool_map, gfd_keys=not no_gfd_keys, verified=_verified(outcomes)
+    )
+    if nfd_file is not None:
+        _write_nfd(nfd_file, labels)
+    if as_json:
+        echo_json(
+            {
+                "verdict": "pass" if report.passed else "fail",
+                "node": node or snap.hostname,
+                "checks": [c.to_json() for c in report.checks],
+                "labels": labels,
+                "load_test": [
+                    {"image": x.image, "model": x.model, "files": list(x.files)}
+                    for o in outcomes
+                    for x in o.loads
+                ],
+            }
+        )
+    else:
+        _print_report(snap, report, labels)
+    if report.passed:
+        return 0
+    return max([1, *(o.error.exit_code for o in outcomes if o.error is not None)])
+
+
+@click.command("labels")
+@click.option(
+    "--snapshot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="A recorded node snapshot (default: read this node's GPUs with NVML).",
+)
+@click.option(
+    "--pools",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Pools file: family/product -> pool (label gpu-pool).",
+)
+@click.option("--no-gfd-keys", is_flag=True, help="Leave out the keys GPU Feature Discovery owns.")
+@click.option("--allow-mixed", is_flag=True, help="Label a node with several GPU models.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "kubectl", "nfd", "nodefeature"]),
+    default="json",
+    show_default=True,
+    help="JSON, a kubectl label command, an NFD feature file, or a NodeFeature object.",
+)
+@click.option(
+    "--node",
+    envvar="NODE_NAME",
+    metavar="NAME",
+    help="The node's name (default: $NODE_NAME, else the snapshot's host name).",
+)
+@click.option(
+    "--namespace",
+    default="node-feature-discovery",
+    show_default=True,
+    metavar="NS",
+    help="Namespace of the NodeFeature object.",
+)
+@profiles_option
+def labels(  # noqa: PLR0917 - one parameter per option, as click passes them
+    snapshot: Path | None,
+    pools: Path | None,
+    no_gfd_keys: bool,
+    allow_mixed: bool,
+    fmt: str,
+    node: str | None,
+    namespace: str,
+    profiles_dir: str | None,
+) -> int:
+    """Print the node's labels in three layers: product, family/compute capability, pool.
+
+    The node checks of smoke (without images) decide first: a node that fails gets
+    only buildmatrix.io/smoke=failed, and the exit code is 1.
+    """
+    import yaml
+
+    from buildmatrix.cuda import load_cuda_facts
+    from buildmatrix.node.checks import NodeOptions, evaluate
+    from buildmatrix.node.labels import node_labels
+    from buildmatrix.node.nfd import feature_file, node_feature
+
+    profiles = load(profiles_dir)
+    pool_map = _pools(pools, profiles)
+    snap = _snapshot(snapshot, None, node)
+    report = evaluate(
+        snap, profiles, load_cuda_facts(), options=NodeOptions(allow_mixed=allow_mixed)
+    )
+    found = node_labels(snap, report, pools=pool_map, gfd_keys=not no_gfd_keys)
+    name = node or snap.hostname
+    if fmt == "json":
+        echo_json({"node": name, "verdict": "pass" if report.passed else "fail", "labels": found})
+    elif fmt == "kubectl":
+        from shlex import quote
+
+        pairs = " ".join(quote(f"{k}={v}") for k, v in found.items())
+        click.echo(f"kubectl label node {quote(name or 'NODE')} --overwrite {pairs}")
+    elif fmt == "nfd":
+        click.echo(feature_file(found, now=datetime.now(UTC), ttl=NFD_TTL), nl=False)
+    else:
+        obj = node_feature(found, node=name or "NODE", namespace=namespace)
+        click.echo(yaml.safe_dump(obj, sort_keys=False), nl=False)
+    return 0 if report.passed else 1

@@ -1,0 +1,132 @@
+"""Node labels in three layers, computed the way GPU Feature Discovery computes them.
+
+Pure. Layer 1/2 are GFD's own keys, so buildmatrix's labels and GFD's agree where
+both run (NVIDIA/k8s-device-plugin ``internal/lm/resource.go`` and ``nvml.go``);
+the seed's ``gpu.compute-capability`` and ``gpu.memory-mb`` sit beside them; layer
+3 is the pool (``gpu-pool``); ``buildmatrix.io/*`` say what smoke found.
+
+Fail closed: a node that failed gets ``buildmatrix.io/smoke=failed`` and nothing
+else, so no selector on family, pool or verified image can match it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from buildmatrix.arch import ComputeCapability, Family, gfd_family
+from buildmatrix.node.checks import NodeReport
+from buildmatrix.node.pools import Pools
+from buildmatrix.node.snapshot import Snapshot
+from buildmatrix.node.values import label_value
+
+SMOKE = "buildmatrix.io/smoke"
+DRIVER_FLOOR = "buildmatrix.io/driver-floor"
+MIXED = "buildmatrix.io/mixed"
+POOL = "gpu-pool"
+VERIFIED_PREFIX = "verified.buildmatrix.io/"
+
+# Keys GPU Feature Discovery owns; --no-gfd-keys leaves them to it.
+GFD_KEYS = (
+    "nvidia.com/gpu.product",
+    "nvidia.com/gpu.family",
+    "nvidia.com/gpu.compute.major",
+    "nvidia.com/gpu.compute.minor",
+    "nvidia.com/gpu.memory",
+    "nvidia.com/gpu.count",
+    "nvidia.com/cuda.driver-version.major",
+    "nvidia.com/cuda.driver-version.minor",
+    "nvidia.com/cuda.driver-version.revision",
+    "nvidia.com/cuda.driver-version.full",
+    "nvidia.com/cuda.runtime-version.major",
+    "nvidia.com/cuda.runtime-version.minor",
+    "nvidia.com/cuda.runtime-version.full",
+)
+SEED_KEYS = ("nvidia.com/gpu.compute-capability", "nvidia.com/gpu.memory-mb")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifiedImage:
+    """An image smoke proved on this node; ``name`` becomes a ``verified.*`` label."""
+
+    name: str
+
+
+def gfd_product(name: str) -> str:
+    """NVML name as GFD writes ``gpu.product``: characters outside ``[A-Za-z0-9-_. ]``
+    dropped, whitespace runs joined by ``-`` ("NVIDIA H100 80GB HBM3" ->
+    "NVIDIA-H100-80GB-HBM3"); cut to a valid label value where GFD's would be invalid."""
+    kept = re.sub(r"[^A-Za-z0-9\-_. ]", "", name)
+    return label_value("-".join(kept.split()))
+
+
+def gfd_family_label(cc: ComputeCapability) -> str:
+    """``gpu.family`` as GFD v0.20 writes it: 13.x is rubin, unknown majors undefined."""
+    if cc.major == 13:
+        return "rubin"
+    family: Family | None = gfd_family(cc)
+    return family.value if family is not None else "undefined"
+
+
+def _driver_labels(snapshot: Snapshot) -> dict[str, str]:
+    # GFD splits nvmlSystemGetDriverVersion on "." and keeps leading zeros; the
+    # revision is empty for a two-part version (internal/lm/nvml.go, newVersionLabeler).
+    text = str(snapshot.driver)
+    parts = text.split(".")
+    labels = {
+        "nvidia.com/cuda.driver-version.major": parts[0],
+        "nvidia.com/cuda.driver-version.minor": parts[1],
+        "nvidia.com/cuda.driver-version.revision": parts[2] if len(parts) > 2 else "",
+        "nvidia.com/cuda.driver-version.full": text,
+    }
+    if snapshot.cuda_driver_version:
+        major, _, minor = snapshot.cuda_driver_version.partition(".")
+        labels |= {
+            "nvidia.com/cuda.runtime-version.major": major,
+            "nvidia.com/cuda.runtime-version.minor": minor,
+            "nvidia.com/cuda.runtime-version.full": snapshot.cuda_driver_version,
+        }
+    return labels
+
+
+def node_labels(
+    snapshot: Snapshot,
+    report: NodeReport,
+    *,
+    pools: Pools | None = None,
+    gfd_keys: bool = True,
+    verified: Sequence[VerifiedImage] = (),
+) -> dict[str, str]:
+    """The labels for this node: all layers on pass, only the failure mark on fail."""
+    model = report.labelled
+    if not report.passed or model is None:
+        return {SMOKE: "failed"}
+    labels: dict[str, str] = {}
+    if gfd_keys:
+        labels["nvidia.com/gpu.product"] = gfd_product(model.name)
+        labels["nvidia.com/gpu.count"] = str(len(snapshot.gpus))
+        if model.memory_mib:  # GFD leaves memory out when NVML reports 0
+            labels["nvidia.com/gpu.memory"] = str(model.memory_mib)
+        if model.cc.major != 0:  # GFD: no architecture labels for CC major 0
+            labels["nvidia.com/gpu.family"] = gfd_family_label(model.cc)
+            labels["nvidia.com/gpu.compute.major"] = str(model.cc.major)
+            labels["nvidia.com/gpu.compute.minor"] = str(model.cc.minor)
+        labels |= _driver_labels(snapshot)
+    labels["nvidia.com/gpu.compute-capability"] = str(model.cc)
+    if model.memory_mib:
+        labels["nvidia.com/gpu.memory-mb"] = str(model.memory_mib)
+    if pools is not None:
+        pool = pools.pool_for(product=model.name, family=gfd_family_label(model.cc))
+        if pool:
+            labels[POOL] = pool
+    labels[SMOKE] = "passed"
+    if report.driver_floor is not None:
+        labels[DRIVER_FLOOR] = str(report.driver_floor)
+    if len(report.models) > 1:
+        labels[MIXED] = "true"
+    for image in verified:
+        name = label_value(image.name)
+        if name:
+            labels[VERIFIED_PREFIX + name] = "true"
+    return labels

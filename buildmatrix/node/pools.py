@@ -1,0 +1,80 @@
+"""Pools files: which pool (label ``gpu-pool``) a node joins, by GPU product or family.
+
+```yaml
+families: {hopper: training-hopper, ampere: inference-ampere}
+products: {NVIDIA A40: inference-ampere}   # a product wins over its family
+default: general                           # optional: nodes no rule matches
+```
+
+Validated on load (schema ``pools``): families must be ones the profiles know,
+products ones a profile lists (a typo would silently match nothing), pool names
+valid Kubernetes label values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from buildmatrix import schema
+from buildmatrix.errors import InputError, did_you_mean
+from buildmatrix.node.values import is_label_value
+from buildmatrix.profiles import ProfileSet
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pools:
+    families: Mapping[str, str] = field(default_factory=dict)
+    products: Mapping[str, str] = field(default_factory=dict)
+    default: str | None = None
+    source: str = ""
+
+    def pool_for(self, *, product: str, family: str) -> str | None:
+        """The pool of a GPU model: its product's, else its family's, else the default."""
+        return self.products.get(product) or self.families.get(family) or self.default
+
+
+def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
+    if data is None:
+        raise InputError(f"{source}: the pools file is empty; map families or products to pools.")
+    schema.validate(data, "pools", source=source)
+    families: dict[str, str] = dict(data.get("families") or {})
+    products: dict[str, str] = dict(data.get("products") or {})
+    known_families = [f.value for f in profiles.families]
+    for name in families:
+        if name not in known_families:
+            raise InputError(
+                f"{source}: key 'families.{name}': no profile has family '{name}'."
+                f"{did_you_mean(name, known_families)} Known: {', '.join(known_families)}."
+            )
+    known_products = [n for p in profiles for n in p.products]
+    for name in products:
+        if profiles.by_product(name) is None:
+            # "NVIDIA H100 80GB" means "NVIDIA H100 80GB HBM3" more likely than what
+            # difflib finds closest, so a product the name begins is the first hint.
+            longer = [p for p in known_products if p.lower().startswith(name.lower())]
+            hint = f" Did you mean '{longer[0]}'?" if longer else did_you_mean(name, known_products)
+            raise InputError(
+                f"{source}: key 'products.{name}': no profile lists the product '{name}'."
+                f"{hint} Write it as NVML names it "
+                "(nvidia-smi --query-gpu=name), or add it to its profile's products."
+            )
+    pools = [*families.values(), *products.values()]
+    if data.get("default") is not None:
+        pools.append(data["default"])
+    for pool in pools:
+        if not is_label_value(pool):
+            raise InputError(
+                f"{source}: pool name '{pool}' is not a valid Kubernetes label value "
+                "(at most 63 characters: letters, digits, '-', '_', '.', starting and "
+                "ending with a letter or digit)."
+            )
+    return Pools(families=families, products=products, default=data.get("default"), source=source)
+
+
+def load_pools(path: Path, profiles: ProfileSet) -> Pools:
+    from buildmatrix.yamlio import load_yaml_file
+
+    return pools_from_data(load_yaml_file(path), source=str(path), profiles=profiles)

@@ -1,0 +1,303 @@
+"""Node checks and labels over recorded snapshots: verdict, failing check, labels."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from buildmatrix.arch import ComputeCapability
+from buildmatrix.cuda import load_cuda_facts, parse_driver_version
+from buildmatrix.errors import InputError
+from buildmatrix.node.checks import NodeOptions, NodeReport, evaluate
+from buildmatrix.node.labels import (
+    GFD_KEYS,
+    SEED_KEYS,
+    gfd_family_label,
+    gfd_product,
+    node_labels,
+)
+from buildmatrix.node.pools import Pools, load_pools, pools_from_data
+from buildmatrix.node.snapshot import RemappedRows, Snapshot, load_snapshot
+from buildmatrix.node.values import is_label_key, is_label_value, label_value
+from buildmatrix.profiles import ProfileSet, load_profiles
+from tests.conftest import REPO, SHIPPED_PROFILES
+
+NODES = REPO / "tests" / "fixtures" / "nodes"
+
+
+@pytest.fixture(scope="module")
+def profiles() -> ProfileSet:
+    return load_profiles(SHIPPED_PROFILES)
+
+
+@pytest.fixture(scope="module")
+def pools(profiles: ProfileSet) -> Pools:
+    return load_pools(NODES / "pools.yaml", profiles)
+
+
+def _judge(name: str, profiles: ProfileSet, **opts: object) -> tuple[Snapshot, NodeReport]:
+    snap = load_snapshot(NODES / f"{name}.json")
+    report = evaluate(snap, profiles, load_cuda_facts(), options=NodeOptions(**opts))  # type: ignore[arg-type]
+    return snap, report
+
+
+# fixture -> (verdict, failing checks, pool, product label)
+TABLE = {
+    "a100-40gb": ("pass", [], "training-ampere", "NVIDIA-A100-SXM4-40GB"),
+    "a100-80gb": ("pass", [], "training-ampere", "NVIDIA-A100-SXM4-80GB"),
+    "a40": ("pass", [], "inference-ampere", "NVIDIA-A40"),
+    "l40s": ("pass", [], "inference-ada", "NVIDIA-L40S"),
+    "h100-520": ("fail", ["driver"], None, None),
+    "h100-535": ("pass", [], "training-hopper", "NVIDIA-H100-80GB-HBM3"),
+    "h200-535": ("fail", ["driver"], None, None),
+    "h200-550": ("pass", [], "training-hopper", "NVIDIA-H200"),
+    "b200": ("pass", [], "training-blackwell", "NVIDIA-B200"),
+    "mixed-a100-h100": ("fail", ["uniform"], None, None),
+    "h100-lost-gpu": ("fail", ["nvml"], None, None),
+    "h100-ecc": ("fail", ["health"], None, None),
+    "a100-remap-failure": ("fail", ["health"], None, None),
+    "future-gpu": ("fail", ["profiles", "driver"], None, None),
+    "rtx-consumer": ("pass", [], "training-blackwell", "NVIDIA-GeForce-RTX-5090"),
+}
+
+
+def test_table_covers_every_fixture() -> None:
+    assert set(TABLE) == {p.stem for p in NODES.glob("*.json")}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_fixture_table(name: str, profiles: ProfileSet, pools: Pools) -> None:
+    verdict, failing, pool, product = TABLE[name]
+    snap, report = _judge(name, profiles)
+    assert ("pass" if report.passed else "fail") == verdict
+    assert [c.name for c in report.checks if not c.ok] == failing
+    labels = node_labels(snap, report, pools=pools)
+    if verdict == "fail":
+        assert labels == {"buildmatrix.io/smoke": "failed"}  # nothing that admits
+        return
+    assert labels["gpu-pool"] == pool
+    assert labels["nvidia.com/gpu.product"] == product
+    assert labels["buildmatrix.io/smoke"] == "passed"
+    assert labels["nvidia.com/gpu.count"] == str(len(snap.gpus))
+    gpu = snap.gpus[0]
+    assert labels["nvidia.com/gpu.compute-capability"] == str(gpu.cc)
+    assert labels["nvidia.com/gpu.compute.major"] == str(gpu.cc.major)
+    assert labels["nvidia.com/gpu.memory"] == str(gpu.memory_total_mib)
+    assert labels["nvidia.com/gpu.memory-mb"] == str(gpu.memory_total_mib)
+    assert labels["nvidia.com/cuda.driver-version.full"] == str(snap.driver)
+    for key, value in labels.items():
+        assert is_label_key(key), key
+        assert is_label_value(value), (key, value)
+
+
+def test_messages_say_what_to_do(profiles: ProfileSet) -> None:
+    messages = {
+        name: {c.name: c.message for c in _judge(name, profiles)[1].checks if not c.ok}
+        for name in ("h100-520", "h200-535", "future-gpu", "a100-remap-failure", "h100-ecc")
+    }
+    assert "needs 525.60.13 for sm_90 hardware floor" in messages["h100-520"]["driver"]
+    assert "550.90.07 for NVIDIA H200 product floor" in messages["h200-535"]["driver"]
+    assert "NVIDIA R100 (compute capability 13.0" in messages["future-gpu"]["profiles"]
+    assert "sm_130.yaml" in messages["future-gpu"]["profiles"]
+    assert "GPU 6: row remapping failed" in messages["a100-remap-failure"]["health"]
+    assert "GPU 2: 3 uncorrected ECC error(s)" in messages["h100-ecc"]["health"]
+
+
+def test_mixed_node_with_allow_mixed_labels_the_least_capable(
+    profiles: ProfileSet, pools: Pools
+) -> None:
+    snap, report = _judge("mixed-a100-h100", profiles, allow_mixed=True)
+    assert report.passed
+    uniform = next(c for c in report.checks if c.name == "uniform")
+    assert uniform.warning
+    assert "least capable, NVIDIA A100-SXM4-80GB" in uniform.message
+    labels = node_labels(snap, report, pools=pools)
+    assert labels["nvidia.com/gpu.family"] == "ampere"
+    assert labels["nvidia.com/gpu.compute-capability"] == "8.0"
+    assert labels["gpu-pool"] == "training-ampere"
+    assert labels["buildmatrix.io/mixed"] == "true"
+    assert labels["nvidia.com/gpu.count"] == "4"
+
+
+def test_expect_gpus(profiles: ProfileSet) -> None:
+    _, report = _judge("h100-535", profiles, expect_gpus=8)
+    assert report.passed
+    _, report = _judge("h100-535", profiles, expect_gpus=9)
+    gpus = next(c for c in report.checks if c.name == "gpus")
+    assert not gpus.ok
+    assert "8 GPU(s) visible, 9 expected" in gpus.message
+
+
+def test_health_rules(profiles: ProfileSet) -> None:
+    snap = load_snapshot(NODES / "h100-535.json")
+    base = snap.gpus[0]
+    cases = {
+        "retired": dataclasses.replace(base, retired_pages_pending=True),
+        "remap-pending": dataclasses.replace(
+            base,
+            remapped_rows=RemappedRows(corrected=0, uncorrected=0, pending=True, failure=False),
+        ),
+        "mig-reset": dataclasses.replace(base, mig_mode=False, mig_mode_pending=True),
+    }
+    for what, gpu in cases.items():
+        bad = dataclasses.replace(snap, gpus=(gpu, *snap.gpus[1:]))
+        report = evaluate(bad, profiles, load_cuda_facts(), options=NodeOptions())
+        assert not report.passed, what
+        assert [c.name for c in report.checks if not c.ok] == ["health"], what
+    # persistence off is a warning, not a failure
+    off = dataclasses.replace(
+        snap, gpus=tuple(dataclasses.replace(g, persistence_mode=False) for g in snap.gpus)
+    )
+    report = evaluate(off, profiles, load_cuda_facts(), options=NodeOptions())
+    assert report.passed
+    assert next(c for c in report.checks if c.name == "persistence").warning
+
+
+def test_old_snapshot_format_still_loads(tmp_path: Path, profiles: ProfileSet) -> None:
+    """Snapshots written before the health fields existed load, and judge by what they have."""
+    old = {
+        "version": 1,
+        "hostname": "gpu-node-17",
+        "driver_version": "535.104.05",
+        "cuda_driver_version": "12.2",
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA H100 80GB HBM3",
+                "uuid": "GPU-1",
+                "compute_capability": "9.0",
+                "memory_total_mib": 81559,
+                "mig_mode": False,
+                "ecc_uncorrected_volatile": 0,
+                "retired_pages_pending": False,
+            }
+        ],
+        "errors": [],
+    }
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    snap = load_snapshot(path)
+    report = evaluate(snap, profiles, load_cuda_facts(), options=NodeOptions())
+    assert report.passed
+
+
+def test_no_gpus_fails(profiles: ProfileSet) -> None:
+    snap = dataclasses.replace(load_snapshot(NODES / "h100-535.json"), gpus=())
+    report = evaluate(snap, profiles, load_cuda_facts(), options=NodeOptions())
+    assert not report.passed
+    assert node_labels(snap, report) == {"buildmatrix.io/smoke": "failed"}
+
+
+def test_no_gfd_keys_leaves_gfd_alone(profiles: ProfileSet, pools: Pools) -> None:
+    snap, report = _judge("h100-535", profiles)
+    labels = node_labels(snap, report, pools=pools, gfd_keys=False)
+    assert not set(labels) & set(GFD_KEYS)
+    assert set(SEED_KEYS) <= set(labels)
+    assert labels["gpu-pool"] == "training-hopper"
+
+
+# ---------------------------------------------------------------- GFD's derivations
+
+
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [
+        ("NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3"),
+        ("NVIDIA A100-SXM4-40GB", "NVIDIA-A100-SXM4-40GB"),
+        ("NVIDIA  RTX  6000 Ada Generation", "NVIDIA-RTX-6000-Ada-Generation"),
+        ("NVIDIA GeForce RTX 4090 (TM)", "NVIDIA-GeForce-RTX-4090-TM"),
+        ("Tesla V100-SXM2-16GB", "Tesla-V100-SXM2-16GB"),
+        ("NVIDIA GH200 480GB", "NVIDIA-GH200-480GB"),
+        ("X" * 80, "X" * 63),
+    ],
+)
+def test_gfd_product(name: str, label: str) -> None:
+    assert gfd_product(name) == label
+    assert is_label_value(gfd_product(name))
+
+
+def test_gfd_family_for_every_compute_capability() -> None:
+    """GFD v0.20 getArchFamily over the whole CC grid."""
+
+    def gfd(major: int, minor: int) -> str:
+        if major == 7:
+            return "volta" if minor < 5 else "turing"
+        if major == 8:
+            return "ampere" if minor < 9 else "ada-lovelace"
+        return {
+            3: "kepler",
+            5: "maxwell",
+            6: "pascal",
+            9: "hopper",
+            10: "blackwell",
+            12: "blackwell",
+            13: "rubin",
+        }.get(major, "undefined")
+
+    for major in range(1, 20):
+        for minor in range(10):
+            cc = ComputeCapability(major, minor)
+            assert gfd_family_label(cc) == gfd(major, minor), cc
+
+
+def test_driver_labels_keep_leading_zeros_and_two_part_versions(profiles: ProfileSet) -> None:
+    snap, report = _judge("h100-535", profiles)
+    labels = node_labels(snap, report)
+    assert labels["nvidia.com/cuda.driver-version.revision"] == "05"
+    two = dataclasses.replace(snap, driver=parse_driver_version("570.26"))
+    report2 = evaluate(two, profiles, load_cuda_facts(), options=NodeOptions())
+    labels2 = node_labels(two, report2)
+    assert labels2["nvidia.com/cuda.driver-version.minor"] == "26"
+    assert labels2["nvidia.com/cuda.driver-version.revision"] == ""
+
+
+def test_label_values_are_sanitised() -> None:
+    assert label_value("my image:1.0/x") == "my-image-1.0-x"
+    assert label_value("-a-") == "a"
+    assert label_value("é") == ""
+    assert is_label_value("")
+    assert not is_label_value("-a")
+    assert not is_label_value("a" * 64)
+    assert is_label_key("nvidia.com/gpu.product")
+    assert not is_label_key("Nvidia.com/gpu")
+    assert not is_label_key("nvidia.com/")
+
+
+# ---------------------------------------------------------------- pools files
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"families": {"hoper": "x"}}, "Did you mean 'hopper'?"),
+        ({"products": {"NVIDIA H100 80GB": "x"}}, "Did you mean 'NVIDIA H100 80GB HBM3'?"),
+        ({"families": {"hopper": "training hopper"}}, "not a valid Kubernetes label value"),
+        ({"families": {"hopper": "x" * 64}}, "not a valid Kubernetes label value"),
+        ({"pools": {"hopper": "x"}}, "unknown key 'pools'"),
+        ({"families": ["hopper"]}, "expected object"),
+        (None, "the pools file is empty"),
+    ],
+)
+def test_bad_pools(data: object, message: str, profiles: ProfileSet) -> None:
+    with pytest.raises(InputError, match=r"pools\.yaml") as err:
+        pools_from_data(data, source="pools.yaml", profiles=profiles)
+    assert message in str(err.value)
+
+
+def test_product_wins_over_family_and_default_applies(profiles: ProfileSet) -> None:
+    pools = pools_from_data(
+        {"families": {"ampere": "train"}, "products": {"NVIDIA A40": "infer"}, "default": "misc"},
+        source="p",
+        profiles=profiles,
+    )
+    assert pools.pool_for(product="NVIDIA A40", family="ampere") == "infer"
+    assert pools.pool_for(product="NVIDIA A10", family="ampere") == "train"
+    assert pools.pool_for(product="NVIDIA H200", family="hopper") == "misc"
+
+
+def test_shipped_example_pools_load(profiles: ProfileSet) -> None:
+    pools = load_pools(REPO / "examples" / "pools.yaml", profiles)
+    assert pools.pool_for(product="NVIDIA H200", family="hopper") == "training-hopper"

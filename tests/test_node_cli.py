@@ -1,0 +1,355 @@
+"""``smoke`` and ``labels`` from the command line: images on a node, NFD output, formats,
+and ``--load-test`` through a STAND-IN ``libcuda.so.1`` (tests/standins/cuda.c)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, CliRunner
+from tests.images import Image, fixture, write_docker_archive
+from tests.standins import build, run_cli
+
+NODES = REPO / "tests" / "fixtures" / "nodes"
+BIN = REPO / "tests" / "fixtures" / "bin"
+POOLS = str(NODES / "pools.yaml")
+
+
+def _image(tmp_path: Path, *libs: str) -> str:
+    """A root folder holding the given fixture libraries under usr/lib."""
+    root = tmp_path / "rootfs"
+    (root / "usr" / "lib").mkdir(parents=True, exist_ok=True)
+    for lib in libs:
+        shutil.copy(BIN / lib, root / "usr" / "lib" / lib)
+    return f"dir:{root}"
+
+
+def _smoke(cli: CliRunner, node: str, *args: str) -> tuple[int, dict[str, Any]]:
+    r = cli("smoke", "--snapshot", str(NODES / f"{node}.json"), "--json", *args)
+    doc: dict[str, Any] = r.json()
+    return r.code, doc
+
+
+def _failed(doc: dict[str, Any]) -> dict[str, str]:
+    checks = doc["checks"]
+    assert isinstance(checks, list)
+    return {c["name"]: c["message"] for c in checks if not c["ok"]}
+
+
+def test_smoke_json_contract(cli: CliRunner) -> None:
+    code, doc = _smoke(cli, "h100-535", "--pools", POOLS)
+    assert code == 0
+    assert doc["version"] == 1
+    assert doc["verdict"] == "pass"
+    checks = doc["checks"]
+    assert isinstance(checks, list)
+    assert all(set(c) >= {"name", "ok", "message"} for c in checks)
+    labels = doc["labels"]
+    assert isinstance(labels, dict)
+    assert labels["gpu-pool"] == "training-hopper"
+    assert labels["buildmatrix.io/driver-floor"] == "525.60.13"
+
+
+def test_image_that_fits_the_node_is_verified(cli: CliRunner, tmp_path: Path) -> None:
+    image = _image(tmp_path, "libsass_ptx.so")  # sm_80 + sm_90 SASS, compute_90 PTX
+    code, doc = _smoke(cli, "h100-535", "--image", image)
+    assert code == 0, doc
+    labels = doc["labels"]
+    assert isinstance(labels, dict)
+    assert labels["verified.buildmatrix.io/rootfs"] == "true"
+
+
+def test_image_without_code_for_the_node_fails_it(cli: CliRunner, tmp_path: Path) -> None:
+    image = _image(tmp_path, "libsass_sm80.so")
+    code, doc = _smoke(cli, "h100-535", "--image", image, "--pools", POOLS)
+    assert code == 1
+    failed = _failed(doc)
+    assert list(failed) == [f"image {image}"]
+    assert "sm_80 SASS runs only on compute capability 8.x, not 9.0" in failed[f"image {image}"]
+    assert doc["labels"] == {"buildmatrix.io/smoke": "failed"}
+
+
+def test_image_ptx_too_new_for_the_driver(cli: CliRunner, tmp_path: Path) -> None:
+    """compute_80 PTX of ISA 9.0 (CUDA 13.0) cannot be JIT-compiled by a 535 driver."""
+    image = _image(tmp_path, "libptx_only.so")
+    code, doc = _smoke(cli, "h100-535", "--image", image)
+    assert code == 1
+    assert "PTX ISA 9.0 needs CUDA 13.0, driver >= 580.65.06" in _failed(doc)[f"image {image}"]
+    # a CUDA 13 driver JIT-compiles it; --require-sass refuses JIT all the same
+    doc13 = json.loads((NODES / "b200.json").read_text()) | {"driver_version": "580.65.06"}
+    node13 = tmp_path / "b200-580.json"
+    node13.write_text(json.dumps(doc13))
+    r = cli("smoke", "--snapshot", str(node13), "--image", image, "--json")
+    assert r.code == 0, r.out
+    r = cli("smoke", "--snapshot", str(node13), "--image", image, "--json", "--require-sass")
+    assert r.code == 1
+    assert "--require-sass" in _failed(r.json())[f"image {image}"]
+
+
+def test_image_runtime_floor_joins_the_driver_check(cli: CliRunner, tmp_path: Path) -> None:
+    image = _image(tmp_path, "libsass_ptx.so")
+    root = Path(image.removeprefix("dir:"))
+    (root / "usr" / "lib" / "libcudart.so.13").write_bytes(b"\x7fELF" + b"\0" * 60)
+    code, doc = _smoke(cli, "h100-535", "--image", image)
+    assert code == 1
+    assert "580.65.06 for CUDA 13.0 runtime" in _failed(doc)["driver"]
+
+
+def test_image_that_cannot_be_read_fails_the_node(cli: CliRunner, tmp_path: Path) -> None:
+    missing = f"oci:{tmp_path / 'nope'}"
+    nfd = tmp_path / "features"
+    code, doc = _smoke(cli, "h100-535", "--image", missing, "--nfd-file", str(nfd))
+    assert code == 2  # bad input wins over "failed"
+    assert "cannot be checked" in _failed(doc)[f"image {missing}"]
+    assert "buildmatrix.io/smoke=failed" in nfd.read_text()
+
+
+def test_malformed_image_reference_is_refused_before_any_work(cli: CliRunner) -> None:
+    r = cli("smoke", "--snapshot", str(NODES / "h100-535.json"), "--image", "docker://")
+    assert r.code == 2
+    assert "buildmatrix: error:" in r.err
+
+
+def test_image_label_is_a_claim_checked_against_the_node(cli: CliRunner, tmp_path: Path) -> None:
+    """check --snapshot: the node's GPUs are the targets; a family label cannot replace them."""
+    archive = tmp_path / "hopper.tar"
+    image = Image(
+        layers=[{"usr/lib/libsass_sm80.so": fixture("libsass_sm80.so")}],
+        labels={"io.buildmatrix.family": "hopper"},
+    )
+    write_docker_archive(archive, image)  # labelled hopper, holds only sm_80 code
+    r = cli("check", f"docker-archive:{archive}", "--snapshot", str(NODES / "a100-80gb.json"))
+    assert r.code == 1
+    assert "claims 'hopper', which does not include this GPU's family" in r.out
+    assert "TARGET" in r.out and "NVIDIA A100-SXM4-80GB" in r.out
+    r = cli("check", f"docker-archive:{archive}", "--snapshot", str(NODES / "h100-535.json"))
+    assert r.code == 1  # the label matches the node, but the code does not
+    assert "sm_80 SASS runs only on compute capability 8.x, not 9.0" in r.out
+
+
+def test_nfd_file_is_written_atomically_and_replaced(cli: CliRunner, tmp_path: Path) -> None:
+    nfd = tmp_path / "features.d" / "buildmatrix"
+    nfd.parent.mkdir()
+    code, _ = _smoke(cli, "h100-535", "--pools", POOLS, "--nfd-file", str(nfd))
+    assert code == 0
+    text = nfd.read_text()
+    lines = text.splitlines()
+    assert lines[1].startswith("# +expiry-time=")
+    assert "gpu-pool=training-hopper" in lines
+    assert "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3" in lines
+    assert len(text.encode()) < 64 << 10
+    assert sorted(p.name for p in nfd.parent.iterdir()) == ["buildmatrix"]  # no temp left
+    code, _ = _smoke(cli, "h100-ecc", "--pools", POOLS, "--nfd-file", str(nfd))
+    assert code == 1
+    assert [ln for ln in nfd.read_text().splitlines() if not ln.startswith("#")] == [
+        "buildmatrix.io/smoke=failed"
+    ]
+
+
+def test_nfd_file_in_a_missing_folder_is_bad_input(cli: CliRunner, tmp_path: Path) -> None:
+    r = cli(
+        "smoke",
+        "--snapshot",
+        str(NODES / "h100-535.json"),
+        "--nfd-file",
+        str(tmp_path / "no" / "gfd"),
+    )
+    assert r.code == 2
+    assert "does not exist" in r.err
+
+
+def test_snapshot_and_record_exclude_each_other(cli: CliRunner, tmp_path: Path) -> None:
+    snap = str(NODES / "h100-535.json")
+    r = cli("smoke", "--snapshot", snap, "--record", str(tmp_path / "x.json"))
+    assert r.code == 2
+    assert "exclude each other" in r.err
+
+
+def test_bad_pools_file_exits_2(cli: CliRunner, tmp_path: Path) -> None:
+    bad = tmp_path / "pools.yaml"
+    bad.write_text("families: {hoper: training}\n")
+    r = cli("smoke", "--snapshot", str(NODES / "h100-535.json"), "--pools", str(bad))
+    assert r.code == 2
+    assert "Did you mean 'hopper'?" in r.err
+
+
+def test_human_report(cli: CliRunner) -> None:
+    r = cli("smoke", "--snapshot", str(NODES / "h200-535.json"))
+    assert r.code == 1
+    assert "driver       FAIL    driver 535.104.05 is too old" in r.out
+    assert "FAIL: the node is not admitted" in r.out
+
+
+# ---------------------------------------------------------------- labels
+
+
+def test_labels_formats(cli: CliRunner) -> None:
+    snap = str(NODES / "l40s.json")
+    r = cli("labels", "--snapshot", snap, "--pools", POOLS)
+    assert r.code == 0
+    labels = r.json()["labels"]
+    assert labels["nvidia.com/gpu.family"] == "ada-lovelace"
+    r = cli("labels", "--snapshot", snap, "--pools", POOLS, "--format", "kubectl")
+    assert r.out.startswith("kubectl label node l40s-01 --overwrite ")
+    assert "gpu-pool=inference-ada" in r.out
+    r = cli("labels", "--snapshot", snap, "--format", "nfd")
+    assert "nvidia.com/gpu.compute.minor=9" in r.out.splitlines()
+    r = cli(
+        "labels", "--snapshot", snap, "--pools", POOLS, "--format", "nodefeature", "--node", "n7"
+    )
+    obj = yaml.safe_load(r.out)
+    assert obj["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1"
+    assert obj["kind"] == "NodeFeature"
+    assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": "n7"}
+    assert obj["spec"]["labels"] == labels
+
+
+def test_labels_of_a_failing_node(cli: CliRunner) -> None:
+    r = cli("labels", "--snapshot", str(NODES / "h100-lost-gpu.json"))
+    assert r.code == 1
+    assert r.json()["labels"] == {"buildmatrix.io/smoke": "failed"}
+
+
+# ---------------------------------------------------------------- --load-test
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    try:
+        yield build(tmp_path_factory.mktemp("standins"))
+    except FileNotFoundError:
+        pytest.skip("gcc is needed to build the stand-in libraries")
+
+
+H100: dict[str, Any] = {"name": "NVIDIA H100 80GB HBM3", "cc": [9, 0], "load": "CUDA_SUCCESS"}
+SMOKE_H100 = ["smoke", "--snapshot", str(NODES / "h100-535.json")]
+
+
+def _containers(lib: Path) -> int:
+    """Fatbinary containers in .nv_fatbin, counted with pyelftools (an independent reader)."""
+    from elftools.elf.elffile import ELFFile
+
+    with lib.open("rb") as f:
+        section = ELFFile(f).get_section_by_name(".nv_fatbin")
+        assert section is not None
+        data = section.data()
+    count, pos = 0, 0
+    while pos + 16 <= len(data):
+        magic, _, hsize, size = struct.unpack_from("<IHHQ", data, pos)
+        if magic != 0xBA55ED50:
+            pos += 8  # padding between containers
+            continue
+        count += 1
+        pos += hsize + size
+    return count
+
+
+def _load(
+    libs: Path, tmp_path: Path, image: str, devices: list[dict[str, Any]]
+) -> tuple[int, dict[str, Any]]:
+    proc = run_cli(
+        [
+            "smoke",
+            "--snapshot",
+            str(NODES / "h100-535.json"),
+            "--image",
+            image,
+            "--load-test",
+            "--json",
+        ],
+        libs=libs,
+        tmp=tmp_path,
+        cuda={"devices": devices},
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_load_test_loads_every_module_and_releases_contexts(libs: Path, tmp_path: Path) -> None:
+    image = _image(tmp_path, "libsass_ptx.so", "libmulti.so")
+    code, doc = _load(libs, tmp_path, image, [H100, H100])
+    assert code == 0, doc
+    log = (tmp_path / "cuda.log").read_text().splitlines()
+    want = _containers(BIN / "libsass_ptx.so") + _containers(BIN / "libmulti.so")
+    loads = [ln for ln in log if ln.startswith("load ")]
+    assert len(loads) == want  # one model, so one GPU loads each container once
+    assert all(ln == "load 0 1" for ln in loads)  # device 0, a fatbinary container
+    assert log.count("unload 0") == want
+    assert sum(ln.startswith("retain") for ln in log) == sum(ln.startswith("release") for ln in log)
+    check = next(c for c in doc["checks"] if c["name"].startswith("load-test"))
+    assert check["ok"]
+    assert f"{want} module(s) of 2 file(s) loaded" in check["message"]
+
+
+@pytest.mark.parametrize(
+    "error", ["CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"]
+)
+def test_load_failure_fails_the_node(libs: Path, tmp_path: Path, error: str) -> None:
+    image = _image(tmp_path, "libsass_ptx.so")
+    code, doc = _load(libs, tmp_path, image, [{**H100, "load": error}])
+    assert code == 1
+    failed = _failed(doc)
+    name = "load-test " + image + " on NVIDIA H100 80GB HBM3 (9.0)"
+    assert f"usr/lib/libsass_ptx.so (container 0): {error}" in failed[name]
+    assert doc["labels"] == {"buildmatrix.io/smoke": "failed"}
+
+
+def test_load_test_per_model_and_file_kinds(libs: Path, tmp_path: Path) -> None:
+    image = _image(tmp_path, "kernels_sm90a.cubin", "kernels_sm90a.ptx", "kernels.fatbin")
+    l40s: dict[str, Any] = {"name": "NVIDIA L40S", "cc": [8, 9], "load": "CUDA_SUCCESS"}
+    _, doc = _load(libs, tmp_path, image, [H100, l40s])
+    loads = [ln for ln in (tmp_path / "cuda.log").read_text().splitlines() if ln.startswith("load")]
+    kinds = sorted({ln.split()[2] for ln in loads})
+    assert kinds == ["1", "2", "3"]  # fatbin container, cubin, PTX text: each a real image
+    assert {ln.split()[1] for ln in loads} == {"0", "1"}  # both models were tried
+    assert [x["model"] for x in doc["load_test"]] == [
+        "NVIDIA H100 80GB HBM3 (9.0)",
+        "NVIDIA L40S (8.9)",
+    ]
+
+
+def test_load_test_without_libcuda_fails_with_the_reason(tmp_path: Path) -> None:
+    image = _image(tmp_path, "libsass_ptx.so")
+    proc = run_cli(
+        [
+            "smoke",
+            "--snapshot",
+            str(NODES / "h100-535.json"),
+            "--image",
+            image,
+            "--load-test",
+            "--json",
+        ],
+        libs=None,
+        tmp=tmp_path,
+    )
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1
+    assert "libcuda.so.1 cannot be loaded" in _failed(doc)["load-test " + image + " on this node"]
+
+
+def test_load_test_reads_the_final_view_of_a_layered_image(libs: Path, tmp_path: Path) -> None:
+    """The bytes loaded are those a container sees: a later layer's copy wins."""
+    archive = tmp_path / "img.tar"
+    image = Image(
+        layers=[
+            {"usr/lib/libops.so": fixture("libsass_sm80.so")},
+            {
+                "usr/lib/libops.so": fixture("libmulti.so"),
+                "opt/libhopper.so": fixture("libhopper_a.so"),
+            },
+        ]
+    )
+    write_docker_archive(archive, image)
+    code, doc = _load(libs, tmp_path, f"docker-archive:{archive}", [H100])
+    assert code == 0, doc
+    loads = [ln for ln in (tmp_path / "cuda.log").read_text().splitlines() if ln.startswith("load")]
+    assert len(loads) == _containers(BIN / "libmulti.so") + _containers(BIN / "libhopper_a.so")
+    assert not list(Path("/tmp").glob("buildmatrix-load-*/buildmatrix-*"))  # kept bytes removed

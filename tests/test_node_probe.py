@@ -1,0 +1,141 @@
+"""The NVML probe through the real nvidia-ml-py bindings, against a STAND-IN NVML.
+
+No GPU here: ``tests/standins/nvml.c`` is built as ``libnvidia-ml.so.1`` and put on
+the loader path of a fresh ``buildmatrix`` process (tests/standins/__init__.py). The
+bindings, their ctypes calls and buildmatrix's probe are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.standins import build, nvml_scenario, run_cli
+
+NODES = REPO / "tests" / "fixtures" / "nodes"
+FIXTURES = sorted(NODES.glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    try:
+        yield build(tmp_path_factory.mktemp("standins"))
+    except FileNotFoundError:
+        pytest.skip("gcc is needed to build the stand-in libraries")
+
+
+def _doc(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=[f.stem for f in FIXTURES])
+def test_record_reproduces_the_snapshot(libs: Path, tmp_path: Path, fixture: Path) -> None:
+    """probe(stand-in answering as snapshot S) == S, for every fixture node."""
+    want = _doc(fixture)
+    out = tmp_path / "recorded.json"
+    proc = run_cli(
+        ["smoke", "--record", str(out), "--node", want["hostname"], "--json"],
+        libs=libs,
+        tmp=tmp_path,
+        nvml=nvml_scenario(want),
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    assert _doc(out) == want
+    # and the live judgement equals the recorded one
+    replay = run_cli(["smoke", "--snapshot", str(out), "--json"], libs=None, tmp=tmp_path)
+    live, recorded = json.loads(proc.stdout), json.loads(replay.stdout)
+    assert live["verdict"] == recorded["verdict"]
+    assert live["labels"] == recorded["labels"]
+    assert proc.returncode == replay.returncode
+
+
+def test_not_supported_is_null_not_an_error(libs: Path, tmp_path: Path) -> None:
+    scenario = nvml_scenario(_doc(NODES / "rtx-consumer.json"))
+    out = tmp_path / "r.json"
+    proc = run_cli(
+        ["smoke", "--record", str(out), "--json"], libs=libs, tmp=tmp_path, nvml=scenario
+    )
+    doc = _doc(out)
+    gpu = doc["gpus"][0]
+    assert doc["errors"] == []
+    assert gpu["ecc_uncorrected_volatile"] is None
+    assert gpu["remapped_rows"] is None
+    assert gpu["mig_mode"] is None
+    assert json.loads(proc.stdout)["verdict"] == "pass"
+
+
+def test_an_nvml_error_on_a_field_fails_the_node(libs: Path, tmp_path: Path) -> None:
+    scenario = nvml_scenario(_doc(NODES / "h100-535.json"))
+    scenario["gpus"][3]["ecc_uncorrected_volatile"] = "NVML_ERROR_UNKNOWN"
+    out = tmp_path / "r.json"
+    proc = run_cli(
+        ["smoke", "--record", str(out), "--json"], libs=libs, tmp=tmp_path, nvml=scenario
+    )
+    doc = _doc(out)
+    assert doc["errors"] == [
+        {"call": "nvmlDeviceGetTotalEccErrors", "error": "NVML_ERROR_UNKNOWN", "index": 3}
+    ]
+    assert "ecc_uncorrected_volatile" not in doc["gpus"][3]
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1
+    assert report["verdict"] == "fail"
+    assert report["labels"] == {"buildmatrix.io/smoke": "failed"}
+
+
+def test_gpu_needing_reset(libs: Path, tmp_path: Path) -> None:
+    scenario = nvml_scenario(_doc(NODES / "h100-535.json"))
+    scenario["gpus"][0] = {"handle": "NVML_ERROR_RESET_REQUIRED"}
+    proc = run_cli(
+        ["smoke", "--json", "--expect-gpus", "8"], libs=libs, tmp=tmp_path, nvml=scenario
+    )
+    report = json.loads(proc.stdout)
+    failed = {c["name"]: c["message"] for c in report["checks"] if not c["ok"]}
+    assert proc.returncode == 1
+    assert "NVML_ERROR_RESET_REQUIRED" in failed["nvml"]
+    assert "7 GPU(s) visible, 8 expected" in failed["gpus"]
+
+
+def test_no_nvml_library_exits_3_with_a_failing_report(tmp_path: Path) -> None:
+    nfd = tmp_path / "gfd"
+    nfd.write_text("buildmatrix.io/smoke=passed\ngpu-pool=training-hopper\n")
+    proc = run_cli(["smoke", "--json", "--nfd-file", str(nfd)], libs=None, tmp=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["version"] == 1
+    assert report["verdict"] == "fail"
+    assert report["labels"] == {"buildmatrix.io/smoke": "failed"}
+    assert "NVML_ERROR_LIBRARY_NOT_FOUND" in report["checks"][0]["message"]
+    # the admitting labels of an earlier run are gone from the feature file
+    assert "gpu-pool" not in nfd.read_text()
+    assert "buildmatrix.io/smoke=failed" in nfd.read_text()
+
+
+def test_driver_not_loaded_exits_3(libs: Path, tmp_path: Path) -> None:
+    scenario = {"init": "NVML_ERROR_DRIVER_NOT_LOADED"}
+    proc = run_cli(["smoke"], libs=libs, tmp=tmp_path, nvml=scenario)
+    assert proc.returncode == 3
+    assert "kernel driver is not loaded" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_record_without_nvml_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "snap.json"
+    proc = run_cli(["smoke", "--record", str(out)], libs=None, tmp=tmp_path)
+    assert proc.returncode == 3
+    assert not out.exists()
+
+
+def test_labels_reads_the_live_node(libs: Path, tmp_path: Path) -> None:
+    scenario = nvml_scenario(_doc(NODES / "h200-550.json"))
+    proc = run_cli(["labels", "--node", "h200-01"], libs=libs, tmp=tmp_path, nvml=scenario)
+    assert proc.returncode == 0, proc.stderr
+    labels = json.loads(proc.stdout)["labels"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
+    assert labels["nvidia.com/gpu.memory"] == "143771"
+    assert labels["nvidia.com/cuda.runtime-version.full"] == "12.4"
