@@ -16,7 +16,7 @@ from packaging.version import Version
 
 from buildmatrix.arch import ComputeCapability, parse_sm
 from buildmatrix.binary.scan import FileReport
-from buildmatrix.compat import Verdict, check_driver, combine, judge_codes
+from buildmatrix.compat import Verdict, check_driver, combine, driver_floors, judge_codes
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
 from buildmatrix.image.model import ScannedImage
@@ -267,17 +267,16 @@ def _judge_target(
     driver_ok = True
     driver_failures: tuple[str, ...] = ()
     if driver is not None:
-        floor = target.profile.driver_floor(target.product) if target.profile else None
         hardware = ""
         if target.profile:
             hardware = target.product or f"{target.profile.family} ({target.profile.sm})"
-        check = check_driver(
-            driver,
+        floors = driver_floors(
             cuda_runtime=runtime[0] if runtime else None,
-            hardware_floor=floor,
+            hardware_floor=target.profile.driver_floor(target.product) if target.profile else None,
             hardware=hardware,
             facts=facts,
         )
+        check = check_driver(driver, floors)
         driver_ok = check.ok
         driver_failures = check.failures
         reasons.extend(check.reasons)

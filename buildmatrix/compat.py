@@ -123,7 +123,7 @@ def _judge_ptx(
         if driver is None:
             return Judgement(
                 verdict=Verdict.JIT,
-                reasons=(f"{unknown}; only a driver newer than {newest.driver} can JIT it",),
+                reasons=(f"{unknown}; only a driver newer than any buildmatrix knows can JIT it",),
             )
         return Judgement(
             verdict=Verdict.NONE,
@@ -131,6 +131,17 @@ def _judge_ptx(
                 f"{unknown}; driver {driver} cannot be shown to JIT it. "
                 "Update buildmatrix's CUDA table",
             ),
+        )
+    if tk.driver is None:
+        unbundled = (
+            f"{arch} PTX ISA {isa} is CUDA {major_minor(tk.version)}'s, which ships no driver; "
+            "NVIDIA names none that is known to JIT it"
+        )
+        if driver is None:
+            return Judgement(verdict=Verdict.JIT, reasons=(unbundled,))
+        return Judgement(
+            verdict=Verdict.NONE,
+            reasons=(f"{unbundled}, so driver {driver} cannot be shown to (fail closed)",),
         )
     need = f"CUDA {major_minor(tk.version)}, driver >= {tk.driver}"
     if driver is None:
@@ -198,49 +209,76 @@ def combine(verdicts: Iterable[Verdict]) -> Verdict:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Floor:
+    """One driver floor and what sets it; ``driver`` None: unknown, so nothing passes."""
+
+    driver: DriverVersion | None
+    why: str
+
+
+def driver_floors(
+    *,
+    cuda_runtime: Version | None,
+    hardware_floor: DriverVersion | None,
+    hardware: str = "",
+    facts: CudaFacts,
+) -> tuple[Floor, ...]:
+    """Every floor a driver must meet to run code of this CUDA runtime on this hardware.
+
+    The one derivation of "the driver this needs": the runtime major's floor (minor
+    version compatibility; CUDA Compatibility guide) and the hardware floor of the
+    GPU's profile or product. ``check``, ``smoke`` and ``generate`` all use it. A CUDA
+    major the table does not know gives an unknown floor (fail closed).
+    """
+    floors: list[Floor] = []
+    if cuda_runtime is not None:
+        rt = major_minor(cuda_runtime)
+        floor = facts.runtime_floor(cuda_runtime.major)
+        why = f"CUDA {rt} runtime (CUDA {cuda_runtime.major}.x minor version compatibility)"
+        if floor is None:
+            why = (
+                f"CUDA {rt} runtime: buildmatrix knows no driver floor for CUDA "
+                f"{cuda_runtime.major}.x; update its CUDA table"
+            )
+        floors.append(Floor(driver=floor, why=why))
+    if hardware_floor is not None:
+        label = f" for {hardware}" if hardware else ""
+        floors.append(Floor(driver=hardware_floor, why=f"hardware floor{label}"))
+    return tuple(floors)
+
+
+def jit_floor(
+    codes: Iterable[CodeTarget], cc: ComputeCapability, facts: CudaFacts
+) -> DriverVersion | None:
+    """The lowest driver that can JIT some PTX entry for ``cc`` (None: none can be shown)."""
+    drivers = [
+        tk.driver
+        for c in codes
+        if c.arch.kind is CodeKind.PTX and c.ptx_isa is not None and ptx_targets(c.arch, cc)
+        if (tk := ptx_toolkit(c.ptx_isa, facts)) is not None and tk.driver is not None
+    ]
+    return min(drivers, default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
 class DriverCheck:
     ok: bool
     reasons: tuple[str, ...]
     failures: tuple[str, ...] = ()
 
 
-def check_driver(
-    driver: DriverVersion,
-    *,
-    cuda_runtime: Version | None,
-    hardware_floor: DriverVersion | None,
-    hardware: str = "",
-    facts: CudaFacts,
-) -> DriverCheck:
-    """Driver floors: the CUDA runtime's major (minor version compatibility) and the
-    GPU's hardware floor from its profile. Unknown CUDA majors fail closed."""
+def check_driver(driver: DriverVersion, floors: Iterable[Floor]) -> DriverCheck:
+    """Whether ``driver`` meets every floor; an unknown floor fails."""
     reasons: list[str] = []
     failures: list[str] = []
-
-    def fail(reason: str) -> None:
-        reasons.append(reason)
-        failures.append(reason)
-
-    if cuda_runtime is not None:
-        floor = facts.runtime_floor(cuda_runtime.major)
-        rt = major_minor(cuda_runtime)
-        if floor is None:
-            fail(
-                f"CUDA {rt} runtime: buildmatrix knows no driver floor for CUDA "
-                f"{cuda_runtime.major}.x; update its CUDA table"
-            )
-        elif driver < floor:
-            fail(
-                f"CUDA {rt} runtime needs driver >= {floor} "
-                f"(CUDA {cuda_runtime.major}.x minor version compatibility); "
-                f"node has {driver}"
-            )
+    for floor in floors:
+        if floor.driver is None:
+            reasons.append(floor.why)
+            failures.append(floor.why)
+        elif driver < floor.driver:
+            text = f"{floor.why} needs driver >= {floor.driver}; node has {driver}"
+            reasons.append(text)
+            failures.append(text)
         else:
-            reasons.append(f"driver {driver} >= {floor} for the CUDA {rt} runtime")
-    if hardware_floor is not None:
-        label = f" for {hardware}" if hardware else ""
-        if driver < hardware_floor:
-            fail(f"driver {driver} is below the hardware floor {hardware_floor}{label}")
-        else:
-            reasons.append(f"driver {driver} >= hardware floor {hardware_floor}{label}")
+            reasons.append(f"driver {driver} >= {floor.driver}: {floor.why}")
     return DriverCheck(ok=not failures, reasons=tuple(reasons), failures=tuple(failures))

@@ -63,7 +63,7 @@ def major_minor(version: Version) -> str:
 @dataclass(frozen=True, kw_only=True)
 class Toolkit:
     version: Version
-    driver: DriverVersion
+    driver: DriverVersion | None  # None: NVIDIA bundles no driver with it (13.4+)
     ptx_isa: Version
 
 
@@ -98,7 +98,7 @@ class CudaFacts:
         """
         best: Version | None = None
         for tk in self.toolkits:
-            if tk.driver <= driver:
+            if tk.driver is not None and tk.driver <= driver:
                 best = tk.version
         return best
 
@@ -125,15 +125,17 @@ def facts_from_data(data: object, *, source: str) -> CudaFacts:
     toolkits = tuple(
         Toolkit(
             version=parse_cuda_version(t["version"], what=f"{source}: toolkits"),
-            driver=parse_driver_version(t["driver"], what=f"{source}: toolkits"),
+            driver=parse_driver_version(t["driver"], what=f"{source}: toolkits")
+            if t["driver"] is not None
+            else None,
             ptx_isa=parse_cuda_version(t["ptx_isa"], what=f"{source}: toolkits"),
         )
         for t in data["toolkits"]
     )
+    drivers = [tk.driver for tk in toolkits if tk.driver is not None]
+    drivers_ordered = all(a <= b for a, b in itertools.pairwise(drivers))
     for prev, cur in itertools.pairwise(toolkits):
-        if not (
-            prev.version < cur.version and prev.driver <= cur.driver and prev.ptx_isa <= cur.ptx_isa
-        ):
+        if not (prev.version < cur.version and drivers_ordered and prev.ptx_isa <= cur.ptx_isa):
             raise InputError(
                 f"{source}: toolkits must be listed oldest first with non-decreasing drivers "
                 f"and PTX ISA versions; {cur.version} breaks the order after {prev.version}."

@@ -99,9 +99,9 @@ def test_driver_floors_runtime_and_hardware() -> None:
     (target,) = old.targets
     assert not target.driver_ok
     assert target.driver_failures == (
-        "CUDA 12.4 runtime needs driver >= 525.60.13 (CUDA 12.x minor version compatibility); "
+        "CUDA 12.4 runtime (CUDA 12.x minor version compatibility) needs driver >= 525.60.13; "
         "node has 520.61.05",
-        "driver 520.61.05 is below the hardware floor 525.60.13 for hopper (sm_90)",
+        "hardware floor for hopper (sm_90) needs driver >= 525.60.13; node has 520.61.05",
     )
     ok = run_check(
         img, PROFILES, Options(sms=["sm_90"], driver=parse_driver_version("535.104.05")), FACTS

@@ -15,7 +15,15 @@ import yaml
 from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix, parse_arch
-from buildmatrix.compat import CodeTarget, Verdict, check_driver, combine, judge_code, judge_codes
+from buildmatrix.compat import (
+    CodeTarget,
+    Verdict,
+    check_driver,
+    combine,
+    driver_floors,
+    judge_code,
+    judge_codes,
+)
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, parse_driver_version
 from buildmatrix.profiles import load_profiles
 from tests.conftest import SHIPPED_PROFILES
@@ -69,16 +77,19 @@ def expected_ptx(
     if driver is None:
         return Verdict.JIT
     # The driver must know the ISA: that of the first toolkit emitting it or newer.
+    # A toolkit that ships no driver (driver: null) names none that knows its ISA:
+    # no driver can be shown to JIT it.
     needs = [t["driver"] for t in RAW["toolkits"] if Version(t["ptx_isa"]) >= Version(isa)]
-    if not needs:
+    if not needs or needs[0] is None:
         return Verdict.NONE
     return Verdict.JIT if driver >= _driver(needs[0]) else Verdict.NONE
 
 
 ISAS = [*sorted({t["ptx_isa"] for t in RAW["toolkits"]}, key=Version), "9.9"]
-PTX_DRIVERS: list[DriverVersion | None] = [None]
+PTX_DRIVERS: list[DriverVersion | None] = [None, _driver("616.00"), _driver("999.99.99")]
 for tk in RAW["toolkits"]:
-    PTX_DRIVERS.extend(_around(tk["driver"]))
+    if tk["driver"] is not None:
+        PTX_DRIVERS.extend(_around(tk["driver"]))
 
 SASS_CASES = list(itertools.product(CODE_NUMBERS, ["", "a", "f"], TARGET_CCS))
 
@@ -184,7 +195,8 @@ RUNTIME_FLOORS = RAW["minor_version_compatibility"]
 )
 def test_runtime_floor(runtime: str, driver: DriverVersion) -> None:
     floor = _driver(RUNTIME_FLOORS[runtime.split(".", maxsplit=1)[0]])
-    got = check_driver(driver, cuda_runtime=Version(runtime), hardware_floor=None, facts=FACTS)
+    floors = driver_floors(cuda_runtime=Version(runtime), hardware_floor=None, facts=FACTS)
+    got = check_driver(driver, floors)
     assert got.ok is (driver >= floor), got.reasons
 
 
@@ -193,32 +205,32 @@ def test_runtime_floor(runtime: str, driver: DriverVersion) -> None:
 )
 def test_hardware_floor(sm: str, driver: DriverVersion) -> None:
     profile = PROFILES.get(sm)
-    got = check_driver(
-        driver, cuda_runtime=None, hardware_floor=profile.min_driver, hardware=sm, facts=FACTS
+    floors = driver_floors(
+        cuda_runtime=None, hardware_floor=profile.min_driver, hardware=sm, facts=FACTS
     )
+    got = check_driver(driver, floors)
     assert got.ok is (driver >= profile.min_driver), got.reasons
 
 
 def test_hopper_needs_r525_even_for_cuda_11() -> None:
     """An 11.8 image on H100 with R520: the runtime floor passes, the runbook floor fails."""
     hopper = PROFILES.get("sm_90")
-    got = check_driver(
-        _driver("520.61.05"),
+    floors = driver_floors(
         cuda_runtime=Version("11.8"),
         hardware_floor=hopper.min_driver,
         hardware="hopper",
         facts=FACTS,
     )
+    got = check_driver(_driver("520.61.05"), floors)
     assert not got.ok
     assert got.reasons == (
-        "driver 520.61.05 >= 450.80.02 for the CUDA 11.8 runtime",
-        "driver 520.61.05 is below the hardware floor 525.60.13 for hopper",
+        "driver 520.61.05 >= 450.80.02: CUDA 11.8 runtime (CUDA 11.x minor version compatibility)",
+        "hardware floor for hopper needs driver >= 525.60.13; node has 520.61.05",
     )
 
 
 def test_unknown_cuda_major_fails_closed() -> None:
-    got = check_driver(
-        _driver("999.1"), cuda_runtime=Version("14.0"), hardware_floor=None, facts=FACTS
-    )
+    floors = driver_floors(cuda_runtime=Version("14.0"), hardware_floor=None, facts=FACTS)
+    got = check_driver(_driver("999.1"), floors)
     assert not got.ok
     assert "knows no driver floor for CUDA 14.x" in got.reasons[0]

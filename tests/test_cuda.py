@@ -74,7 +74,8 @@ def test_verified_facts_from_design() -> None:
         ("535.54.02", "12.1"),
         ("525.60.13", "12.0"),
         ("470.82.01", "11.4"),
-        ("590.44.01", "13.0"),  # newer than the table: the newest known, a lower bound
+        ("590.44.01", "13.1"),
+        ("616.00", "13.3"),  # newer than every bundled driver: the newest known, a lower bound
         ("440.33", None),
     ],
 )

@@ -98,8 +98,14 @@ def test_messages_say_what_to_do(profiles: ProfileSet) -> None:
         name: {c.name: c.message for c in _judge(name, profiles)[1].checks if not c.ok}
         for name in ("h100-520", "h200-535", "future-gpu", "a100-remap-failure", "h100-ecc")
     }
-    assert "needs 525.60.13 for sm_90 hardware floor" in messages["h100-520"]["driver"]
-    assert "550.90.07 for NVIDIA H200 product floor" in messages["h200-535"]["driver"]
+    assert (
+        "hardware floor for sm_90 (NVIDIA H100 80GB HBM3) needs driver >= 525.60.13"
+        in (messages["h100-520"]["driver"])
+    )
+    assert (
+        "hardware floor for NVIDIA H200 needs driver >= 550.90.07"
+        in (messages["h200-535"]["driver"])
+    )
     assert "NVIDIA R100 (compute capability 13.0" in messages["future-gpu"]["profiles"]
     assert "sm_130.yaml" in messages["future-gpu"]["profiles"]
     assert "GPU 6: row remapping failed" in messages["a100-remap-failure"]["health"]

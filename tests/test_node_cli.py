@@ -99,7 +99,11 @@ def test_image_runtime_floor_joins_the_driver_check(cli: CliRunner, tmp_path: Pa
     (root / "usr" / "lib" / "libcudart.so.13").write_bytes(b"\x7fELF" + b"\0" * 60)
     code, doc = _smoke(cli, "h100-535", "--image", image)
     assert code == 1
-    assert "580.65.06 for CUDA 13.0 runtime" in _failed(doc)["driver"]
+    assert (
+        "CUDA 13.0 runtime (CUDA 13.x minor version compatibility) of dir:"
+        in (_failed(doc)["driver"])
+    )
+    assert "needs driver >= 580.65.06" in _failed(doc)["driver"]
 
 
 def test_image_that_cannot_be_read_fails_the_node(cli: CliRunner, tmp_path: Path) -> None:
@@ -183,7 +187,9 @@ def test_bad_pools_file_exits_2(cli: CliRunner, tmp_path: Path) -> None:
 def test_human_report(cli: CliRunner) -> None:
     r = cli("smoke", "--snapshot", str(NODES / "h200-535.json"))
     assert r.code == 1
-    assert "driver       FAIL    driver 535.104.05 is too old" in r.out
+    assert (
+        "driver       FAIL    driver 535.104.05 is too old: hardware floor for NVIDIA H200" in r.out
+    )
     assert "FAIL: the node is not admitted" in r.out
 
 

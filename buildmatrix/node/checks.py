@@ -14,7 +14,9 @@ from typing import Any
 
 from buildmatrix.arch import ComputeCapability
 from buildmatrix.check import CheckResult
-from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
+from buildmatrix.compat import Floor, driver_floors
+from buildmatrix.compat import check_driver as compat_check_driver
+from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.node.snapshot import Gpu, Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
 
@@ -176,46 +178,49 @@ def check_uniform(models: Sequence[Model], allow_mixed: bool) -> NodeCheck:
     )
 
 
-def driver_floors(
+def node_floors(
     models: Sequence[Model], images: Sequence[CheckResult], facts: CudaFacts
-) -> list[tuple[DriverVersion, str]]:
-    """Every floor the node's driver must meet, with what sets it."""
-    floors: list[tuple[DriverVersion, str]] = []
+) -> list[Floor]:
+    """Every floor the node's driver must meet: each GPU model's hardware floor (its
+    product's where the profile names one) and each image's CUDA runtime floor."""
+    floors: list[Floor] = []
     for m in models:
-        if m.profile is None:
-            continue
-        floor = m.profile.driver_floor(m.name)
-        special = m.name in m.profile.product_floors
-        why = f"{m.name} product floor" if special else f"{m.profile.sm} hardware floor"
-        floors.append((floor, why))
+        if m.profile is not None:
+            special = m.name in m.profile.product_floors
+            floors += driver_floors(
+                cuda_runtime=None,
+                hardware_floor=m.profile.driver_floor(m.name),
+                hardware=m.name if special else f"{m.profile.sm} ({m.name})",
+                facts=facts,
+            )
     for result in images:
-        if result.cuda_runtime is None:
-            continue
-        runtime, _ = result.cuda_runtime
-        runtime_floor = facts.runtime_floor(runtime.major)
-        if runtime_floor is not None:
-            why = f"CUDA {major_minor(runtime)} runtime of {result.image.ref}"
-            floors.append((runtime_floor, why))
+        if result.cuda_runtime is not None:
+            for f in driver_floors(
+                cuda_runtime=result.cuda_runtime[0], hardware_floor=None, facts=facts
+            ):
+                floors.append(Floor(driver=f.driver, why=f"{f.why} of {result.image.ref}"))
     return floors
 
 
-def check_driver(driver: DriverVersion, floors: Sequence[tuple[DriverVersion, str]]) -> NodeCheck:
+def check_driver(driver: DriverVersion, floors: Sequence[Floor]) -> NodeCheck:
     if not floors:
         return NodeCheck(
             name="driver",
             ok=False,
             message=f"driver {driver}: no floor is known for these GPUs (no profile)",
         )
-    below = [(f, why) for f, why in floors if driver < f]
-    if below:
-        need = "; ".join(f"{f} for {why}" for f, why in below)
+    result = compat_check_driver(driver, floors)
+    if not result.ok:
         return NodeCheck(
             name="driver",
             ok=False,
-            message=f"driver {driver} is too old: needs {need}. Upgrade the driver branch",
+            message=f"driver {driver} is too old: "
+            + "; ".join(result.failures)
+            + ". Upgrade the driver branch",
         )
-    top, why = max(floors, key=lambda x: x[0])
-    return NodeCheck(name="driver", ok=True, message=f"driver {driver} >= {top} ({why})")
+    known = [(f.driver, f.why) for f in floors if f.driver is not None]
+    top, why = max(known, key=lambda x: x[0])
+    return NodeCheck(name="driver", ok=True, message=f"driver {driver} >= {top}: {why}")
 
 
 def check_health(gpus: Sequence[Gpu]) -> NodeCheck:
@@ -315,7 +320,7 @@ def evaluate(
     failed check, since the node cannot be shown to run them.
     """
     models = models_of(snapshot, profiles)
-    floors = driver_floors(models, images, facts)
+    floors = node_floors(models, images, facts)
     checks = [
         check_nvml(snapshot),
         check_count(snapshot, options.expect_gpus),
@@ -338,5 +343,5 @@ def evaluate(
         checks=tuple(checks),
         models=models,
         labelled=least_capable(models) if models else None,
-        driver_floor=max((f for f, _ in floors), default=None),
+        driver_floor=max((f.driver for f in floors if f.driver is not None), default=None),
     )
