@@ -33,7 +33,9 @@ class Target:
     name: str
     cc: ComputeCapability
     profile: Profile | None
-    product: str | None = None  # an NVML product name: its own driver floor applies
+    # The GPU's driver floor and what sets it (ProfileSet.hardware_floor): its
+    # profile's, its product's, or for an unknown CC its family's nearest older one.
+    hardware_floor: tuple[DriverVersion, str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +108,11 @@ class CheckResult:
 
 
 def _family_targets(profiles: ProfileSet, names: Sequence[str]) -> list[Target]:
-    return [Target(name=n, cc=p.cc, profile=p) for n in names for p in profiles.family(n)]
+    return [
+        Target(name=n, cc=p.cc, profile=p, hardware_floor=profiles.hardware_floor(p.cc))
+        for n in names
+        for p in profiles.family(n)
+    ]
 
 
 def _label_families(label: str | None) -> list[str]:
@@ -127,7 +133,14 @@ def resolve_targets(
     if opts.snapshot is not None:
         models = sorted({(g.cc, g.name) for g in opts.snapshot.gpus})
         for cc, product in models:
-            targets.append(Target(name=product, cc=cc, profile=profiles.by_cc(cc), product=product))
+            targets.append(
+                Target(
+                    name=product,
+                    cc=cc,
+                    profile=profiles.by_cc(cc),
+                    hardware_floor=profiles.hardware_floor(cc, product),
+                )
+            )
         declared: dict[str, str | None] = {"family": label, "source": "snapshot"}
         claimed = _label_families(label)
         if label is not None:
@@ -152,7 +165,10 @@ def resolve_targets(
     targets += _family_targets(profiles, opts.families)
     for text in opts.sms:
         profile = profiles.get(f"sm_{parse_sm(text).cc.number}")
-        targets.append(Target(name=profile.sm, cc=profile.cc, profile=profile))
+        floor = profiles.hardware_floor(profile.cc)
+        targets.append(
+            Target(name=profile.sm, cc=profile.cc, profile=profile, hardware_floor=floor)
+        )
     if not targets:
         where = "the snapshot lists no GPU" if opts.snapshot else f"label '{label}' names none"
         raise InputError(
@@ -267,13 +283,11 @@ def _judge_target(
     driver_ok = True
     driver_failures: tuple[str, ...] = ()
     if driver is not None:
-        hardware = ""
-        if target.profile:
-            hardware = target.product or f"{target.profile.family} ({target.profile.sm})"
+        hw = target.hardware_floor
         floors = driver_floors(
             cuda_runtime=runtime[0] if runtime else None,
-            hardware_floor=target.profile.driver_floor(target.product) if target.profile else None,
-            hardware=hardware,
+            hardware_floor=hw[0] if hw else None,
+            hardware=hw[1] if hw else "",
             facts=facts,
         )
         check = check_driver(driver, floors)

@@ -11,12 +11,17 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
-from buildmatrix.arch import Family
+from buildmatrix.arch import CodeKind, Family, parse_arch
+from buildmatrix.compat import CodeTarget
+from buildmatrix.constraint import Segment, admitted, nvidia_require_arch
+from buildmatrix.cuda import CudaFacts, load_cuda_facts
+from buildmatrix.errors import InputError
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.specs import Cuda, ImageSpec
 
@@ -49,6 +54,8 @@ class Entry:
     axes: tuple[tuple[str, str], ...]
     tag: str
     dockerfile: Path
+    catalogue: ProfileSet = field(compare=False)  # every profile: floors of any GPU admitted
+    facts: CudaFacts = field(compare=False)
 
     @property
     def fields(self) -> dict[str, str]:
@@ -79,33 +86,39 @@ class Entry:
             e for p in self.profiles for e in p.cmake_architectures(self._cuda_version())
         )
 
+    def codes(self) -> list[CodeTarget]:
+        """The device code the variant's gencode flags produce (SASS and PTX)."""
+        tk = self.facts.toolkit(self._cuda_version())
+        isa = tk.ptx_isa if tk is not None else None
+        found = []
+        for flag in self.gencode:
+            code = flag.rsplit("code=", 1)[1]
+            kind = CodeKind.SASS if code.startswith("sm_") else CodeKind.PTX
+            arch = parse_arch(code)
+            found.append(CodeTarget(arch=arch, ptx_isa=isa if kind is CodeKind.PTX else None))
+        return found
+
+    @cached_property
+    def segments(self) -> list[Segment]:
+        """Where the variant runs, with the driver each range needs (constraint.py)."""
+        return admitted(
+            self.codes(),
+            runtime=self._cuda_version(),
+            profiles=self.catalogue,
+            facts=self.facts,
+        )
+
     @property
     def min_driver(self) -> str:
-        """The lowest hardware floor among the entry's SMs (per-SM floors are in the ENV)."""
-        return str(min(p.min_driver for p in self.profiles))
+        """The lowest driver on which the variant runs on some GPU it admits: the CUDA
+        runtime floor, the hardware floor, and the JIT floor where only PTX runs."""
+        return str(min(s.driver for s in self.segments))
 
     @property
     def nvidia_require_arch(self) -> str:
-        """The ``NVIDIA_REQUIRE_ARCH`` value: which GPUs may start this image.
-
-        nvidia-container-toolkit: space-separated alternatives (OR), each a
-        comma-separated list of conditions (AND), on ``arch`` (compute capability)
-        and ``driver``. Per SM: SASS ``sm_XY`` runs on X.Y up to the next major;
-        with PTX any later GPU may JIT it. The SM's driver floor joins each
-        alternative.
-        """
-        alternatives = []
-        ordered = sorted(self.profiles, key=lambda p: p.cc)
-        for i, p in enumerate(ordered):
-            conditions = [f"arch>={p.cc}"]
-            nxt = next((q.cc for q in ordered[i + 1 :] if q.cc.major == p.cc.major), None)
-            if nxt is not None:
-                conditions.append(f"arch<{nxt}")  # the next SM of the major has its own floor
-            elif not p.ptx:
-                conditions.append(f"arch<{p.cc.major + 1}.0")
-            conditions.append(f"driver>={p.min_driver}")
-            alternatives.append(",".join(conditions))
-        return " ".join(alternatives)
+        """The ``NVIDIA_REQUIRE_ARCH`` value: exactly the (GPU, driver) pairs on which
+        ``check`` passes the variant's code (constraint.py)."""
+        return nvidia_require_arch(self.segments)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -186,8 +199,23 @@ def _why_not(p: Profile, cuda: Cuda, requires: tuple[str, ...]) -> str | None:
     return None
 
 
+def _known_cuda(spec: ImageSpec, facts: CudaFacts) -> None:
+    """Every CUDA version of the spec must be a release the facts table knows: its
+    driver floors and PTX ISA decide the image's labels and NVIDIA_REQUIRE_ARCH."""
+    for cuda in spec.cuda:
+        if facts.toolkit(Version(cuda.mm)) is None:
+            known = ", ".join(str(tk.version) for tk in facts.toolkits)
+            raise InputError(
+                f"{spec.source}: key 'cuda': {cuda.full} is not a CUDA release buildmatrix "
+                f"knows (its driver floor and PTX ISA would be made up). Known releases: "
+                f"{known}."
+            )
+
+
 def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
     """The variants of one spec, in a stable order: family (by SM), CUDA, axes."""
+    facts = load_cuda_facts()
+    _known_cuda(spec, facts)
     matrix = Matrix()
     families = spec.families or tuple(f.value for f in profiles.families)
     axis_names = [k for k, _ in spec.axes]
@@ -237,6 +265,8 @@ def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
                 axes=axes,
                 tag=tag,
                 dockerfile=out / spec.name / f"{tag}.Dockerfile",
+                catalogue=profiles,
+                facts=facts,
             )
         )
     return matrix
@@ -249,8 +279,6 @@ def expand_all(specs: list[ImageSpec], profiles: ProfileSet, *, out: Path) -> Ma
         m = expand(spec, profiles, out=out)
         for e in m.entries:
             if e.image_ref in seen:
-                from buildmatrix.errors import InputError
-
                 raise InputError(
                     f"{spec.source}: two variants get the same tag {e.image_ref}; put every "
                     "axis and the family into the tag pattern."

@@ -186,6 +186,26 @@ class ProfileSet:
             )
         return members
 
+    def hardware_floor(
+        self, cc: ComputeCapability, product: str | None = None
+    ) -> tuple[DriverVersion, str] | None:
+        """The driver floor of a GPU of ``cc`` and what sets it.
+
+        Its own profile's (its product's where the profile names one); for a compute
+        capability without a profile, that of the nearest older profile of the same
+        major: a newer GPU of a family needs at least the family's driver. None where
+        the major has no profile at or below ``cc``.
+        """
+        same = [p for p in self.profiles if p.cc.major == cc.major and p.cc <= cc]
+        if not same:
+            return None
+        profile = max(same, key=lambda p: p.cc)
+        if profile.cc == cc and product in profile.product_floors:
+            return profile.driver_floor(product), f"{product} (product floor)"
+        if profile.cc == cc:
+            return profile.min_driver, f"{profile.sm} ({profile.family})"
+        return profile.min_driver, f"{cc}, a GPU newer than {profile.sm} ({profile.family})"
+
     def by_product(self, name: str) -> Profile | None:
         """The profile that lists NVML product ``name`` (exact match)."""
         return next((p for p in self.profiles if name in p.products), None)

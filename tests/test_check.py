@@ -101,7 +101,7 @@ def test_driver_floors_runtime_and_hardware() -> None:
     assert target.driver_failures == (
         "CUDA 12.4 runtime (CUDA 12.x minor version compatibility) needs driver >= 525.60.13; "
         "node has 520.61.05",
-        "hardware floor for hopper (sm_90) needs driver >= 525.60.13; node has 520.61.05",
+        "hardware floor for sm_90 (hopper) needs driver >= 525.60.13; node has 520.61.05",
     )
     ok = run_check(
         img, PROFILES, Options(sms=["sm_90"], driver=parse_driver_version("535.104.05")), FACTS

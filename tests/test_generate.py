@@ -85,7 +85,7 @@ def test_check_detects_drift_and_writes_nothing(
 
 def test_explain_says_why(in_repo: None, cli: CliRunner, tmp_path: Path) -> None:
     result = cli("generate", "--out", str(tmp_path / "b"), "--explain")
-    assert "left out  train-fp8: ampere cuda 12.8.1: sm_80 lacks fp8; sm_86 lacks fp8" in result.err
+    assert "left out  train-fp8: ampere cuda 12.9.1: sm_80 lacks fp8; sm_86 lacks fp8" in result.err
 
 
 def _tool(name: str) -> Path:

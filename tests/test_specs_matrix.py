@@ -27,27 +27,48 @@ def test_fp8_image_is_built_only_where_fp8_exists() -> None:
     entries, dropped = shipped()
     fp8 = [e for e in entries if e.startswith("train-fp8:")]
     assert fp8 == [
-        "train-fp8:1.4.0-cu128-ada-lovelace",
-        "train-fp8:1.4.0-cu130-ada-lovelace",
-        "train-fp8:1.4.0-cu128-hopper",
-        "train-fp8:1.4.0-cu130-hopper",
-        "train-fp8:1.4.0-cu128-blackwell",
-        "train-fp8:1.4.0-cu130-blackwell",
+        "train-fp8:1.4.0-cu129-ada-lovelace",
+        "train-fp8:1.4.0-cu133-ada-lovelace",
+        "train-fp8:1.4.0-cu129-hopper",
+        "train-fp8:1.4.0-cu133-hopper",
+        "train-fp8:1.4.0-cu129-blackwell",
+        "train-fp8:1.4.0-cu133-blackwell",
     ]
-    assert "train-fp8: ampere cuda 12.8.1: sm_80 lacks fp8; sm_86 lacks fp8" in dropped
+    assert "train-fp8: ampere cuda 12.9.1: sm_80 lacks fp8; sm_86 lacks fp8" in dropped
+
+
+def test_an_sm_the_cuda_version_cannot_build_is_left_out(tmp_path: Path) -> None:
+    images = _copy_example(tmp_path)
+    spec = images / "train-fp8" / "image.yaml"
+    spec.write_text(spec.read_text().replace('["12.9.1", "13.3.1"]', '["12.8.1"]'))
+    m = expand_all(load_specs(images, PROFILES), PROFILES, out=Path("build"))
     assert (
         "train-fp8: blackwell cuda 12.8.1: sm_103: left out of the variant: sm_103 needs "
         "CUDA 12.9 or newer"
-    ) in dropped
+    ) in [str(d) for d in m.dropped]
+    blackwell = next(e for e in m.entries if e.family.value == "blackwell")
+    assert blackwell.sms == ["sm_100", "sm_120"]
+    assert blackwell.gencode == [
+        "-gencode=arch=compute_100,code=sm_100",
+        "-gencode=arch=compute_100a,code=sm_100a",
+        "-gencode=arch=compute_120,code=sm_120",
+        "-gencode=arch=compute_120,code=compute_120",
+    ]
+    # sm_100 SASS also runs on 10.3 (B300), which has its own floor; 13.x GPUs JIT the
+    # compute_120 PTX of ISA 8.7, which needs CUDA 12.8's 570.26.
+    assert blackwell.nvidia_require_arch == (
+        "arch>=10.0,arch<10.3,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 "
+        "arch>=12.0,driver>=570.26"
+    )
 
 
 def test_inference_axes_and_exclusions() -> None:
     entries, dropped = shipped()
     infer = [e for e in entries if e.startswith("infer:")]
-    assert len(infer) == 12  # 4 families x (2 CUDA x 2 Python - the excluded 12.8/3.11)
-    assert "infer:2.1.0-cu128-py3.11-hopper" not in infer
+    assert len(infer) == 12  # 4 families x (2 CUDA x 2 Python - the excluded 12.9/3.11)
+    assert "infer:2.1.0-cu129-py3.11-hopper" not in infer
     assert (
-        "infer: hopper cuda 12.8.1 python=3.11: excluded by the spec (cuda=12.8, "
+        "infer: hopper cuda 12.9.1 python=3.11: excluded by the spec (cuda=12.9, "
         "python=3.11)" in dropped
     )
 
@@ -55,24 +76,24 @@ def test_inference_axes_and_exclusions() -> None:
 def test_entry_build_flags_follow_the_cuda_version() -> None:
     m = expand_all(load_specs(IMAGES, PROFILES, only="train-fp8"), PROFILES, out=Path("build"))
     by_tag = {e.tag: e for e in m.entries}
-    blackwell_128 = by_tag["1.4.0-cu128-blackwell"]
-    assert blackwell_128.sms == ["sm_100", "sm_120"]
-    assert blackwell_128.gencode == [
-        "-gencode=arch=compute_100,code=sm_100",
-        "-gencode=arch=compute_100a,code=sm_100a",
-        "-gencode=arch=compute_120,code=sm_120",
-        "-gencode=arch=compute_120,code=compute_120",
-    ]
-    assert blackwell_128.torch_arch_list == "10.0;10.0a;12.0+PTX"
-    # SASS-only SMs are bounded to their major; PTX lets newer GPUs in; floors per SM.
-    assert blackwell_128.nvidia_require_arch == (
-        "arch>=10.0,arch<11.0,driver>=570.26 arch>=12.0,driver>=570.26"
+    blackwell = by_tag["1.4.0-cu129-blackwell"]
+    assert blackwell.sms == ["sm_100", "sm_103", "sm_120"]
+    assert blackwell.torch_arch_list == "10.0;10.0a;10.3;10.3a;12.0+PTX"
+    # SASS runs within its major, PTX lets newer GPUs in by JIT; each range carries the
+    # highest floor there: the CUDA 12 runtime (525.60.13), the hardware floor
+    # (sm_100 570.26, sm_103 575.51.03), the JIT of CUDA 12.9's PTX ISA 8.8 (575.51.03).
+    assert blackwell.nvidia_require_arch == (
+        "arch>=10.0,arch<10.3,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 "
+        "arch>=12.0,arch<13.0,driver>=570.26 arch>=13.0,driver>=575.51.03"
     )
-    ada = by_tag["1.4.0-cu130-ada-lovelace"]
-    assert ada.nvidia_require_arch == "arch>=8.9,arch<9.0,driver>=520.61.05"
+    assert blackwell.min_driver == "570.26"
+    ada = by_tag["1.4.0-cu133-ada-lovelace"]
+    # a CUDA 13 runtime needs R580, whatever the GPU's own floor (520.61.05)
+    assert ada.nvidia_require_arch == "arch=8.9,driver>=580.65.06"
+    assert ada.min_driver == "580.65.06"
     assert ada.labels["io.buildmatrix.family"] == "ada-lovelace"
-    assert ada.labels["io.buildmatrix.cuda"] == "13.0.1"
-    assert Version(ada.cuda.mm) == Version("13.0")
+    assert ada.labels["io.buildmatrix.cuda"] == "13.3.1"
+    assert Version(ada.cuda.mm) == Version("13.3")
 
 
 def _copy_example(tmp_path: Path) -> Path:
@@ -82,6 +103,15 @@ def _copy_example(tmp_path: Path) -> Path:
 
 
 BAD_SPECS = {
+    "cuda never released": (
+        ('cuda: ["12.9.1", "13.3.1"]', 'cuda: ["12.7.0"]'),
+        "key 'cuda': 12.7.0 is not a CUDA release buildmatrix knows",
+    ),
+    "cuda newer than the table": (
+        ('cuda: ["12.9.1", "13.3.1"]', 'cuda: ["14.0.0"]'),
+        "14.0.0 is not a CUDA release buildmatrix knows (its driver floor and PTX ISA would "
+        "be made up). Known releases: 11.0,",
+    ),
     "unknown family": (
         ("families: [hopper]", "families: [hoper]"),
         "no profile has family 'hoper'. Did you mean 'hopper'?",
@@ -107,11 +137,11 @@ BAD_SPECS = {
         "unknown key 'verison'. Did you mean 'version'?",
     ),
     "cuda not a list": (
-        ('cuda: ["12.8.1", "13.0.1"]', 'cuda: "12.8.1"'),
+        ('cuda: ["12.9.1", "13.3.1"]', 'cuda: "12.9.1"'),
         "key 'cuda': expected array",
     ),
     "cuda malformed": (
-        ('cuda: ["12.8.1", "13.0.1"]', 'cuda: ["twelve"]'),
+        ('cuda: ["12.9.1", "13.3.1"]', 'cuda: ["twelve"]'),
         "key 'cuda[0]': 'twelve'",
     ),
     "exclude unknown field": (
@@ -200,10 +230,10 @@ def test_matrix_formats(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None
     assert first["dockerfile"] == f"build/{first['image']}/{first['tag']}.Dockerfile"
     bake = cli("matrix", "--format", "bake").json()
     assert len(bake["group"]["default"]["targets"]) == len(github["include"])
-    target = bake["target"]["train-fp8-1-4-0-cu130-hopper"]
+    target = bake["target"]["train-fp8-1-4-0-cu133-hopper"]
     assert target["context"] == "images/train-fp8"
-    assert target["dockerfile"] == "../../build/train-fp8/1.4.0-cu130-hopper.Dockerfile"
+    assert target["dockerfile"] == "../../build/train-fp8/1.4.0-cu133-hopper.Dockerfile"
     full = cli("matrix", "--format", "json", "--image", "train-fp8").json()
     assert full["version"] == 1
-    assert {d["what"] for d in full["dropped"]} >= {"volta cuda 12.8.1", "ampere cuda 13.0.1"}
+    assert {d["what"] for d in full["dropped"]} >= {"volta cuda 12.9.1", "ampere cuda 13.3.1"}
     assert json.dumps(full)  # serialisable as is
