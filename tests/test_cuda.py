@@ -12,6 +12,9 @@ from buildmatrix.cuda import (
     parse_driver_version,
 )
 from buildmatrix.errors import InputError
+from tests.conftest import REPO, CliRunner
+
+NEWEST = REPO / "tests" / "fixtures" / "newest"
 
 
 def test_driver_version_keeps_its_text_and_compares_numerically() -> None:
@@ -107,3 +110,35 @@ def test_facts_schema_is_checked() -> None:
     data["toolkits"][0]["drivr"] = "1.2"
     with pytest.raises(InputError, match=r"cuda\.yaml: key 'toolkits\[0\]': unknown key 'drivr'"):
         facts_from_data(data, source="cuda.yaml")
+
+
+@pytest.mark.parametrize(
+    ("fixture", "isa", "driver", "passes", "says"),
+    [
+        ("kernels_cuda133.ptx", "9.3", "610.43.02", True, ""),
+        (
+            "kernels_cuda133.ptx",
+            "9.3",
+            "610.43.01",
+            False,
+            "PTX ISA 9.3 needs CUDA 13.3, driver >= 610.43.02 to JIT",
+        ),
+        (
+            "kernels_cuda135.ptx",
+            "9.5",
+            "616.00",
+            False,
+            "PTX ISA 9.5 is CUDA 13.5's, which ships no driver",
+        ),
+    ],
+)
+def test_ptx_of_the_newest_compilers(
+    cli: CliRunner, fixture: str, isa: str, driver: str, passes: bool, says: str
+) -> None:
+    """PTX written by the 13.3 and 13.5 nvcc wheels: judged by its real driver floor."""
+    path = NEWEST / fixture
+    assert f"\n.version {isa}\n" in path.read_text()
+    result = cli("check", str(path), "--sm", "10.0", "--driver", driver, "--json")
+    assert result.code == (0 if passes else 1)
+    assert says in " ".join(result.json()["problems"])
+    assert "update buildmatrix's CUDA table" not in result.out
