@@ -46,6 +46,7 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> 
 from tests.services import (  # noqa: E402, F401
     auth_registry,
     docker_host,
+    overlay2_host,
     registry,
     token_registry,
 )

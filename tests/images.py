@@ -33,17 +33,20 @@ class Dir:
 
 
 Entry = bytes | Symlink | Hardlink | Dir
+# A layer: a mapping in archive order, or pairs where a name may repeat.
+Layer = dict[str, Entry] | list[tuple[str, Entry]]
 
 
 def fixture(name: str) -> bytes:
     return (BIN / name).read_bytes()
 
 
-def layer_tar(entries: dict[str, Entry]) -> bytes:
+def layer_tar(entries: Layer) -> bytes:
     """A layer tar with the entries in the given order (whiteouts are plain names)."""
     buf = io.BytesIO()
+    pairs = list(entries.items()) if isinstance(entries, dict) else entries
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, entry in entries.items():
+        for name, entry in pairs:
             info = tarfile.TarInfo(name)
             info.mtime = 0
             if isinstance(entry, bytes):
@@ -63,7 +66,7 @@ def layer_tar(entries: dict[str, Entry]) -> bytes:
 
 @dataclass
 class Image:
-    layers: list[dict[str, Entry]]
+    layers: list[Layer]
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
 

@@ -65,9 +65,11 @@ def _engine_answers(host: str) -> bool:
     return True
 
 
-def start_dockerd(root: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start dockerd (vfs driver, no networking setup) with its state under ``root``;
-    returns the process and its ``unix://`` address once it answers."""
+def start_dockerd(
+    root: Path, *extra: str, storage_driver: str = "vfs"
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start dockerd (vfs driver unless told, no networking setup) with its state under
+    ``root``; returns the process and its ``unix://`` address once it answers."""
     dockerd = shutil.which("dockerd")
     if dockerd is None:
         raise FileNotFoundError("dockerd is not installed (Debian package docker.io)")
@@ -76,7 +78,7 @@ def start_dockerd(root: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str
     proc = subprocess.Popen(
         [
             dockerd,
-            "--storage-driver=vfs",
+            f"--storage-driver={storage_driver}",
             "--iptables=false",
             "--ip6tables=false",
             "--bridge=none",
@@ -114,6 +116,22 @@ def docker_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "or set BUILDMATRIX_TEST_DOCKER_HOST"
         )
     proc, host = start_dockerd(tmp_path_factory.mktemp("dockerd"))
+    try:
+        yield host
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def overlay2_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A second engine with the overlay2 driver: the oracle for layer semantics."""
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        pytest.skip("no Docker engine: install docker.io (dockerd) and run as root")
+    try:
+        proc, host = start_dockerd(tmp_path_factory.mktemp("overlay2"), storage_driver="overlay2")
+    except RuntimeError as exc:
+        pytest.skip(f"dockerd with the overlay2 driver does not start here ({exc})")
     try:
         yield host
     finally:

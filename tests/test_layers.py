@@ -53,7 +53,10 @@ def test_opaque_folder_hides_lower_content_only() -> None:
     assert got == {"opt/cuda/lib/new.so": ["sm_90a"]}
 
 
-def test_writes_through_symlinked_folders_land_inside_the_root() -> None:
+def test_paths_are_literal_across_layers() -> None:
+    """A later layer never writes through an earlier layer's symlink: its folder
+    replaces the symlink (overlayfs; tests/test_layer_semantics.py shows the engine
+    agrees). Within one layer, the layer's own symlinks are followed inside its root."""
     got = view(
         {
             "opt/cuda-13/lib/": Dir(),
@@ -66,16 +69,48 @@ def test_writes_through_symlinked_folders_land_inside_the_root() -> None:
             "escape/etc/lib.so": SM80,
         },
     )
-    assert got["opt/cuda-13/lib/libh.so"] == ["sm_90a"]
+    assert got["usr/local/cuda/lib/libh.so"] == ["sm_90a"]  # a folder now, not the link
+    assert "opt/cuda-13/lib/libh.so" not in got
     assert got["usr/lib/libh.so"] == "symlink"
-    # A link that climbs out of the root resolves at the root, never on the host.
+    # The same layer's link that climbs out of the root resolves at the root, never
+    # on the host.
     assert got["etc/lib.so"] == ["sm_80"]
-    assert "usr/local/cuda/lib/libh.so" not in got
+    assert got["escape"] == "symlink"
 
 
-def test_symlink_loop_is_not_followed_forever() -> None:
+def test_a_lower_symlink_loop_is_replaced_by_an_upper_folder() -> None:
     got = view({"a": Symlink("b"), "b": Symlink("a")}, {"a/lib.so": SM80})
-    assert got == {"a": "symlink", "b": "symlink"}
+    assert got == {"a/lib.so": ["sm_80"], "b": "symlink"}
+
+
+def test_whiteout_under_a_symlinked_folder_does_not_reach_its_target() -> None:
+    got = view(
+        {"usr/lib/libbad.so": SM80, "lib64": Symlink("usr/lib")},
+        {"lib64/.wh.libbad.so": b""},
+    )
+    assert got == {"usr/lib/libbad.so": ["sm_80"]}  # lib64 is an empty folder now
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ({"a.so": SM80, "b.so": Hardlink("missing.so")}, "hard link 'b.so' points at"),
+        ({"loop": Symlink("loop"), "loop/x.so": SM80}, "written through a symlink loop"),
+        ({"d": Symlink("nowhere"), "d/x.so": SM80}, "whose target the layer does not hold"),
+        ({"f": b"file", "f/x.so": SM80}, "under 'f', which is not a folder"),
+        ({"x.so": SM80, ".wh.x.so": b""}, "whiteout of 'x.so' over an entry of the same layer"),
+        ({"l": Symlink("x" * 4096)}, "longer than PATH_MAX"),
+    ],
+)
+def test_what_the_engine_refuses_is_refused(layer: dict[str, Entry], message: str) -> None:
+    with pytest.raises(InputError, match="the Docker engine refuses such a layer too") as err:
+        view(layer)
+    assert message in str(err.value)
+
+
+def test_deep_folders_do_not_exhaust_the_stack() -> None:
+    deep = "/".join(["d"] * 1500) + "/lib.so"
+    assert view({"x": b"1"}, {deep: SM80})[deep] == ["sm_80"]
 
 
 def test_hardlink_carries_the_inspection() -> None:

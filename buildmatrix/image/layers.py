@@ -1,12 +1,25 @@
 """Layer tars: what each layer holds, and the filesystem the layers make together.
 
-Each layer is read once, as a stream, into a :class:`LayerSummary`: every path
-with its kind, the whiteouts and opaque folders, and for files that may hold
-device code (ELF, fatbinary, ``.ptx``) the inspection result. Layers are
-independent, so they can be summarised in parallel and in any order; :func:`merge`
-then applies them in order with the OCI image-spec layer semantics (whiteout
-``.wh.NAME`` removes NAME, ``.wh..wh..opq`` hides everything lower in its folder)
-and resolves links inside the image root only, never on the host.
+The model is the one the overlay2 graph driver and containerd's overlayfs
+snapshotter implement, checked against a real overlay2 engine in the tests
+(tests/test_layer_semantics.py); docs/check.md, "Layer semantics", spells it out:
+
+- Each layer is read once, as a stream, into a :class:`LayerSummary`: the tree the
+  layer's entries make when extracted, in archive order, into an empty folder (the
+  layer's "diff" folder). Inside that folder symlinks the same layer made are
+  followed (the extraction is chrooted there, so nothing leaves it); missing parent
+  folders are created; a whiteout ``.wh.NAME`` becomes a whiteout mark and
+  ``.wh..wh..opq`` marks its folder opaque; a hard link is bound to what its
+  target holds at that point. What the engine refuses (a path given twice, a hard
+  link to a file the layer does not hold, an entry under a file, a whiteout over an
+  entry of the same layer) is refused here too.
+- :func:`merge` stacks the layers as overlayfs does, by literal names: an upper
+  folder merges with a lower folder (all of it, if the upper one is opaque), an
+  upper folder over a lower non-folder replaces it, an upper whiteout hides the
+  lower name, anything else in the upper layer replaces the lower entry. Symlinks of
+  lower layers are never followed: they matter only when the final view is queried.
+
+Layers are independent, so they are summarised in parallel and in any order.
 """
 
 from __future__ import annotations
@@ -15,10 +28,11 @@ import io
 import posixpath
 import tarfile
 import tempfile
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Literal, cast
+from typing import IO, Literal, NoReturn, cast
 
 from buildmatrix.binary.elf import is_elf
 from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES
@@ -35,6 +49,7 @@ _CHUNK = 1 << 20
 # large reads: 64 KiB measured fastest (docs/check.md).
 TAR_BUFSIZE = 256 << 10
 _MAX_LINK_HOPS = 40  # as Linux's path resolution (MAXSYMLINKS)
+PATH_MAX = 4096  # Linux: no path or symlink target is longer
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -51,11 +66,126 @@ class Node:
 
 
 @dataclass
+class _Dir:
+    children: dict[str, _Entry] = field(default_factory=dict)
+    opaque: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Leaf:
+    node: Node
+
+
+class _Whiteout:
+    """A whiteout mark: the name is hidden in every lower layer."""
+
+
+WHITED_OUT = _Whiteout()
+_Entry = _Dir | _Leaf | _Whiteout
+
+
 class LayerSummary:
-    name: str
-    entries: dict[str, Node] = field(default_factory=dict)
-    whiteouts: list[str] = field(default_factory=list)
-    opaque: list[str] = field(default_factory=list)
+    """One layer as its entries make it when extracted into an empty folder."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.root = _Dir()
+        self._names: set[str] = set()
+
+    def _refuse(self, why: str) -> NoReturn:
+        raise InputError(
+            f"{self.name}: {why}; the Docker engine refuses such a layer too, so the image "
+            "is refused. Nothing was checked."
+        )
+
+    def claim(self, path: str) -> None:
+        """Each path once per layer: the engine refuses duplicates."""
+        if path in self._names:
+            self._refuse(f"'{path}' appears twice in the layer")
+        self._names.add(path)
+
+    def _folder(self, parts: list[str], *, create: bool, what: str) -> _Dir:
+        """The folder ``parts`` name, following this layer's symlinks inside its root.
+
+        Missing folders are created (as the engine's MkdirAll does), except along a
+        symlink's own target, which must exist.
+        """
+        current, parents = self.root, list[_Dir]()
+        queue = deque((p, False) for p in parts)
+        hops = 0
+        while queue:
+            part, via_link = queue.popleft()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                current = parents.pop() if parents else self.root
+                continue
+            child = current.children.get(part)
+            if child is None:
+                if via_link or not create:
+                    self._refuse(
+                        f"'{what}' is written through a symlink whose target the layer "
+                        "does not hold"
+                    )
+                child = current.children[part] = _Dir()
+            if isinstance(child, _Leaf) and child.node.kind == "symlink":
+                hops += 1
+                if hops > _MAX_LINK_HOPS:
+                    self._refuse(f"'{what}' is written through a symlink loop")
+                if child.node.target.startswith("/"):
+                    current, parents = self.root, []
+                queue.extendleft((p, True) for p in reversed(child.node.target.split("/")))
+                continue
+            if not isinstance(child, _Dir):
+                self._refuse(f"'{what}' is under '{part}', which is not a folder in the layer")
+            parents.append(current)
+            current = child
+        return current
+
+    def _parent(self, path: str) -> tuple[_Dir, str]:
+        *folders, base = path.split("/")
+        return self._folder(folders, create=True, what=path), base
+
+    def add(self, path: str, node: Node) -> None:
+        """A folder, file, symlink or other entry: it replaces what the path held."""
+        if node.kind == "symlink" and len(node.target) >= PATH_MAX:
+            self._refuse(f"symlink '{path}' has a target longer than PATH_MAX ({PATH_MAX})")
+        folder, base = self._parent(path)
+        if node.kind == "dir":
+            if not isinstance(folder.children.get(base), _Dir):
+                folder.children[base] = _Dir()
+        else:
+            folder.children[base] = _Leaf(node)
+
+    def add_hardlink(self, path: str, target: str) -> None:
+        """Bound to what ``target`` holds now, in this layer (the engine links in it)."""
+        *folders, base = target.split("/")
+        entry = self._folder(folders, create=False, what=target).children.get(base)
+        if not isinstance(entry, _Leaf):
+            self._refuse(f"hard link '{path}' points at '{target}', which the layer does not hold")
+        folder, name = self._parent(path)
+        folder.children[name] = entry
+
+    def whiteout(self, path: str) -> None:
+        folder, base = self._parent(path)
+        if base in folder.children:
+            self._refuse(f"whiteout of '{path}' over an entry of the same layer")
+        folder.children[base] = WHITED_OUT
+
+    def make_opaque(self, path: str) -> None:
+        """Mark the marker's folder opaque. The engine sets an xattr on whatever the
+        path holds: on a file of this layer that has no effect, so it is accepted."""
+        if not path:
+            self.root.opaque = True
+            return
+        folder, base = self._parent(path)
+        entry = folder.children.get(base)
+        if entry is None:
+            entry = folder.children[base] = _Dir()
+        elif isinstance(entry, _Leaf) and entry.node.kind == "symlink":
+            entry = self._folder(path.split("/"), create=False, what=path)
+        if isinstance(entry, _Dir):
+            entry.opaque = True
 
 
 def clean_member_name(name: str, *, layer: str) -> str:
@@ -135,25 +265,23 @@ def scan_layer(stream: IO[bytes], *, name: str, keep: Path | None = None) -> Lay
                 path = clean_member_name(member.name, layer=name)
                 if not path:
                     continue
+                summary.claim(path)
                 folder, base = posixpath.split(path)
                 if base == OPAQUE:
-                    summary.opaque.append(folder)
-                    continue
-                if base.startswith(WHITEOUT):
-                    summary.whiteouts.append(posixpath.join(folder, base[len(WHITEOUT) :]))
-                    continue
-                if member.isdir():
-                    summary.entries[path] = Node("dir")
+                    summary.make_opaque(folder)
+                elif base.startswith(WHITEOUT):
+                    summary.whiteout(posixpath.join(folder, base[len(WHITEOUT) :]))
+                elif member.isdir():
+                    summary.add(path, Node("dir"))
                 elif member.issym():
-                    summary.entries[path] = Node("symlink", member.linkname)
+                    summary.add(path, Node("symlink", member.linkname))
                 elif member.islnk():
-                    target = clean_member_name(member.linkname, layer=name)
-                    summary.entries[path] = Node("hardlink", target)
+                    summary.add_hardlink(path, clean_member_name(member.linkname, layer=name))
                 elif member.isreg():
                     result = _file_result(tar, member, path, keep)
-                    summary.entries[path] = Node("file", result=result)
+                    summary.add(path, Node("file", result=result))
                 else:
-                    summary.entries[path] = Node("other")
+                    summary.add(path, Node("other"))
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise InputError(
             f"{name}: not a readable layer tar ({exc}); the blob is truncated or corrupt."
@@ -178,83 +306,29 @@ def _file_result(
 # ---------------------------------------------------------------- the merged view
 
 
-@dataclass
-class _Dir:
-    children: dict[str, _Entry] = field(default_factory=dict)
-
-
-@dataclass
-class _Leaf:
-    node: Node
-
-
-_Entry = _Dir | _Leaf
-
-
 class ImageTree:
-    """The final filesystem of an image, built by applying layer summaries in order."""
+    """The final filesystem of an image: layer trees stacked as overlayfs does."""
 
     def __init__(self) -> None:
         self.root = _Dir()
 
-    def _resolve_dir(self, path: str, *, create: bool) -> _Dir | None:
-        """The folder at ``path``, following symlinks inside the root (never the host)."""
-        parts = [p for p in path.split("/") if p]
-        current = self.root
-        stack: list[_Dir] = []
-        hops = 0
-        while parts:
-            part = parts.pop(0)
-            if part == "..":
-                current = stack.pop() if stack else self.root
-                continue
-            child = current.children.get(part)
-            if isinstance(child, _Leaf) and child.node.kind == "symlink":
-                hops += 1
-                if hops > _MAX_LINK_HOPS:
-                    return None  # a loop: nothing can be written through it
-                target = child.node.target
-                if target.startswith("/"):
-                    current, stack = self.root, []
-                parts = [p for p in target.split("/") if p] + parts
-                continue
-            if child is None and create:
-                child = _Dir()
-                current.children[part] = child
-            if not isinstance(child, _Dir):
-                return None
-            stack.append(current)
-            current = child
-        return current
-
     def apply(self, layer: LayerSummary) -> None:
-        for folder in layer.opaque:
-            target = self._resolve_dir(folder, create=False)
-            if target is not None:
-                target.children.clear()
-        for path in layer.whiteouts:
-            folder, base = posixpath.split(path)
-            parent = self._resolve_dir(folder, create=False)
-            if parent is not None:
-                parent.children.pop(base, None)
-        for path, node in layer.entries.items():
-            folder, base = posixpath.split(path)
-            parent = self._resolve_dir(folder, create=True)
-            if parent is None:
-                continue  # written through a symlink loop: no container could see it
-            if node.kind == "dir":
-                if not isinstance(parent.children.get(base), _Dir):
-                    parent.children[base] = _Dir()
-            elif node.kind == "hardlink":
-                parent.children[base] = _Leaf(self._link_target(node.target))
-            else:
-                parent.children[base] = _Leaf(node)
-
-    def _link_target(self, path: str) -> Node:
-        folder, base = posixpath.split(path)
-        parent = self._resolve_dir(folder, create=False)
-        entry = parent.children.get(base) if parent else None
-        return entry.node if isinstance(entry, _Leaf) else Node("other")
+        """Put ``layer`` on top (the layer's own tree is copied, never changed)."""
+        stack = [(self.root, layer.root)]
+        while stack:  # iterative: a layer may nest folders thousands deep
+            lower, upper = stack.pop()
+            if upper.opaque:
+                lower.children.clear()
+            for name, entry in upper.children.items():
+                if entry is WHITED_OUT:
+                    lower.children.pop(name, None)
+                elif isinstance(entry, _Dir):
+                    below = lower.children.get(name)
+                    if not isinstance(below, _Dir):  # a folder over a non-folder replaces it
+                        below = lower.children[name] = _Dir()
+                    stack.append((below, entry))
+                else:
+                    lower.children[name] = entry
 
     def files(self) -> Iterator[tuple[str, Node]]:
         """Every non-folder entry as (path, node), sorted by path."""
@@ -267,7 +341,7 @@ class ImageTree:
                 path = f"{prefix}{name}"
                 if isinstance(child, _Dir):
                     subfolders.append((f"{path}/", child))
-                else:
+                elif isinstance(child, _Leaf):
                     yield path, child.node
             stack.extend(reversed(subfolders))
 

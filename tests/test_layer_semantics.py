@@ -1,0 +1,162 @@
+"""Layer semantics, differential: buildmatrix's final view against a real overlay2 engine.
+
+For a generated family of small layered images (files, folders, symlinks to folders,
+to files, dangling and looping, whiteouts, opaque folders, hard links, repeated
+names), the oracle is the Docker engine with the overlay2 driver: ``docker load``,
+``docker create``, ``docker export``. Both sides must agree on which images are
+refused, and for the others on every non-folder entry of the final view: files by
+their content, symlinks by their target.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from buildmatrix.binary.scan import FileReport
+from buildmatrix.errors import InputError
+from buildmatrix.image.layers import merge, scan_layer
+from tests.images import (
+    Dir,
+    Entry,
+    Hardlink,
+    Image,
+    Layer,
+    Symlink,
+    fixture,
+    layer_tar,
+    write_docker_archive,
+)
+
+pytestmark = pytest.mark.integration
+
+SM80 = fixture("libsass_sm80.so")
+HOPPER = fixture("libhopper_a.so")
+CONTENTS = {SM80: "sm80", HOPPER: "hopper", b"text\n": "text"}
+# What docker export adds to every container.
+ENGINE_OWN = {".dockerenv", "etc/hostname", "etc/hosts", "etc/resolv.conf", "etc/mtab"}
+
+# The cases the review found, then generated ones.
+CASES: dict[str, list[Layer]] = {
+    "whiteout-under-symlinked-folder": [
+        {"usr/lib/libbad.so": SM80, "lib64": Symlink("usr/lib")},
+        {"lib64/.wh.libbad.so": b""},
+    ],
+    "opaque-under-symlinked-folder": [
+        {"usr/lib/libbad.so": SM80, "lib64": Symlink("usr/lib")},
+        {"lib64/.wh..wh..opq": b""},
+    ],
+    "file-under-lower-file": [{"opt/x": b"text\n"}, {"opt/x/lib.so": HOPPER}],
+    "file-under-lower-loop": [{"opt/a": Symlink("b"), "opt/b": Symlink("a")}, {"opt/a/l.so": SM80}],
+    "hardlink-then-replace": [[("a.so", SM80), ("b.so", Hardlink("a.so")), ("a.so", HOPPER)]],
+    "hardlink-to-lower": [{"base.so": SM80}, {"c.so": Hardlink("base.so")}],
+    "whiteout-then-file": [{"w.so": SM80}, {".wh.w.so": b"", "w.so": HOPPER}],
+    "file-then-whiteout": [{"v.so": SM80}, [("v.so", HOPPER), (".wh.v.so", b"")]],
+    "folder-twice": [[("d/", Dir()), ("d/f.so", SM80), ("d/", Dir())]],
+    "same-layer-symlinked-parent": [{"real/": Dir(), "d": Symlink("real"), "d/f.so": SM80}],
+    "symlink-over-lower-folder": [{"lowerdir/keep.so": SM80}, {"lowerdir": Symlink("x")}],
+    "folder-over-lower-symlink": [{"l": Symlink("x"), "x/a.so": SM80}, {"l/b.so": HOPPER}],
+}
+
+NAMES = ["a", "b", "d", "d/x", "d/y", "e/f"]
+LINKS = ["d", "/d", "../d", "a", "e/f", "nowhere", "d/x"]
+
+
+def _random_layer(rng: random.Random) -> list[tuple[str, Entry]]:
+    layer: list[tuple[str, Entry]] = []
+    for _ in range(rng.randint(1, 4)):
+        name = rng.choice(NAMES)
+        op = rng.choice(["file", "file", "dir", "symlink", "whiteout", "opaque", "hardlink"])
+        if op == "file":
+            layer.append((name, rng.choice([SM80, HOPPER, b"text\n"])))
+        elif op == "dir":
+            layer.append((name + "/", Dir()))
+        elif op == "symlink":
+            layer.append((name, Symlink(rng.choice(LINKS))))
+        elif op == "whiteout":
+            folder, _, base = name.rpartition("/")
+            layer.append((f"{folder}/.wh.{base}" if folder else f".wh.{base}", b""))
+        elif op == "opaque":
+            folder = name.rpartition("/")[0] or "d"
+            layer.append((f"{folder}/.wh..wh..opq", b""))
+        else:
+            layer.append((name, Hardlink(rng.choice(NAMES))))
+    return layer
+
+
+# More cases or another seed for a longer hunt: BUILDMATRIX_LAYER_CASES=500
+# BUILDMATRIX_LAYER_SEED=7 pytest tests/test_layer_semantics.py
+rng = random.Random(int(os.environ.get("BUILDMATRIX_LAYER_SEED", "20261130")))
+for i in range(int(os.environ.get("BUILDMATRIX_LAYER_CASES", "64"))):
+    CASES[f"generated-{i:02d}"] = [_random_layer(rng) for _ in range(rng.randint(1, 3))]
+
+
+def _ours(layers: list[Layer]) -> dict[str, str] | str:
+    """buildmatrix's final view: path -> content name or '-> target'; or 'refused'."""
+    try:
+        summaries = [
+            scan_layer(io.BytesIO(layer_tar(layer)), name=f"layer {i}")
+            for i, layer in enumerate(layers)
+        ]
+    except InputError:
+        return "refused"
+    view: dict[str, str] = {}
+    for path, node in merge(summaries).files():
+        if node.kind == "symlink":
+            view[path] = f"-> {node.target}"
+        elif isinstance(node.result, FileReport):
+            view[path] = {"sm_80": "sm80", "sm_90a": "hopper"}["".join(node.result.sass)]
+        else:
+            view[path] = "text"
+    return view
+
+
+def _engine(host: str, archive: Path, tag: str) -> dict[str, str] | str:
+    docker = ["docker", "-H", host]
+    loaded = subprocess.run([*docker, "load", "-i", str(archive)], capture_output=True, check=False)
+    if loaded.returncode != 0:
+        return "refused"
+    try:
+        cid = subprocess.run(
+            [*docker, "create", tag, "x"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        exported = subprocess.run([*docker, "export", cid], capture_output=True, check=True)
+        subprocess.run([*docker, "rm", cid], capture_output=True, check=True)
+    finally:
+        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
+    view: dict[str, str] = {}
+    with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as tar:
+        for member in tar:
+            name = member.name.rstrip("/")
+            if member.isdir() or name in ENGINE_OWN or name.startswith(("dev/", "proc/", "sys/")):
+                continue
+            if member.issym():
+                view[name] = f"-> {member.linkname}"
+            elif member.islnk():  # export writes files that share an inode as links
+                view[name] = view[member.linkname.rstrip("/")]
+            else:
+                data = tar.extractfile(member)
+                view[name] = CONTENTS[data.read() if data else b""]
+    return view
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_final_view_matches_the_overlay2_engine(
+    case: str, overlay2_host: str, tmp_path: Path
+) -> None:
+    layers = CASES[case]
+    archive = tmp_path / "image.tar"
+    tag = f"bmtest/semantics-{case}:v1"
+    write_docker_archive(archive, Image(layers=layers), tag=tag)
+    assert _ours(layers) == _engine(overlay2_host, archive, tag), layers
+
+
+def test_generated_cases_cover_both_outcomes(overlay2_host: str) -> None:
+    outcomes = {_ours(CASES[c]) == "refused" for c in CASES if c.startswith("generated-")}
+    assert outcomes == {True, False}
