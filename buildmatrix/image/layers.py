@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import io
 import posixpath
+import re
 import tarfile
 import tempfile
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Literal, NoReturn, cast
+from typing import IO, Literal, NoReturn, Self, cast
 
 from buildmatrix.binary.elf import is_elf
 from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES
@@ -200,6 +201,82 @@ def clean_member_name(name: str, *, layer: str) -> str:
     return path.lstrip("/")
 
 
+class TarHeaderError(Exception):
+    """A tar header two readers could read differently (kept apart from tarfile's own
+    HeaderError, which tarfile turns into a silent end of the archive)."""
+
+
+# Numeric fields of a header (POSIX ustar): mode, uid, gid, size, mtime, chksum,
+# devmajor, devminor. Go's archive/tar (Docker, containerd) trims spaces and NULs on
+# both sides and parses octal digits; Python's tarfile cuts at the first NUL and
+# accepts what int(x, 8) accepts ("+7", "1_0"). Only forms both read alike pass.
+_NUMERIC = (
+    (100, 108),
+    (108, 116),
+    (116, 124),
+    (124, 136),
+    (136, 148),
+    (148, 156),
+    (329, 337),
+    (337, 345),
+)
+_OCTAL = re.compile(rb" *[0-7]*[ \0]*")
+_USTAR, _GNU, _V7 = b"ustar\x0000", b"ustar  \x00", b"\0" * 8
+# Type flags container layers use: files, links, devices, folders, FIFOs, and the
+# PAX and GNU long-name extension headers.
+_TYPES = frozenset(b"\x0001234567xgLK")
+
+
+class StrictTarInfo(tarfile.TarInfo):
+    """tarfile's TarInfo, but every header block is first checked strictly."""
+
+    @classmethod
+    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
+        if buf and buf.count(0) != len(buf):  # empty and all-zero blocks: tarfile's ends
+            _check_header(bytes(buf))
+        return super().frombuf(buf, encoding, errors)
+
+
+def _check_header(buf: bytes) -> None:
+    if len(buf) != tarfile.BLOCKSIZE:
+        raise TarHeaderError(f"a header is truncated ({len(buf)} bytes)")
+    unsigned = sum(buf[:148]) + 8 * 32 + sum(buf[156:])
+    if _field(buf, 148, 156) not in (unsigned, _signed(buf)):
+        raise TarHeaderError("a header's checksum does not match")
+    for start, end in _NUMERIC:
+        field = buf[start:end]
+        if field[0] & 0x80 == 0 and not _OCTAL.fullmatch(field):
+            raise TarHeaderError(
+                f"a header has a numeric field (bytes {start}..{end}) of {field!r}, which "
+                "tar readers parse differently"
+            )
+    magic = buf[257:265]
+    if buf[156] not in _TYPES:
+        raise TarHeaderError(f"a header has the type flag {buf[156:157]!r}, not one of a layer")
+    if magic == _USTAR:
+        if buf[508:512] == b"tar\0" and 0 not in buf[345:476]:
+            raise TarHeaderError("a header is ambiguous between the ustar and star formats")
+    elif magic in (_GNU, _V7):
+        # Neither format has a prefix field; Python's tarfile would still read one.
+        if any(buf[345:500]):
+            raise TarHeaderError("a header without a ustar prefix field has bytes in it")
+        if magic == _V7 and any(buf[257:345]):
+            raise TarHeaderError("a V7 header has bytes after its link name")
+    else:
+        raise TarHeaderError(f"a header has the unknown magic {magic!r}")
+
+
+def _field(buf: bytes, start: int, end: int) -> int:
+    digits = buf[start:end].strip(b" \0")
+    return int(digits, 8) if digits else 0
+
+
+def _signed(buf: bytes) -> int:
+    """The checksum as some old tars compute it, over signed bytes."""
+    signed = [b - 256 if b > 127 else b for b in buf]
+    return sum(signed[:148]) + 8 * 32 + sum(signed[156:])
+
+
 def _might_hold_code(head: bytes, path: str) -> bool:
     return is_elf(head) or head[:4] == FATBIN_MAGIC_BYTES or path.endswith(".ptx")
 
@@ -243,13 +320,26 @@ def open_tar_stream(stream: IO[bytes], *, name: str) -> tarfile.TarFile:
         from isal import igzip
 
         gunzipped = igzip.IGzipFile(fileobj=buffered, mode="rb")  # type: ignore[no-untyped-call]
-        return tarfile.open(fileobj=gunzipped, mode="r|", bufsize=TAR_BUFSIZE)
+        return _open(cast(IO[bytes], gunzipped))
     if magic == b"\x28\xb5\x2f\xfd":
         import zstandard
 
         reader = zstandard.ZstdDecompressor().stream_reader(buffered, read_size=_CHUNK)
-        return tarfile.open(fileobj=reader, mode="r|", bufsize=TAR_BUFSIZE)
-    return tarfile.open(fileobj=buffered, mode="r|", bufsize=TAR_BUFSIZE)
+        return _open(reader)
+    return _open(buffered)
+
+
+def _open(stream: IO[bytes]) -> tarfile.TarFile:
+    return tarfile.open(fileobj=stream, mode="r|", bufsize=TAR_BUFSIZE, tarinfo=StrictTarInfo)
+
+
+def _check_end(tar: tarfile.TarFile) -> None:
+    """After the first zero block, Go's reader wants a second one (or the end of the
+    stream); Python's stops at the first. A header there would be read by neither
+    the same way, so anything but zeros is refused."""
+    rest = tar.fileobj.read(tarfile.BLOCKSIZE) if tar.fileobj is not None else b""
+    if rest and (len(rest) != tarfile.BLOCKSIZE or any(rest)):
+        raise TarHeaderError("data follows a single end-of-archive block")
 
 
 def scan_layer(stream: IO[bytes], *, name: str, keep: Path | None = None) -> LayerSummary:
@@ -282,6 +372,13 @@ def scan_layer(stream: IO[bytes], *, name: str, keep: Path | None = None) -> Lay
                     summary.add(path, Node("file", result=result))
                 else:
                     summary.add(path, Node("other"))
+            _check_end(tar)
+    except TarHeaderError as exc:
+        raise InputError(
+            f"{name}: {exc}; tar readers (Python's, and Go's that Docker and containerd "
+            "use) would not read this layer alike, so the image is refused. Nothing was "
+            "checked."
+        ) from None
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise InputError(
             f"{name}: not a readable layer tar ({exc}); the blob is truncated or corrupt."

@@ -1,0 +1,145 @@
+"""Layer tar headers that Python's tarfile and Go's archive/tar (Docker, containerd) would
+read differently are refused; ordinary tars from every writer still read.
+
+Each case takes a real tar (Python's tarfile writes it), changes one thing in one
+header block, and recomputes the checksum where the case is not about the checksum.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Callable
+
+import pytest
+
+from buildmatrix.errors import InputError
+from buildmatrix.image.layers import merge, scan_layer
+from tests.images import fixture
+
+SM80 = fixture("libsass_sm80.so")
+HOPPER = fixture("libhopper_a.so")
+
+
+def _tar(fmt: int = tarfile.USTAR_FORMAT) -> bytearray:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for name, data in (("usr/lib/libok.so", HOPPER), ("usr/lib/libbad.so", SM80)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o755
+            tar.addfile(info, io.BytesIO(data))
+    return bytearray(buf.getvalue())
+
+
+def _header(raw: bytearray, n: int) -> int:
+    """Offset of the n-th member's header block."""
+    pos = 0
+    for _ in range(n):
+        size = int(raw[pos + 124 : pos + 136].strip(b" \0") or b"0", 8)
+        pos += 512 + (size + 511) // 512 * 512
+    return pos
+
+
+def _fix_checksum(raw: bytearray, at: int) -> None:
+    raw[at + 148 : at + 156] = b" " * 8
+    raw[at + 148 : at + 156] = b"%06o\0 " % sum(raw[at : at + 512])
+
+
+def _read(raw: bytes) -> dict[str, list[str]]:
+    summary = scan_layer(io.BytesIO(raw), name="layer")
+    return {
+        path: node.result.sass  # type: ignore[union-attr]
+        for path, node in merge([summary]).files()
+    }
+
+
+def test_an_ordinary_tar_reads() -> None:
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        assert _read(bytes(_tar(fmt))) == {
+            "usr/lib/libbad.so": ["sm_80"],
+            "usr/lib/libok.so": ["sm_90a"],
+        }
+
+
+def _size_with_leading_nul(raw: bytearray, at: int) -> None:
+    size = int(raw[at + 124 : at + 136].strip(b" \0"), 8)
+    raw[at + 124 : at + 136] = b"\0" + b"%010o" % size + b"\0"  # Go: size; Python: 0
+    _fix_checksum(raw, at)
+
+
+def _v7_with_prefix(raw: bytearray, at: int) -> None:
+    raw[at + 257 : at + 265] = b"\0" * 8  # no magic: V7, which has no prefix field
+    raw[at + 345 : at + 349] = b"opt\0"  # Python would still read it as a prefix
+    _fix_checksum(raw, at)
+
+
+def _bad_checksum(raw: bytearray, at: int) -> None:
+    raw[at + 148 : at + 156] = b"0000000\0"
+
+
+def _python_only_octal(raw: bytearray, at: int) -> None:
+    raw[at + 100 : at + 108] = b"+000755\0"  # int("+000755", 8) works; Go refuses
+    _fix_checksum(raw, at)
+
+
+def _underscore_octal(raw: bytearray, at: int) -> None:
+    raw[at + 136 : at + 148] = b"0000000_000\0"
+    _fix_checksum(raw, at)
+
+
+def _unknown_type(raw: bytearray, at: int) -> None:
+    raw[at + 156 : at + 157] = b"S"  # GNU sparse: never written into image layers
+    _fix_checksum(raw, at)
+
+
+def _unknown_magic(raw: bytearray, at: int) -> None:
+    raw[at + 257 : at + 265] = b"ustar\0XY"
+    _fix_checksum(raw, at)
+
+
+def _star_ambiguity(raw: bytearray, at: int) -> None:
+    raw[at + 345 : at + 476] = b"p" * 131  # a prefix with no NUL, and the star trailer
+    raw[at + 508 : at + 512] = b"tar\0"
+    _fix_checksum(raw, at)
+
+
+def _truncated_in_a_header(raw: bytearray, at: int) -> None:
+    del raw[at + 300 :]
+
+
+def _zero_block_then_more(raw: bytearray, at: int) -> None:
+    raw[at:at] = b"\0" * 512  # Python stops at it; Go wants a second zero block
+
+
+CASES: dict[str, tuple[Callable[[bytearray, int], None], str]] = {
+    "size field with a leading NUL": (_size_with_leading_nul, "numeric field (bytes 124..136)"),
+    "V7 header with a prefix": (_v7_with_prefix, "has bytes in it"),
+    "bad checksum": (_bad_checksum, "checksum does not match"),
+    "octal with a sign": (_python_only_octal, "numeric field (bytes 100..108)"),
+    "octal with an underscore": (_underscore_octal, "numeric field (bytes 136..148)"),
+    "sparse type": (_unknown_type, "type flag b'S'"),
+    "unknown magic": (_unknown_magic, "unknown magic"),
+    "ustar/star ambiguity": (_star_ambiguity, "ustar and star"),
+    "truncated header": (_truncated_in_a_header, "truncated"),
+    "zero block then entries": (_zero_block_then_more, "follows a single end-of-archive block"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_headers_read_differently_are_refused_mid_layer(case: str) -> None:
+    """The second member is changed: the first has been read, so a reader that stops
+    quietly would have missed the library that fails."""
+    mutate, message = CASES[case]
+    raw = _tar()
+    mutate(raw, _header(raw, 1))
+    with pytest.raises(InputError) as err:
+        _read(bytes(raw))
+    assert message in str(err.value)
+    assert "the image is refused" in str(err.value) or "truncated or corrupt" in str(err.value)
+
+
+def test_a_tar_without_end_marker_still_reads() -> None:
+    """Go's reader and Python's both accept a stream that ends at a header boundary."""
+    raw = _tar()
+    end = _header(raw, 2)
+    assert len(_read(bytes(raw[:end]))) == 2
