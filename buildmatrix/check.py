@@ -119,6 +119,14 @@ def _label_families(label: str | None) -> list[str]:
     return [x.strip() for x in (label or "").split(",") if x.strip()]
 
 
+def validate_targets(profiles: ProfileSet, opts: Options) -> None:
+    """Check --family and --sm against the profiles before any image is read."""
+    for name in opts.families:
+        profiles.family(name)
+    for text in opts.sms:
+        profiles.get(f"sm_{parse_sm(text).cc.number}")
+
+
 def resolve_targets(
     profiles: ProfileSet, image: ScannedImage, opts: Options
 ) -> tuple[list[Target], dict[str, str | None], list[str]]:
@@ -202,6 +210,10 @@ def run_check(
     targets, declared, claims = resolve_targets(profiles, image, opts)
     files = [f for f in image.files if not _ignored(f.path, opts.ignore)]
     ignored = [f.path for f in image.files if _ignored(f.path, opts.ignore)]
+    # A problem line starts with its path ("PATH: why" or "PATH (section …): why").
+    unreadable = [
+        p for p in image.problems if not _ignored(re.split(r":? ", p, maxsplit=1)[0], opts.ignore)
+    ]
     driver = opts.driver or (opts.snapshot.driver if opts.snapshot else None)
     runtime = cuda_runtime(image)
     problems: list[str] = list(claims)
@@ -212,7 +224,7 @@ def run_check(
                 target,
                 files,
                 allow_empty=opts.allow_empty,
-                unreadable=image.problems,
+                unreadable=unreadable,
                 driver=driver,
                 runtime=runtime,
                 facts=facts,

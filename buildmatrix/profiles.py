@@ -168,9 +168,23 @@ class ProfileSet:
                 return p
         known = [p.sm for p in self.profiles]
         raise InputError(
-            f"no arch profile for '{sm}' in {self.directory}.{did_you_mean(sm, known)} "
-            f"Known SMs: {', '.join(known)}. Add {sm}.yaml there to support it."
+            f"no arch profile for '{sm}' in {self.directory}.{self._nearest(sm, known)} "
+            f"Known SMs: {', '.join(known)}. Add {sm}.yaml to a profiles folder and pass "
+            "--profiles DIR to support it (docs/profiles.md)."
         )
+
+    def _nearest(self, sm: str, known: list[str]) -> str:
+        """The hint for an unknown SM: the nearest older SM of its major, where the
+        name is an SM at all (sm_101 -> sm_100, not the closest spelling sm_120)."""
+        number = sm.removeprefix("sm_")
+        if number.isdigit():
+            cc = ComputeCapability.from_number(int(number))
+            same = [p for p in self.profiles if p.cc.major == cc.major and p.cc <= cc]
+            if same:
+                return (
+                    f" The nearest older one of its major is '{max(same, key=lambda p: p.cc).sm}'."
+                )
+        return did_you_mean(sm, known)
 
     def by_cc(self, cc: ComputeCapability) -> Profile | None:
         return next((p for p in self.profiles if p.cc == cc), None)

@@ -115,7 +115,9 @@ def inspect_file(path: Path, *, display: str | None = None) -> FileReport | None
     """Open and inspect one file; a missing or unreadable file is an input error."""
     shown = display if display is not None else str(path)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever; the
+        # file is refused below as not regular, and reads of regular files ignore it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise InputError(f"{shown}: cannot open: {exc.strerror}.") from None
     try:

@@ -123,7 +123,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     engine if it has it, else the registry). Without --family/--sm the image's
     io.buildmatrix.family label sets the targets. Exit 0 pass, 1 fail.
     """
-    from buildmatrix.check import Options, run_check
+    from buildmatrix.check import Options, run_check, validate_targets
     from buildmatrix.cuda import load_cuda_facts, parse_driver_version
     from buildmatrix.image.open import scan_image
     from buildmatrix.node.snapshot import load_snapshot
@@ -131,6 +131,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     profiles = load(profiles_dir)
     drv = parse_driver_version(driver, what="--driver") if driver else None
     snap = load_snapshot(snapshot) if snapshot else None
+    validate_targets(profiles, Options(families=families, sms=sms))  # before any I/O
     progress = ByteProgress()
     try:
         image = scan_image(ref, platform=platform, progress=progress)

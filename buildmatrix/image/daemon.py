@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
+from buildmatrix import schema
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.layers import TAR_BUFSIZE, LayerSummary, scan_layer
 from buildmatrix.image.model import (
@@ -91,9 +92,9 @@ def scan_daemon_image(
         ) from None
     try:
         manifest = json.loads(documents["manifest.json"])
-        layer_names = manifest[0]["Layers"]
-        layers = [summaries[name] for name in layer_names]
-    except (KeyError, IndexError, ValueError) as exc:
+        schema.validate(manifest, "docker-archive-manifest", source=f"{ref.given} manifest.json")
+        layers = [summaries[name] for name in manifest[0]["Layers"]]
+    except (KeyError, ValueError) as exc:
         raise InputError(
             f"'{ref.given}': the engine's save stream has no usable manifest ({exc})."
         ) from None

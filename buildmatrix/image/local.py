@@ -15,12 +15,15 @@ from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_
 from buildmatrix.errors import InputError
 from buildmatrix.image.model import (
     DEFAULT_PLATFORM,
-    INDEX_TYPES,
+    MAX_JSON,
     ImageConfig,
     LayerBlob,
     Progress,
     ScannedImage,
+    check_manifest,
     finish,
+    is_index,
+    problem_line,
     read_json_blob,
     scan_blobs,
     select_platform,
@@ -64,6 +67,7 @@ def scan_oci_layout(
     name = f"oci:{layout}"
     with (layout / "index.json").open("rb") as f:
         index = read_json_blob(f, name=f"{layout}/index.json", digest=None)
+    check_manifest(index, name=f"{layout}/index.json")
     manifests = index.get("manifests") or []
     if ref.tag:
         chosen = [m for m in manifests if (m.get("annotations") or {}).get(REF_NAME) == ref.tag]
@@ -77,13 +81,15 @@ def scan_oci_layout(
             f"{', '.join(tags) or '(untagged)'} as oci:{layout}:TAG."
         )
     desc = chosen[0]
-    doc = _json_blob(layout, desc, name=name)
-    while doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
+    doc = check_manifest(_json_blob(layout, desc, name=name), name=name)
+    while is_index(doc):
         desc = select_platform(doc.get("manifests") or [], platform, name=name)
-        doc = _json_blob(layout, desc, name=name)
+        doc = check_manifest(_json_blob(layout, desc, name=name), name=name)
     config_desc = doc.get("config") or {}
     config = ImageConfig.from_json(
-        _json_blob(layout, config_desc, name=name), image_id=config_desc.get("digest")
+        _json_blob(layout, config_desc, name=name),
+        image_id=config_desc.get("digest"),
+        source=f"{name} image config",
     )
     blobs = []
     for i, layer in enumerate(doc.get("layers") or []):
@@ -102,15 +108,17 @@ def scan_oci_layout(
 
 @contextmanager
 def _member(archive: Path, member: str) -> Iterator[IO[bytes]]:
+    """A regular file of the archive; links are not followed (a loop would recurse)."""
     with tarfile.open(archive, mode="r:") as tar:
         try:
-            data = tar.extractfile(member)
+            info = tar.getmember(member)
         except KeyError:
             raise InputError(
                 f"{archive}: manifest names '{member}', which is not in the archive."
             ) from None
+        data = tar.extractfile(info) if info.isreg() else None
         if data is None:
-            raise InputError(f"{archive}: '{member}' is not a file.")
+            raise InputError(f"{archive}: '{member}' is not a regular file in the archive.")
         yield data
 
 
@@ -123,19 +131,30 @@ def scan_docker_archive(
         raise InputError(f"'{ref.given}': {archive} is not a file.")
     try:
         with _member(archive, "manifest.json") as f:
-            manifest = json.loads(f.read())
+            data = f.read(MAX_JSON + 1)
+        if len(data) > MAX_JSON:
+            raise InputError(f"'{ref.given}': manifest.json is over {MAX_JSON >> 20} MiB.")
+        manifest = json.loads(data)
     except (tarfile.TarError, OSError) as exc:
         raise InputError(f"'{ref.given}': not a docker-archive tar ({exc}).") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"'{ref.given}': manifest.json is not valid JSON ({exc}).") from None
-    if not isinstance(manifest, list) or len(manifest) != 1:
-        count = len(manifest) if isinstance(manifest, list) else "?"
-        raise InputError(f"'{ref.given}': expected one image in manifest.json, found {count}.")
+    except UnicodeDecodeError:
+        raise InputError(f"'{ref.given}': manifest.json is not UTF-8 JSON.") from None
+    if isinstance(manifest, list) and len(manifest) != 1:
+        raise InputError(
+            f"'{ref.given}': expected one image in manifest.json, found {len(manifest)}."
+        )
+    from buildmatrix import schema
+
+    schema.validate(manifest, "docker-archive-manifest", source=f"{archive}:manifest.json")
     entry = manifest[0]
     with _member(archive, entry["Config"]) as f:
         config_doc = read_json_blob(f, name=f"{archive}:{entry['Config']}", digest=None)
     image_id = "sha256:" + Path(entry["Config"]).name.removesuffix(".json")
-    config = ImageConfig.from_json(config_doc, image_id=image_id)
+    config = ImageConfig.from_json(
+        config_doc, image_id=image_id, source=f"{archive}:{entry['Config']}"
+    )
     blobs = [
         LayerBlob(name=f"{archive}:{member}", open=partial(_member, archive, member))
         for member in entry.get("Layers") or []
@@ -157,7 +176,7 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     if path.is_dir():
         for result in scan_tree(path):
             if isinstance(result, ScanProblem):
-                problems.append(f"{result.path}: {result.message}")
+                problems.append(problem_line(result.path, result.message))
             else:
                 stored = str(path / result.path) if keep else None
                 files.append(replace(result, stored=stored))

@@ -35,8 +35,14 @@ class ImageConfig:
     image_id: str | None = None
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any], *, image_id: str | None = None) -> ImageConfig:
-        """From an image config blob (``{"config": {"Labels":…, "Env":[…]}}``)."""
+    def from_json(
+        cls, doc: dict[str, Any], *, image_id: str | None = None, source: str = "image config"
+    ) -> ImageConfig:
+        """From an image config blob (``{"config": {"Labels":…, "Env":[…]}}``); a field of
+        the wrong type is an input error naming it (schema image-config)."""
+        from buildmatrix import schema
+
+        schema.validate(doc, "image-config", source=source)
         cfg = doc.get("config") or doc.get("Config") or {}
         labels = {str(k): str(v) for k, v in (cfg.get("Labels") or {}).items()}
         env = {}
@@ -118,6 +124,20 @@ class VerifyingReader(io.RawIOBase):
             )
 
 
+def is_index(doc: dict[str, Any]) -> bool:
+    return doc.get("mediaType") in INDEX_TYPES or "manifests" in doc
+
+
+def check_manifest(doc: dict[str, Any], *, name: str) -> dict[str, Any]:
+    """An index or manifest whose descriptors buildmatrix reads must have their
+    fields' types (schemas image-index, image-manifest); else an input error naming
+    the document and key."""
+    from buildmatrix import schema
+
+    schema.validate(doc, "image-index" if is_index(doc) else "image-manifest", source=name)
+    return doc
+
+
 def read_json_blob(stream: IO[bytes], *, name: str, digest: str | None) -> dict[str, Any]:
     """Read a small JSON blob, verify its digest, and parse it."""
     data = stream.read(MAX_JSON + 1)
@@ -171,7 +191,7 @@ def finish(
         if isinstance(result, FileReport):
             files.append(_at(result, path))
         elif isinstance(result, ScanProblem):
-            problems.append(f"{path}: {result.message}")
+            problems.append(problem_line(path, result.message))
     return ScannedImage(
         ref=ref,
         digest=digest,
@@ -181,6 +201,11 @@ def finish(
         paths=paths,
         layers=len(layers),
     )
+
+
+def problem_line(path: str, message: str) -> str:
+    """``PATH: why``; reader messages already start with the path where it is the same."""
+    return message if message.startswith(path) else f"{path}: {message}"
 
 
 def _at(report: FileReport, path: str) -> FileReport:

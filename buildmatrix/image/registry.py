@@ -28,7 +28,9 @@ from buildmatrix.image.model import (
     LayerBlob,
     Progress,
     ScannedImage,
+    check_manifest,
     finish,
+    is_index,
     read_json_blob,
     scan_blobs,
     select_platform,
@@ -180,7 +182,9 @@ def scan_registry(
 ) -> ScannedImage:
     client = RegistryClient(ref)
     doc, digest = client.manifest(ref.reference, digest=ref.digest or None)
-    while doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
+    where = f"{ref.host}/{ref.repository} manifest"
+    while is_index(doc):
+        check_manifest(doc, name=where)
         desc = select_platform(doc.get("manifests") or [], platform, name=ref.given)
         doc, digest = client.manifest(str(desc["digest"]), digest=str(desc["digest"]))
     if doc.get("schemaVersion") != 2 or "layers" not in doc:
@@ -188,8 +192,13 @@ def scan_registry(
             f"'{ref.given}': unsupported manifest (schema {doc.get('schemaVersion')}, "
             f"media type {doc.get('mediaType')}); only OCI and Docker v2 images."
         )
+    check_manifest(doc, name=where)
     config_digest = str((doc.get("config") or {}).get("digest", ""))
-    config = ImageConfig.from_json(client.json_blob(config_digest), image_id=config_digest)
+    config = ImageConfig.from_json(
+        client.json_blob(config_digest),
+        image_id=config_digest,
+        source=f"{ref.host}/{ref.repository} image config",
+    )
     blobs = [
         LayerBlob(
             name=f"{ref.host}/{ref.repository} layer {i} ({layer['digest'][:19]})",

@@ -1,0 +1,111 @@
+"""Malformed and hostile input: exit 2 with the file and field named, never a traceback,
+never a hang, never a pass."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.binaries import container, elf_with_section, entry
+from tests.conftest import CliRunner
+from tests.images import Image, fixture, write_oci_layout
+
+
+def _archive(path: Path, manifest: object, config: bytes = b'{"config": {}}') -> str:
+    with tarfile.open(path, "w") as tar:
+        for name, data in (("manifest.json", json.dumps(manifest).encode()), ("c.json", config)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return f"docker-archive:{path}"
+
+
+@pytest.mark.parametrize(
+    ("manifest", "config", "message"),
+    [
+        (["x"], b"{}", "manifest.json: key '[0]': expected object"),
+        ([{"Layers": []}], b"{}", "'Config' is a required property"),
+        ([{"Config": 5, "Layers": []}], b"{}", "key '[0].Config': expected string"),
+        ([{"Config": "c.json", "Layers": [5]}], b"{}", "key '[0].Layers[0]': expected string"),
+        ([{"Config": "c.json", "Layers": "abc"}], b"{}", "key '[0].Layers': expected array"),
+        ([{"Config": "c.json", "Layers": []}], b'{"config": "x"}', "c.json: key 'config'"),
+        (
+            [{"Config": "c.json", "Layers": []}],
+            b'{"config": {"Labels": ["a"]}}',
+            "key 'config.Labels'",
+        ),
+        ([{"Config": "c.json", "Layers": []}], b'{"config": {"Env": 5}}', "key 'config.Env'"),
+        ([{"Config": "c.json", "Layers": []}], b"[1]", "expected a JSON object"),
+        ({"not": "a list"}, b"{}", "manifest.json: top level: expected array"),
+    ],
+)
+def test_malformed_archive_documents(
+    cli: CliRunner, tmp_path: Path, manifest: object, config: bytes, message: str
+) -> None:
+    result = cli("check", _archive(tmp_path / "a.tar", manifest, config), "--sm", "9.0")
+    assert result.code == 2
+    assert message in result.err
+
+
+def test_archive_member_that_is_a_link_is_refused(cli: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "loop.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, target in (("manifest.json", "m2"), ("m2", "manifest.json")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    result = cli("check", f"docker-archive:{path}", "--sm", "9.0")
+    assert result.code == 2
+    assert "'manifest.json' is not a regular file in the archive" in result.err
+
+
+def test_oci_descriptor_without_digest(cli: CliRunner, tmp_path: Path) -> None:
+    layout = tmp_path / "layout"
+    write_oci_layout(layout, Image(layers=[{"usr/lib/a.so": fixture("libsass_sm80.so")}]))
+    index = json.loads((layout / "index.json").read_text())
+    del index["manifests"][0]["digest"]
+    (layout / "index.json").write_text(json.dumps(index))
+    result = cli("check", f"oci:{layout}", "--sm", "8.0")
+    assert result.code == 2
+    assert "index.json: key 'manifests[0]': 'digest' is a required property" in result.err
+
+
+def test_a_fifo_is_refused_not_waited_on(cli: CliRunner, tmp_path: Path) -> None:
+    fifo = tmp_path / "kernels.so"
+    os.mkfifo(fifo)
+    for args in (("inspect", str(fifo)), ("check", str(fifo), "--sm", "9.0")):
+        result = cli(*args)
+        assert result.code == 2
+        assert "not a regular file" in result.err
+
+
+def test_targets_are_checked_before_any_io(cli: CliRunner) -> None:
+    """An unreachable registry would be exit 3; the bad --sm is found first (exit 2)."""
+    result = cli("check", "docker://127.0.0.1:1/team/x:1", "--sm", "10.1")
+    assert result.code == 2
+    assert "The nearest older one of its major is 'sm_100'" in result.err
+    result = cli("check", "docker://127.0.0.1:1/team/x:1", "--family", "hoper")
+    assert result.code == 2
+    assert "Did you mean 'hopper'" in result.err
+
+
+def test_ignore_covers_unreadable_files_and_lines_name_the_path_once(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    (root / "opt").mkdir(parents=True)
+    (root / "opt" / "broken.so").write_bytes(
+        elf_with_section(".nv_fatbin", container(entry(header_size=0)))
+    )
+    (root / "opt" / "good.so").write_bytes(fixture("libsass_ptx.so"))
+    failed = cli("check", f"dir:{root}", "--sm", "9.0", "--json")
+    assert failed.code == 1
+    problem = next(p for p in failed.json()["problems"] if "broken.so" in p)
+    assert problem.count("opt/broken.so") == 1, problem
+    passed = cli("check", f"dir:{root}", "--sm", "9.0", "--ignore", "opt/broken.so")
+    assert passed.code == 0, passed.out
