@@ -16,7 +16,7 @@ from packaging.version import Version
 
 from buildmatrix.arch import ComputeCapability, parse_sm
 from buildmatrix.binary.scan import FileReport
-from buildmatrix.compat import Verdict, check_driver, combine, driver_floors, judge_codes
+from buildmatrix.compat import Verdict, check_driver, combine, driver_floors, judge_units
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
 from buildmatrix.image.model import ScannedImage
@@ -47,6 +47,7 @@ class TargetResult:
     code_failures: tuple[str, ...] = ()
     jit_files: tuple[str, ...] = ()
     driver_failures: tuple[str, ...] = ()
+    specialised: tuple[str, ...] = ()  # containers left out of the verdict (judge_units)
 
     @property
     def sm(self) -> str:
@@ -60,6 +61,7 @@ class TargetResult:
             "verdict": self.verdict.value,
             "driver_ok": self.driver_ok,
             "reasons": list(self.reasons),
+            "specialised": list(self.specialised),
         }
 
 
@@ -72,6 +74,7 @@ class Options:
     require_sass: bool = False
     ignore: Sequence[str] = ()
     allow_empty: bool = False
+    strict: bool = False  # every fatbinary container counts, specialised ones too
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +231,7 @@ def run_check(
                 driver=driver,
                 runtime=runtime,
                 facts=facts,
+                strict=opts.strict,
             )
         )
     for r in results:
@@ -271,13 +275,16 @@ def _judge_target(
     driver: DriverVersion | None,
     runtime: tuple[Version, str] | None,
     facts: CudaFacts,
+    strict: bool,
 ) -> TargetResult:
     verdicts: list[Verdict] = []
     failures: list[str] = []
     jit: list[str] = []
+    specialised: list[str] = []
     for f in files:
-        j = judge_codes(f.code_targets(), target.cc, driver=driver, facts=facts)
+        j = judge_units(f.units(), target.cc, driver=driver, facts=facts, strict=strict)
         verdicts.append(j.verdict)
+        specialised.extend(f"{f.path}: {s}" for s in j.specialised)
         if j.verdict is Verdict.NONE:
             failures.append(f"{f.path}: " + "; ".join(j.reasons))
         elif j.verdict is Verdict.JIT:
@@ -316,4 +323,5 @@ def _judge_target(
         code_failures=tuple(failures),
         jit_files=tuple(jit),
         driver_failures=driver_failures,
+        specialised=tuple(specialised),
     )

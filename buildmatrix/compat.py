@@ -10,7 +10,8 @@ Compatibility guide, "Minor Version Compatibility" (PTX JIT is not covered by it
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -200,6 +201,91 @@ def judge_codes(
     else:
         reasons = next(j.reasons for j in judgements if j.verdict is verdict)
     return Judgement(verdict=verdict, reasons=reasons)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unit:
+    """One translation unit's loadable code (a fatbinary container) and the kernels
+    its cubins name, where they can be read (uncompressed cubins)."""
+
+    codes: tuple[CodeTarget, ...]
+    kernels: tuple[str, ...] = ()
+    index: int = 0  # the container's place in the file
+
+    def describe(self) -> str:
+        archs = ", ".join(sorted({str(c.arch) for c in self.codes}))
+        if not self.kernels:
+            return archs
+        more = f" and {len(self.kernels) - 3} more" if len(self.kernels) > 3 else ""
+        return f"{archs}; kernels {', '.join(self.kernels[:3])}{more}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileJudgement:
+    verdict: Verdict
+    reasons: tuple[str, ...]
+    specialised: tuple[str, ...] = ()  # containers left out of the verdict, and why
+
+
+def judge_units(
+    units: Sequence[Unit],
+    cc: ComputeCapability,
+    *,
+    driver: DriverVersion | None,
+    facts: CudaFacts,
+    strict: bool = False,
+) -> FileJudgement:
+    """Verdict for one file of several fatbinary containers (translation units).
+
+    Each container is loaded as its own module, so each must run: a file whose
+    second translation unit has only sm_80 code fails on 9.0 even when the first has
+    sm_90. Libraries also carry specialised containers that are launched only after
+    a capability check (torch's sm_90a, sm_100a/sm_103f, sm_120a kernels): the file's
+    common set is its most frequent container target set (several tied: their
+    union); a container without code for the GPU fails the file when all its targets
+    lie within the common set (a short translation unit), and is reported as a
+    specialisation when it has targets outside it. ``strict`` counts every container.
+    """
+    if not units:
+        return FileJudgement(verdict=Verdict.NONE, reasons=("no device code",))
+    sets = [frozenset(str(c.arch) for c in u.codes) for u in units]
+    counts = Counter(sets)
+    top = max(counts.values())
+    common = frozenset().union(*(s for s, n in counts.items() if n == top))
+    judged: list[tuple[int, Judgement]] = []
+    specialised: list[str] = []
+    for i, unit in enumerate(units):
+        j = judge_codes(unit.codes, cc, driver=driver, facts=facts)
+        if j.verdict is Verdict.NONE and not strict and not sets[i] <= common:
+            specialised.append(
+                f"container {unit.index} ({unit.describe()}) is specialised code with nothing for "
+                f"{cc}, left out of the verdict (--strict counts it)"
+            )
+            continue
+        judged.append((i, j))
+    if not judged:  # only specialisations: none of them runs here
+        return FileJudgement(
+            verdict=Verdict.NONE,
+            reasons=tuple(f"container {u.index}: no code for {cc}" for u in units),
+            specialised=tuple(specialised),
+        )
+    verdict = combine(j.verdict for _, j in judged)
+    single = len(units) == 1
+
+    def why(i: int, j: Judgement) -> list[str]:
+        unit = units[i]
+        where = "" if single else f"container {unit.index} ({unit.describe()}): "
+        return [f"{where}{r}" for r in j.reasons]
+
+    if verdict is Verdict.NATIVE:
+        reasons = why(*judged[0])
+    else:
+        reasons = [r for i, j in judged if j.verdict is verdict for r in why(i, j)]
+    return FileJudgement(
+        verdict=verdict,
+        reasons=tuple(dict.fromkeys(reasons)),
+        specialised=tuple(specialised),
+    )
 
 
 def combine(verdicts: Iterable[Verdict]) -> Verdict:

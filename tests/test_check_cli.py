@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CliRunner
+from tests.fixtures.build import BIN
 from tests.images import Image, fixture, write_docker_archive
 
 HOPPER_IMAGE = Image(
@@ -102,3 +103,14 @@ def test_not_a_docker_archive(cli: CliRunner, tmp_path: Path) -> None:
     result = cli("check", f"docker-archive:{junk}", "--family", "hopper")
     assert result.code == 2
     assert "manifest.json" in result.err
+
+
+def test_a_translation_unit_without_code_fails_the_library(cli: CliRunner) -> None:
+    """libtwo.so: kernels.cu built for sm_80 + sm_90, second.cu (kernel kb) for sm_80
+    only, and the link step's stub container (sm_75, no kernel), which is left out."""
+    lib = str(BIN / "libtwo.so")
+    failed = cli("check", lib, "--sm", "9.0")
+    assert failed.code == 1
+    assert "container 2 (sm_80; kernels _Z2kbPfPKfi): sm_80 SASS runs only" in failed.out
+    assert cli("check", lib, "--sm", "8.0").code == 0
+    assert cli("check", lib, "--sm", "8.6", "--strict").code == 0  # the stub has no kernel

@@ -18,6 +18,9 @@ ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190  # e_machine of a CUDA cubin (ELF specification, machine numbers)
 SHT_NOBITS = 8
 SHN_XINDEX = 0xFFFF
+# Linkers emit a few dozen sections, -ffunction-sections objects up to some 100,000;
+# a claim far beyond that is a crafted header (it would drive a huge table read).
+MAX_SECTIONS = 1 << 20
 
 # e_type, e_machine, e_version, e_entry, e_phoff, e_shoff, e_flags, e_ehsize,
 # e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx
@@ -88,6 +91,10 @@ def read_elf(src: ByteSource) -> ElfInfo:
         first = shdr.unpack(read_exact(src, shoff, shdr.size, what="ELF section header 0"))
         shnum = shnum or first[5]
         shstrndx = first[6] if shstrndx == SHN_XINDEX else shstrndx
+    if shnum > MAX_SECTIONS:
+        raise CorruptBinary(
+            f"{src.name}: claims {shnum} ELF sections; no real binary has over {MAX_SECTIONS}."
+        )
     table = read_exact(src, shoff, shnum * shentsize, what="ELF section header table")
     raw = [shdr.unpack_from(table, i * shentsize) for i in range(shnum)]
     if shstrndx >= shnum:

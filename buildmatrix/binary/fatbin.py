@@ -24,7 +24,7 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
-from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
+from buildmatrix.binary.source import ByteSource, CorruptBinary, SliceSource, read_exact
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
@@ -62,6 +62,11 @@ class FatbinEntry:
     compressed: bool
     size: int
     offset: int
+    # Which fatbinary container (one translation unit) of the file holds the entry.
+    container: int = 0
+    # Kernel names of an uncompressed SASS cubin (its .text.NAME sections); None where
+    # they cannot be read without decompressing (compressed cubins) or for PTX.
+    kernels: tuple[str, ...] | None = None
 
     @property
     def arch_name(self) -> str:
@@ -76,6 +81,7 @@ class FatbinEntry:
             doc["ptx_isa"] = f"{self.ptx_isa.major}.{self.ptx_isa.minor}"
         doc["compressed"] = self.compressed
         doc["size"] = self.size
+        doc["container"] = self.container
         return doc
 
 
@@ -110,6 +116,21 @@ def _skip_zeros(src: ByteSource, pos: int, end: int) -> int:
         pos += len(chunk)
         chunk_size = min(chunk_size * 4, _PAD_CHUNK)
     return end
+
+
+def _kernels(src: ByteSource, offset: int, size: int, name: str) -> tuple[str, ...] | None:
+    """The kernels an embedded cubin defines: nvcc puts each in a ``.text.NAME`` section
+    (read in place; a device-link stub has none). None when it is not a readable ELF."""
+    from buildmatrix.binary.elf import is_elf, read_elf
+
+    cubin = SliceSource(src, offset, size, name=f"{name} cubin at {offset:#x}")
+    try:
+        if not is_elf(cubin.read_at(0, 16)):
+            return None
+        sections = read_elf(cubin).sections
+    except CorruptBinary:
+        return None
+    return tuple(s.name[6:] for s in sections if s.name.startswith(".text."))
 
 
 def container_spans(
@@ -163,7 +184,7 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
     """
     name = f"{src.name} ({where})"
     entries: list[FatbinEntry] = []
-    for pos, size in container_spans(src, start, length, where=where):
+    for index, (pos, size) in enumerate(container_spans(src, start, length, where=where)):
         hsize = _CONTAINER.unpack(read_exact(src, pos, _CONTAINER.size, what="header"))[2]
         body_end = pos + size
         p = pos + hsize
@@ -186,14 +207,18 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
                 raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has unknown kind {kind_id}.")
             if not 10 <= number <= 999:
                 raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has arch {number}.")
+            compressed = bool(flags & (FLAG_COMPRESSED | FLAG_COMPRESSED_LZ4))
+            readable = kind is EntryKind.SASS and not compressed
             entries.append(
                 FatbinEntry(
                     kind=kind,
                     arch=_entry_arch(kind, number, flags),
                     ptx_isa=Version(f"{major}.{minor}") if kind is EntryKind.PTX else None,
-                    compressed=bool(flags & (FLAG_COMPRESSED | FLAG_COMPRESSED_LZ4)),
+                    compressed=compressed,
                     size=payload,
                     offset=p,
+                    container=index,
+                    kernels=_kernels(src, p + ehsize, payload, name) if readable else None,
                 )
             )
             p += ehsize + payload

@@ -18,7 +18,7 @@ from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
 from buildmatrix.errors import InputError
 
 if TYPE_CHECKING:
-    from buildmatrix.compat import CodeTarget
+    from buildmatrix.compat import CodeTarget, Unit
 
 # The fatbinary the CUDA runtime registers at load time is .nv_fatbin; relocatable
 # device code (-rdc=true) sits in __nv_relfatbin and is used only where there is no
@@ -59,6 +59,28 @@ class FileReport:
             for e in self.entries
             if e.kind is not EntryKind.LTOIR
         ]
+
+    def units(self) -> list[Unit]:
+        """Loadable code per fatbinary container, one unit per translation unit.
+
+        Left out: containers with only LTO IR (linked at build time) and containers
+        whose cubins provably define no kernel (nvcc's device-link stub: readable
+        cubins without any .text section), since nothing in them is ever launched.
+        """
+        from buildmatrix.compat import CodeTarget, Unit
+
+        groups: dict[int, list[FatbinEntry]] = {}
+        for e in self.entries:
+            if e.kind is not EntryKind.LTOIR:
+                groups.setdefault(e.container, []).append(e)
+        units = []
+        for index, entries in sorted(groups.items()):
+            if all(e.kind is EntryKind.SASS and e.kernels == () for e in entries):
+                continue  # no kernel at all: a link stub
+            kernels = tuple(dict.fromkeys(k for e in entries for k in e.kernels or ()))
+            codes = tuple(CodeTarget(arch=e.arch, ptx_isa=e.ptx_isa) for e in entries)
+            units.append(Unit(codes=codes, kernels=kernels, index=index))
+        return units
 
     def to_json(self) -> dict[str, Any]:
         return {

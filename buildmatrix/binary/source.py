@@ -63,6 +63,28 @@ class BytesSource:
         return bytes(self._data[offset : offset + size])
 
 
+class SliceSource:
+    """A window of another source: an embedded cubin read in place, never copied."""
+
+    def __init__(self, src: ByteSource, offset: int, size: int, *, name: str) -> None:
+        self._src = src
+        self._offset = offset
+        self._size = max(0, min(size, src.size - offset))
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        size = max(0, min(size, self._size - offset))
+        return self._src.read_at(self._offset + offset, size)
+
+
 def read_exact(src: ByteSource, offset: int, size: int, *, what: str) -> bytes:
     """Read exactly ``size`` bytes or raise :class:`CorruptBinary` naming ``what``.
 

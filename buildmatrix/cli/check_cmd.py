@@ -88,6 +88,11 @@ def _markdown(result: object) -> str:
 )
 @click.option("--allow-empty", is_flag=True, help="Pass an image without any CUDA device code.")
 @click.option(
+    "--strict",
+    is_flag=True,
+    help="Count every fatbinary container (translation unit), specialised ones too.",
+)
+@click.option(
     "--platform",
     default="linux/amd64",
     show_default=True,
@@ -111,6 +116,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     require_sass: bool,
     ignore: tuple[str, ...],
     allow_empty: bool,
+    strict: bool,
     platform: str,
     summary: Path | None,
     profiles_dir: str | None,
@@ -145,6 +151,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
         require_sass=require_sass,
         ignore=ignore,
         allow_empty=allow_empty,
+        strict=strict,
     )
     result = run_check(image, profiles, opts, load_cuda_facts())
     if summary is not None:
@@ -191,6 +198,13 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
         for t in result.targets
     ]
     click.echo("\n" + table(["TARGET", "SM", "VERDICT", "DRIVER"], rows))
+    notes = sorted({s for t in result.targets for s in t.specialised})
+    if notes:
+        click.echo("\nspecialised code, not counted (--strict counts it):")
+        for note in notes[:20]:
+            click.echo(f"  - {note}")
+        if len(notes) > 20:
+            click.echo(f"  ... and {len(notes) - 20} more (--json lists them)")
     if result.passed:
         click.echo("\nPASS")
         return 0
