@@ -190,21 +190,28 @@ def resolve_targets(
     return unique, declared, claims
 
 
-def cuda_runtime(image: ScannedImage) -> tuple[Version, str] | None:
-    """The image's CUDA runtime: CUDA_VERSION in its config, else the libcudart it ships."""
-    env = image.config.env.get("CUDA_VERSION", "")
-    m = _CUDA_ENV.match(env)
-    if m:
-        return Version(f"{m[1]}.{m[2]}"), "CUDA_VERSION in the image config"
+def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
+    """Every sign of the CUDA release the image's code needs, with where it comes from:
+    CUDA_VERSION in the config, each ``libcudart.so.X[.Y]`` it ships, and the release
+    whose ptxas/nvlink wrote each file's cubins (``.note.nv.tkinfo``; a driver must
+    support that major, and it is the only sign of a statically linked runtime)."""
     found: list[tuple[Version, str]] = []
+    m = _CUDA_ENV.match(image.config.env.get("CUDA_VERSION", ""))
+    if m:
+        found.append((Version(f"{m[1]}.{m[2]}"), "CUDA_VERSION in the image config"))
     for path in image.paths:
         hit = _CUDART.search(path)
         if hit:
             found.append((Version(f"{hit[1]}.{hit[2] or 0}"), path))
-    if found:
-        version, path = max(found)
-        return version, path
-    return None
+    for f in image.files:
+        if f.toolkit is not None:
+            found.append((f.toolkit, f"device code of {f.path} (built by CUDA {f.toolkit})"))
+    return found
+
+
+def cuda_runtime(image: ScannedImage) -> tuple[Version, str] | None:
+    """The newest CUDA release any source shows (runtime_sources): the floors follow it."""
+    return max(runtime_sources(image), key=lambda x: x[0], default=None)
 
 
 def run_check(
@@ -249,6 +256,12 @@ def run_check(
         problems.append(
             "the image holds no CUDA device code at all (a CPU-only framework build?); "
             "pass --allow-empty if that is intended"
+        )
+    if runtime is None and driver is not None and files and opts.strict:
+        problems.append(
+            "the CUDA runtime the image needs cannot be determined (no CUDA_VERSION, no "
+            "libcudart.so, no cubin that records its toolkit), so its driver floor is "
+            "unknown; --strict fails it"
         )
     return CheckResult(
         image=image,

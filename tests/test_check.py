@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from buildmatrix.binary.scan import FileReport, inspect_file
 from buildmatrix.check import Options, cuda_runtime, run_check
@@ -91,7 +92,13 @@ def test_worst_file_decides_and_ignore_leaves_files_out() -> None:
 
 
 def test_driver_floors_runtime_and_hardware() -> None:
+    """libhopper_a.so was compiled by CUDA 13.0 (its cubins' .note.nv.tkinfo): that,
+    not the image's CUDA_VERSION=12.4.1, sets the runtime floor."""
     img = image(lib("libhopper_a.so"), env={"CUDA_VERSION": "12.4.1"})
+    assert cuda_runtime(img) == (
+        Version("13.0"),
+        "device code of usr/lib/libhopper_a.so (built by CUDA 13.0)",
+    )
     old = run_check(
         img, PROFILES, Options(sms=["sm_90"], driver=parse_driver_version("520.61.05")), FACTS
     )
@@ -99,14 +106,30 @@ def test_driver_floors_runtime_and_hardware() -> None:
     (target,) = old.targets
     assert not target.driver_ok
     assert target.driver_failures == (
-        "CUDA 12.4 runtime (CUDA 12.x minor version compatibility) needs driver >= 525.60.13; "
+        "CUDA 13.0 runtime (CUDA 13.x minor version compatibility) needs driver >= 580.65.06; "
         "node has 520.61.05",
         "hardware floor for sm_90 (hopper) needs driver >= 525.60.13; node has 520.61.05",
     )
-    ok = run_check(
-        img, PROFILES, Options(sms=["sm_90"], driver=parse_driver_version("535.104.05")), FACTS
-    )
-    assert ok.passed
+    for driver, passes in (("535.104.05", False), ("580.65.06", True)):
+        got = run_check(
+            img, PROFILES, Options(sms=["sm_90"], driver=parse_driver_version(driver)), FACTS
+        )
+        assert got.passed is passes, driver
+
+
+@pytest.mark.parametrize(
+    ("env", "paths", "want"),
+    [
+        ({"CUDA_VERSION": "11.8.0"}, ["usr/lib/libcudart.so.12"], "12.0"),
+        ({"CUDA_VERSION": "12.4.1"}, ["usr/local/cuda/lib64/libcudart.so.13.0.96"], "13.0"),
+        ({"CUDA_VERSION": "13.3.1"}, ["usr/lib/libcudart.so.12.9.79"], "13.3"),
+    ],
+)
+def test_the_newest_runtime_any_source_shows_wins(
+    env: dict[str, str], paths: list[str], want: str
+) -> None:
+    rt = cuda_runtime(image(env=env, paths=paths))
+    assert rt is not None and str(rt[0]) == want
 
 
 def test_ptx_jit_needs_a_driver_that_knows_the_isa() -> None:

@@ -52,6 +52,7 @@ TABLE = {
     "l40s": ("pass", [], "inference-ada", "NVIDIA-L40S"),
     "h100-520": ("fail", ["driver"], None, None),
     "h100-535": ("pass", [], "training-hopper", "NVIDIA-H100-80GB-HBM3"),
+    "h100-580": ("pass", [], "training-hopper", "NVIDIA-H100-80GB-HBM3"),
     "h200-535": ("fail", ["driver"], None, None),
     "h200-550": ("pass", [], "training-hopper", "NVIDIA-H200"),
     "b200": ("pass", [], "training-blackwell", "NVIDIA-B200"),

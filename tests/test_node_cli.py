@@ -59,7 +59,7 @@ def test_smoke_json_contract(cli: CliRunner) -> None:
 
 def test_image_that_fits_the_node_is_verified(cli: CliRunner, tmp_path: Path) -> None:
     image = _image(tmp_path, "libsass_ptx.so")  # sm_80 + sm_90 SASS, compute_90 PTX
-    code, doc = _smoke(cli, "h100-535", "--image", image)
+    code, doc = _smoke(cli, "h100-580", "--image", image)
     assert code == 0, doc
     labels = doc["labels"]
     assert isinstance(labels, dict)
@@ -68,7 +68,7 @@ def test_image_that_fits_the_node_is_verified(cli: CliRunner, tmp_path: Path) ->
 
 def test_image_without_code_for_the_node_fails_it(cli: CliRunner, tmp_path: Path) -> None:
     image = _image(tmp_path, "libsass_sm80.so")
-    code, doc = _smoke(cli, "h100-535", "--image", image, "--pools", POOLS)
+    code, doc = _smoke(cli, "h100-580", "--image", image, "--pools", POOLS)
     assert code == 1
     failed = _failed(doc)
     assert list(failed) == [f"image {image}"]
@@ -91,6 +91,18 @@ def test_image_ptx_too_new_for_the_driver(cli: CliRunner, tmp_path: Path) -> Non
     r = cli("smoke", "--snapshot", str(node13), "--image", image, "--json", "--require-sass")
     assert r.code == 1
     assert "--require-sass" in _failed(r.json())[f"image {image}"]
+
+
+def test_cubins_built_by_cuda_13_need_r580(cli: CliRunner, tmp_path: Path) -> None:
+    """The fixtures were compiled by CUDA 13.0 (their cubins' .note.nv.tkinfo says so):
+    whatever the image claims, an R535 node cannot run them."""
+    image = _image(tmp_path, "libsass_ptx.so")
+    code, doc = _smoke(cli, "h100-535", "--image", image)
+    assert code == 1
+    assert (
+        "CUDA 13.0 runtime (CUDA 13.x minor version compatibility) of dir:"
+        in (_failed(doc)["driver"])
+    )
 
 
 def test_image_runtime_floor_joins_the_driver_check(cli: CliRunner, tmp_path: Path) -> None:
@@ -235,7 +247,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 H100: dict[str, Any] = {"name": "NVIDIA H100 80GB HBM3", "cc": [9, 0], "load": "CUDA_SUCCESS"}
-SMOKE_H100 = ["smoke", "--snapshot", str(NODES / "h100-535.json")]
+SMOKE_H100 = ["smoke", "--snapshot", str(NODES / "h100-580.json")]  # fixtures need R580
 
 
 def _containers(lib: Path) -> int:
@@ -264,7 +276,7 @@ def _load(
         [
             "smoke",
             "--snapshot",
-            str(NODES / "h100-535.json"),
+            str(NODES / "h100-580.json"),  # the fixtures' CUDA 13.0 cubins need R580
             "--image",
             image,
             "--load-test",
@@ -327,7 +339,7 @@ def test_load_test_without_libcuda_fails_with_the_reason(tmp_path: Path) -> None
         [
             "smoke",
             "--snapshot",
-            str(NODES / "h100-535.json"),
+            str(NODES / "h100-580.json"),  # the fixtures' CUDA 13.0 cubins need R580
             "--image",
             image,
             "--load-test",

@@ -14,6 +14,7 @@ by the tests):
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ class FatbinEntry:
     # Kernel names of an uncompressed SASS cubin (its .text.NAME sections); None where
     # they cannot be read without decompressing (compressed cubins) or for PTX.
     kernels: tuple[str, ...] | None = None
+    # The CUDA release whose ptxas/nvlink wrote the cubin (.note.nv.tkinfo), if read.
+    toolkit: Version | None = None
 
     @property
     def arch_name(self) -> str:
@@ -118,19 +121,29 @@ def _skip_zeros(src: ByteSource, pos: int, end: int) -> int:
     return end
 
 
-def _kernels(src: ByteSource, offset: int, size: int, name: str) -> tuple[str, ...] | None:
-    """The kernels an embedded cubin defines: nvcc puts each in a ``.text.NAME`` section
-    (read in place; a device-link stub has none). None when it is not a readable ELF."""
+_RELEASE = re.compile(rb"Cuda compilation tools, release (\d+)\.(\d+)")
+_MAX_NOTE = 4096
+
+
+def cubin_facts(cubin: ByteSource) -> tuple[tuple[str, ...] | None, Version | None]:
+    """(kernels, toolkit) of a cubin, read in place from its section table: nvcc puts
+    each kernel in a ``.text.NAME`` section (a device-link stub has none), and
+    ptxas/nvlink record their release in ``.note.nv.tkinfo`` ("Cuda compilation tools,
+    release 13.0"). (None, None) when it is not a readable ELF."""
     from buildmatrix.binary.elf import is_elf, read_elf
 
-    cubin = SliceSource(src, offset, size, name=f"{name} cubin at {offset:#x}")
     try:
         if not is_elf(cubin.read_at(0, 16)):
-            return None
+            return None, None
         sections = read_elf(cubin).sections
+        kernels = tuple(s.name[6:] for s in sections if s.name.startswith(".text."))
+        note = next((s for s in sections if s.name == ".note.nv.tkinfo"), None)
+        found = (
+            _RELEASE.search(cubin.read_at(note.offset, min(note.size, _MAX_NOTE))) if note else None
+        )
     except CorruptBinary:
-        return None
-    return tuple(s.name[6:] for s in sections if s.name.startswith(".text."))
+        return None, None
+    return kernels, Version(f"{int(found[1])}.{int(found[2])}") if found else None
 
 
 def container_spans(
@@ -208,7 +221,10 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
             if not 10 <= number <= 999:
                 raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has arch {number}.")
             compressed = bool(flags & (FLAG_COMPRESSED | FLAG_COMPRESSED_LZ4))
-            readable = kind is EntryKind.SASS and not compressed
+            facts: tuple[tuple[str, ...] | None, Version | None] = (None, None)
+            if kind is EntryKind.SASS and not compressed:
+                where_cubin = f"{name} cubin at {p + ehsize:#x}"
+                facts = cubin_facts(SliceSource(src, p + ehsize, payload, name=where_cubin))
             entries.append(
                 FatbinEntry(
                     kind=kind,
@@ -218,7 +234,8 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
                     size=payload,
                     offset=p,
                     container=index,
-                    kernels=_kernels(src, p + ehsize, payload, name) if readable else None,
+                    kernels=facts[0],
+                    toolkit=facts[1],
                 )
             )
             p += ehsize + payload

@@ -12,12 +12,20 @@ from typing import TYPE_CHECKING, Any
 from buildmatrix.arch import Arch
 from buildmatrix.binary.cubin import cubin_arch
 from buildmatrix.binary.elf import EM_CUDA, is_elf, read_elf
-from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES, EntryKind, FatbinEntry, parse_fatbin
+from buildmatrix.binary.fatbin import (
+    FATBIN_MAGIC_BYTES,
+    EntryKind,
+    FatbinEntry,
+    cubin_facts,
+    parse_fatbin,
+)
 from buildmatrix.binary.ptx import ptx_target
 from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
 from buildmatrix.errors import InputError
 
 if TYPE_CHECKING:
+    from packaging.version import Version
+
     from buildmatrix.compat import CodeTarget, Unit
 
 # The fatbinary the CUDA runtime registers at load time is .nv_fatbin; relocatable
@@ -49,6 +57,11 @@ class FileReport:
     @property
     def ptx(self) -> list[str]:
         return self._archs(EntryKind.PTX)
+
+    @property
+    def toolkit(self) -> Version | None:
+        """The newest CUDA release that wrote the file's cubins, where their notes say."""
+        return max((e.toolkit for e in self.entries if e.toolkit is not None), default=None)
 
     def code_targets(self) -> list[CodeTarget]:
         """Loadable code only (SASS and PTX; LTO IR needs a device link first)."""
@@ -105,6 +118,7 @@ def inspect_source(src: ByteSource, *, path: str, head: bytes | None = None) -> 
         info = read_elf(src)
         if info.machine == EM_CUDA:
             arch = cubin_arch(src, info)
+            kernels, toolkit = cubin_facts(src)
             entry = FatbinEntry(
                 kind=EntryKind.SASS,
                 arch=arch,
@@ -112,6 +126,8 @@ def inspect_source(src: ByteSource, *, path: str, head: bytes | None = None) -> 
                 compressed=False,
                 size=src.size,
                 offset=0,
+                kernels=kernels,
+                toolkit=toolkit,
             )
             return FileReport(path=path, format="cubin", entries=(entry,))
         for name in FATBIN_SECTIONS:
