@@ -240,9 +240,6 @@ class StrictTarInfo(tarfile.TarInfo):
 def _check_header(buf: bytes) -> None:
     if len(buf) != tarfile.BLOCKSIZE:
         raise TarHeaderError(f"a header is truncated ({len(buf)} bytes)")
-    unsigned = sum(buf[:148]) + 8 * 32 + sum(buf[156:])
-    if _field(buf, 148, 156) not in (unsigned, _signed(buf)):
-        raise TarHeaderError("a header's checksum does not match")
     for start, end in _NUMERIC:
         field = buf[start:end]
         if field[0] & 0x80 == 0 and not _OCTAL.fullmatch(field):
@@ -250,6 +247,9 @@ def _check_header(buf: bytes) -> None:
                 f"a header has a numeric field (bytes {start}..{end}) of {field!r}, which "
                 "tar readers parse differently"
             )
+    unsigned = sum(buf[:148]) + 8 * 32 + sum(buf[156:])
+    if buf[148] & 0x80 or _field(buf, 148, 156) not in (unsigned, _signed(buf)):
+        raise TarHeaderError("a header's checksum does not match")
     magic = buf[257:265]
     if buf[156] not in _TYPES:
         raise TarHeaderError(f"a header has the type flag {buf[156:157]!r}, not one of a layer")
@@ -379,11 +379,22 @@ def scan_layer(stream: IO[bytes], *, name: str, keep: Path | None = None) -> Lay
             "use) would not read this layer alike, so the image is refused. Nothing was "
             "checked."
         ) from None
-    except (tarfile.TarError, EOFError, OSError) as exc:
+    except _unreadable() as exc:
         raise InputError(
             f"{name}: not a readable layer tar ({exc}); the blob is truncated or corrupt."
         ) from None
     return summary
+
+
+def _unreadable() -> tuple[type[Exception], ...]:
+    """What the tar, gzip (ISA-L and zlib) and zstd readers raise on corrupt input."""
+    import zlib
+
+    import zstandard
+    from isal import igzip_lib
+
+    isal_error = cast(type[Exception], igzip_lib.IsalError)
+    return (tarfile.TarError, EOFError, OSError, zlib.error, isal_error, zstandard.ZstdError)
 
 
 def _file_result(

@@ -1,0 +1,171 @@
+"""Fuzzing the parsers of untrusted input: no exception but the project's own.
+
+Structured mutations of real inputs (nvcc-built libraries, fatbinaries, cubins, PTX,
+layer tars, image documents, references): size and offset fields set to 0, huge,
+backwards or self-pointing; truncations; bit flips; random bytes. Every parser must
+return or raise a ``BuildmatrixError`` (which the CLI turns into exit 2), within a
+deadline. A longer run: ``BUILDMATRIX_FUZZ_EXAMPLES=20000 pytest tests/test_fuzz.py``
+(docs/security.md has the counts of the last long run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import struct
+import tarfile
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from buildmatrix.binary.ptx import ptx_target
+from buildmatrix.binary.scan import inspect_source
+from buildmatrix.binary.source import BytesSource
+from buildmatrix.errors import BuildmatrixError
+from buildmatrix.image.layers import merge, scan_layer
+from buildmatrix.image.model import ImageConfig, check_manifest
+from buildmatrix.image.ref import parse_ref
+from tests.images import Hardlink, Symlink, fixture, layer_tar
+
+EXAMPLES = int(os.environ.get("BUILDMATRIX_FUZZ_EXAMPLES", "150"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=2000,  # ms per example: a parser that loops or blows up fails here
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize="BUILDMATRIX_FUZZ_EXAMPLES" not in os.environ,  # the suite is reproducible
+)
+
+SEEDS = {
+    "libsass_ptx.so": fixture("libsass_ptx.so"),
+    "libtwo.so": fixture("libtwo.so"),
+    "kernels.fatbin": fixture("kernels.fatbin"),
+    "kernels_sm90a.cubin": fixture("kernels_sm90a.cubin"),
+    "libcompressed.so": fixture("libcompressed.so"),
+}
+FIELDS = [0, 1, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 2**31, 64, 16]
+
+
+@st.composite
+def mutated(draw: st.DrawFn, seed: bytes) -> bytes:
+    data = bytearray(seed)
+    for _ in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["flip", "field", "truncate", "splice", "zero"]))
+        at = draw(st.integers(0, max(0, len(data) - 1)))
+        if kind == "flip" and data:
+            data[at] ^= 1 << draw(st.integers(0, 7))
+        elif kind == "field":
+            width = draw(st.sampled_from([2, 4, 8]))
+            value = draw(st.sampled_from(FIELDS)) % (1 << (8 * width))
+            data[at : at + width] = value.to_bytes(width, "little")
+        elif kind == "truncate":
+            del data[at:]
+        elif kind == "splice":
+            data[at:at] = draw(st.binary(max_size=64))
+        else:
+            data[at : at + draw(st.integers(1, 512))] = b""
+    return bytes(data)
+
+
+def _inspect(data: bytes, name: str) -> None:
+    with contextlib.suppress(BuildmatrixError):
+        inspect_source(BytesSource(data, name=name), path=name)
+
+
+@FUZZ
+@given(st.sampled_from(sorted(SEEDS)), st.data())
+def test_binaries(name: str, data: st.DataObject) -> None:
+    _inspect(data.draw(mutated(SEEDS[name])), name)
+
+
+@FUZZ
+@given(st.binary(max_size=4096))
+def test_random_bytes_as_any_binary(blob: bytes) -> None:
+    for prefix in (b"", b"\x7fELF\x02\x01\x01", struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 64)):
+        _inspect(prefix + blob, "random.so")
+
+
+@FUZZ
+@given(st.text(max_size=400))
+def test_ptx_text(text: str) -> None:
+    with contextlib.suppress(BuildmatrixError):
+        ptx_target(BytesSource(text.encode("utf-8", "surrogatepass"), name="k.ptx"))
+
+
+LAYER = layer_tar(
+    {
+        "usr/lib/libsass_ptx.so": SEEDS["libsass_ptx.so"],
+        "usr/lib/link.so": Symlink("libsass_ptx.so"),
+        "opt/hard.so": Hardlink("usr/lib/libsass_ptx.so"),
+        "opt/.wh.gone": b"",
+        "etc/.wh..wh..opq": b"",
+    }
+)
+
+
+@FUZZ
+@given(st.data())
+def test_layer_tars(data: st.DataObject) -> None:
+    blob = data.draw(mutated(LAYER))
+    with contextlib.suppress(BuildmatrixError):
+        merge([scan_layer(io.BytesIO(blob), name="layer")]).files()
+
+
+@FUZZ
+@given(st.data())
+def test_compressed_layers(data: st.DataObject) -> None:
+    import gzip
+
+    blob = data.draw(mutated(gzip.compress(LAYER, mtime=0)))
+    with contextlib.suppress(BuildmatrixError):
+        scan_layer(io.BytesIO(blob), name="layer.gz")
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+KEYS = st.sampled_from(
+    [
+        "config",
+        "Config",
+        "Labels",
+        "Env",
+        "manifests",
+        "layers",
+        "digest",
+        "mediaType",
+        "platform",
+        "annotations",
+        "schemaVersion",
+    ]
+)
+DOCS = st.dictionaries(KEYS, JSON, max_size=6)
+
+
+@FUZZ
+@given(DOCS)
+def test_image_documents(doc: dict[str, object]) -> None:
+    for read in (
+        lambda: ImageConfig.from_json(doc),
+        lambda: check_manifest(doc, name="manifest"),
+    ):
+        with contextlib.suppress(BuildmatrixError):
+            read()
+
+
+@FUZZ
+@given(st.text(max_size=300))
+def test_references(text: str) -> None:
+    with contextlib.suppress(BuildmatrixError):
+        parse_ref(text)
+
+
+def test_a_real_tar_member_survives_the_fuzzer_setup() -> None:
+    """The seeds are valid: the fuzzing starts from inputs that parse."""
+    with tarfile.open(fileobj=io.BytesIO(LAYER)) as tar:
+        assert "usr/lib/libsass_ptx.so" in tar.getnames()
+    assert inspect_source(BytesSource(SEEDS["libtwo.so"], name="x"), path="x") is not None
