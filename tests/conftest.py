@@ -43,6 +43,17 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> 
     return CliRunner(capsys)
 
 
+@pytest.fixture(scope="session")
+def standin_libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The STAND-IN libnvidia-ml.so.1 and libcuda.so.1, built once (tests/standins/)."""
+    from tests.standins import build
+
+    try:
+        return build(tmp_path_factory.mktemp("standins"))
+    except FileNotFoundError:
+        pytest.skip("gcc is needed to build the stand-in libraries")
+
+
 from tests.services import (  # noqa: E402, F401
     auth_registry,
     docker_host,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import yaml
 
 from tests.conftest import REPO, CliRunner
 from tests.images import Image, fixture, write_docker_archive
-from tests.standins import build, run_cli
+from tests.standins import run_cli
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
 BIN = REPO / "tests" / "fixtures" / "bin"
@@ -238,14 +237,6 @@ def test_labels_of_a_failing_node(cli: CliRunner) -> None:
 # ---------------------------------------------------------------- --load-test
 
 
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    try:
-        yield build(tmp_path_factory.mktemp("standins"))
-    except FileNotFoundError:
-        pytest.skip("gcc is needed to build the stand-in libraries")
-
-
 H100: dict[str, Any] = {"name": "NVIDIA H100 80GB HBM3", "cc": [9, 0], "load": "CUDA_SUCCESS"}
 SMOKE_H100 = ["smoke", "--snapshot", str(NODES / "h100-580.json")]  # fixtures need R580
 
@@ -270,8 +261,10 @@ def _containers(lib: Path) -> int:
 
 
 def _load(
-    libs: Path, tmp_path: Path, image: str, devices: list[dict[str, Any]]
+    libs: Path | None, tmp_path: Path, image: str, devices: list[dict[str, Any]]
 ) -> tuple[int, dict[str, Any]]:
+    """smoke --load-test of ``image`` with the stand-in libcuda answering for ``devices``
+    (``libs=None``: no libcuda at all)."""
     proc = run_cli(
         [
             "smoke",
@@ -284,15 +277,17 @@ def _load(
         ],
         libs=libs,
         tmp=tmp_path,
-        cuda={"devices": devices},
+        cuda={"devices": devices} if libs is not None else None,
     )
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
 
-def test_load_test_loads_every_module_and_releases_contexts(libs: Path, tmp_path: Path) -> None:
+def test_load_test_loads_every_module_and_releases_contexts(
+    standin_libs: Path, tmp_path: Path
+) -> None:
     image = _image(tmp_path, "libsass_ptx.so", "libmulti.so")
-    code, doc = _load(libs, tmp_path, image, [H100, H100])
+    code, doc = _load(standin_libs, tmp_path, image, [H100, H100])
     assert code == 0, doc
     log = (tmp_path / "cuda.log").read_text().splitlines()
     want = _containers(BIN / "libsass_ptx.so") + _containers(BIN / "libmulti.so")
@@ -309,9 +304,9 @@ def test_load_test_loads_every_module_and_releases_contexts(libs: Path, tmp_path
 @pytest.mark.parametrize(
     "error", ["CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"]
 )
-def test_load_failure_fails_the_node(libs: Path, tmp_path: Path, error: str) -> None:
+def test_load_failure_fails_the_node(standin_libs: Path, tmp_path: Path, error: str) -> None:
     image = _image(tmp_path, "libsass_ptx.so")
-    code, doc = _load(libs, tmp_path, image, [{**H100, "load": error}])
+    code, doc = _load(standin_libs, tmp_path, image, [{**H100, "load": error}])
     assert code == 1
     failed = _failed(doc)
     name = "load-test " + image + " on NVIDIA H100 80GB HBM3 (9.0)"
@@ -319,10 +314,10 @@ def test_load_failure_fails_the_node(libs: Path, tmp_path: Path, error: str) -> 
     assert doc["labels"] == {"buildmatrix.io/smoke": "failed"}
 
 
-def test_load_test_per_model_and_file_kinds(libs: Path, tmp_path: Path) -> None:
+def test_load_test_per_model_and_file_kinds(standin_libs: Path, tmp_path: Path) -> None:
     image = _image(tmp_path, "kernels_sm90a.cubin", "kernels_sm90a.ptx", "kernels.fatbin")
     l40s: dict[str, Any] = {"name": "NVIDIA L40S", "cc": [8, 9], "load": "CUDA_SUCCESS"}
-    _, doc = _load(libs, tmp_path, image, [H100, l40s])
+    _, doc = _load(standin_libs, tmp_path, image, [H100, l40s])
     loads = [ln for ln in (tmp_path / "cuda.log").read_text().splitlines() if ln.startswith("load")]
     kinds = sorted({ln.split()[2] for ln in loads})
     assert kinds == ["1", "2", "3"]  # fatbin container, cubin, PTX text: each a real image
@@ -335,25 +330,14 @@ def test_load_test_per_model_and_file_kinds(libs: Path, tmp_path: Path) -> None:
 
 def test_load_test_without_libcuda_fails_with_the_reason(tmp_path: Path) -> None:
     image = _image(tmp_path, "libsass_ptx.so")
-    proc = run_cli(
-        [
-            "smoke",
-            "--snapshot",
-            str(NODES / "h100-580.json"),  # the fixtures' CUDA 13.0 cubins need R580
-            "--image",
-            image,
-            "--load-test",
-            "--json",
-        ],
-        libs=None,
-        tmp=tmp_path,
-    )
-    doc = json.loads(proc.stdout)
-    assert proc.returncode == 1
+    code, doc = _load(None, tmp_path, image, [])
+    assert code == 1
     assert "libcuda.so.1 cannot be loaded" in _failed(doc)["load-test " + image + " on this node"]
 
 
-def test_load_test_reads_the_final_view_of_a_layered_image(libs: Path, tmp_path: Path) -> None:
+def test_load_test_reads_the_final_view_of_a_layered_image(
+    standin_libs: Path, tmp_path: Path
+) -> None:
     """The bytes loaded are those a container sees: a later layer's copy wins."""
     archive = tmp_path / "img.tar"
     image = Image(
@@ -366,7 +350,7 @@ def test_load_test_reads_the_final_view_of_a_layered_image(libs: Path, tmp_path:
         ]
     )
     write_docker_archive(archive, image)
-    code, doc = _load(libs, tmp_path, f"docker-archive:{archive}", [H100])
+    code, doc = _load(standin_libs, tmp_path, f"docker-archive:{archive}", [H100])
     assert code == 0, doc
     loads = [ln for ln in (tmp_path / "cuda.log").read_text().splitlines() if ln.startswith("load")]
     assert len(loads) == _containers(BIN / "libmulti.so") + _containers(BIN / "libhopper_a.so")

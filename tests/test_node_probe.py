@@ -8,25 +8,16 @@ bindings, their ctypes calls and buildmatrix's probe are the real ones.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import REPO
-from tests.standins import build, nvml_scenario, run_cli
+from tests.standins import nvml_scenario, run_cli
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
 FIXTURES = sorted(NODES.glob("*.json"))
-
-
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    try:
-        yield build(tmp_path_factory.mktemp("standins"))
-    except FileNotFoundError:
-        pytest.skip("gcc is needed to build the stand-in libraries")
 
 
 def _doc(path: Path) -> dict[str, Any]:
@@ -35,13 +26,13 @@ def _doc(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.stem for f in FIXTURES])
-def test_record_reproduces_the_snapshot(libs: Path, tmp_path: Path, fixture: Path) -> None:
+def test_record_reproduces_the_snapshot(standin_libs: Path, tmp_path: Path, fixture: Path) -> None:
     """probe(stand-in answering as snapshot S) == S, for every fixture node."""
     want = _doc(fixture)
     out = tmp_path / "recorded.json"
     proc = run_cli(
         ["smoke", "--record", str(out), "--node", want["hostname"], "--json"],
-        libs=libs,
+        libs=standin_libs,
         tmp=tmp_path,
         nvml=nvml_scenario(want),
     )
@@ -55,11 +46,11 @@ def test_record_reproduces_the_snapshot(libs: Path, tmp_path: Path, fixture: Pat
     assert proc.returncode == replay.returncode
 
 
-def test_not_supported_is_null_not_an_error(libs: Path, tmp_path: Path) -> None:
+def test_not_supported_is_null_not_an_error(standin_libs: Path, tmp_path: Path) -> None:
     scenario = nvml_scenario(_doc(NODES / "rtx-consumer.json"))
     out = tmp_path / "r.json"
     proc = run_cli(
-        ["smoke", "--record", str(out), "--json"], libs=libs, tmp=tmp_path, nvml=scenario
+        ["smoke", "--record", str(out), "--json"], libs=standin_libs, tmp=tmp_path, nvml=scenario
     )
     doc = _doc(out)
     gpu = doc["gpus"][0]
@@ -70,12 +61,12 @@ def test_not_supported_is_null_not_an_error(libs: Path, tmp_path: Path) -> None:
     assert json.loads(proc.stdout)["verdict"] == "pass"
 
 
-def test_an_nvml_error_on_a_field_fails_the_node(libs: Path, tmp_path: Path) -> None:
+def test_an_nvml_error_on_a_field_fails_the_node(standin_libs: Path, tmp_path: Path) -> None:
     scenario = nvml_scenario(_doc(NODES / "h100-535.json"))
     scenario["gpus"][3]["ecc_uncorrected_volatile"] = "NVML_ERROR_UNKNOWN"
     out = tmp_path / "r.json"
     proc = run_cli(
-        ["smoke", "--record", str(out), "--json"], libs=libs, tmp=tmp_path, nvml=scenario
+        ["smoke", "--record", str(out), "--json"], libs=standin_libs, tmp=tmp_path, nvml=scenario
     )
     doc = _doc(out)
     assert doc["errors"] == [
@@ -88,11 +79,11 @@ def test_an_nvml_error_on_a_field_fails_the_node(libs: Path, tmp_path: Path) -> 
     assert report["labels"] == {"buildmatrix.io/smoke": "failed"}
 
 
-def test_gpu_needing_reset(libs: Path, tmp_path: Path) -> None:
+def test_gpu_needing_reset(standin_libs: Path, tmp_path: Path) -> None:
     scenario = nvml_scenario(_doc(NODES / "h100-535.json"))
     scenario["gpus"][0] = {"handle": "NVML_ERROR_RESET_REQUIRED"}
     proc = run_cli(
-        ["smoke", "--json", "--expect-gpus", "8"], libs=libs, tmp=tmp_path, nvml=scenario
+        ["smoke", "--json", "--expect-gpus", "8"], libs=standin_libs, tmp=tmp_path, nvml=scenario
     )
     report = json.loads(proc.stdout)
     failed = {c["name"]: c["message"] for c in report["checks"] if not c["ok"]}
@@ -116,9 +107,9 @@ def test_no_nvml_library_exits_3_with_a_failing_report(tmp_path: Path) -> None:
     assert "buildmatrix.io/smoke=failed" in nfd.read_text()
 
 
-def test_driver_not_loaded_exits_3(libs: Path, tmp_path: Path) -> None:
+def test_driver_not_loaded_exits_3(standin_libs: Path, tmp_path: Path) -> None:
     scenario = {"init": "NVML_ERROR_DRIVER_NOT_LOADED"}
-    proc = run_cli(["smoke"], libs=libs, tmp=tmp_path, nvml=scenario)
+    proc = run_cli(["smoke"], libs=standin_libs, tmp=tmp_path, nvml=scenario)
     assert proc.returncode == 3
     assert "kernel driver is not loaded" in proc.stdout
     assert "Traceback" not in proc.stderr
@@ -131,9 +122,9 @@ def test_record_without_nvml_writes_nothing(tmp_path: Path) -> None:
     assert not out.exists()
 
 
-def test_labels_reads_the_live_node(libs: Path, tmp_path: Path) -> None:
+def test_labels_reads_the_live_node(standin_libs: Path, tmp_path: Path) -> None:
     scenario = nvml_scenario(_doc(NODES / "h200-550.json"))
-    proc = run_cli(["labels", "--node", "h200-01"], libs=libs, tmp=tmp_path, nvml=scenario)
+    proc = run_cli(["labels", "--node", "h200-01"], libs=standin_libs, tmp=tmp_path, nvml=scenario)
     assert proc.returncode == 0, proc.stderr
     labels = json.loads(proc.stdout)["labels"]
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-H200"

@@ -33,6 +33,44 @@ def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
 
 
+def pools_option(func: F) -> F:
+    decorator = click.option(
+        "--pools",
+        type=click.Path(dir_okay=False, path_type=Path),
+        metavar="FILE",
+        help="Pools file: family/product -> pool (label gpu-pool).",
+    )
+    return decorator(func)
+
+
+def platform_option(func: F) -> F:
+    decorator = click.option(
+        "--platform",
+        default="linux/amd64",
+        show_default=True,
+        metavar="OS/ARCH",
+        help="Platform to pick from a multi-platform image.",
+    )
+    return decorator(func)
+
+
+def node_option(func: F) -> F:
+    decorator = click.option(
+        "--node",
+        envvar="NODE_NAME",
+        metavar="NAME",
+        help="The node's name (default: $NODE_NAME, else the host name).",
+    )
+    return decorator(func)
+
+
+def no_gfd_keys_option(func: F) -> F:
+    decorator = click.option(
+        "--no-gfd-keys", is_flag=True, help="Leave out the keys GPU Feature Discovery owns."
+    )
+    return decorator(func)
+
+
 def load(profiles_dir: str | None) -> ProfileSet:
     return load_profiles(Path(resolve_profiles_dir(profiles_dir)))
 

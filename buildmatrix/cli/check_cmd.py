@@ -9,7 +9,14 @@ from pathlib import Path
 
 import click
 
-from buildmatrix.cli._common import echo_json, json_option, load, profiles_option, table
+from buildmatrix.cli._common import (
+    echo_json,
+    json_option,
+    load,
+    platform_option,
+    profiles_option,
+    table,
+)
 
 
 class ByteProgress:
@@ -92,13 +99,7 @@ def _markdown(result: object) -> str:
     is_flag=True,
     help="Count every fatbinary container (translation unit), specialised ones too.",
 )
-@click.option(
-    "--platform",
-    default="linux/amd64",
-    show_default=True,
-    metavar="OS/ARCH",
-    help="Platform to pick from a multi-platform image.",
-)
+@platform_option
 @click.option(
     "--summary",
     type=click.Path(dir_okay=False, path_type=Path),

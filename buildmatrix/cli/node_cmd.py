@@ -13,7 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from buildmatrix.cli._common import echo_json, json_option, load, profiles_option, table
+from buildmatrix.cli._common import (
+    echo_json,
+    json_option,
+    load,
+    no_gfd_keys_option,
+    node_option,
+    platform_option,
+    pools_option,
+    profiles_option,
+    table,
+)
 from buildmatrix.errors import BuildmatrixError, EnvironmentUnavailable, InputError
 
 if TYPE_CHECKING:
@@ -170,15 +180,10 @@ def _print_report(snap: Snapshot, report: NodeReport, labels: dict[str, str]) ->
     metavar="REF",
     help="An image the node must run (any REF check takes; repeatable).",
 )
-@click.option(
-    "--pools",
-    type=click.Path(dir_okay=False, path_type=Path),
-    metavar="FILE",
-    help="Pools file: family/product -> pool (label gpu-pool).",
-)
+@pools_option
 @click.option("--expect-gpus", type=click.IntRange(min=1), metavar="N", help="Fail below N GPUs.")
 @click.option("--allow-mixed", is_flag=True, help="Admit a node with several GPU models.")
-@click.option("--no-gfd-keys", is_flag=True, help="Leave out the keys GPU Feature Discovery owns.")
+@no_gfd_keys_option
 @click.option("--require-sass", is_flag=True, help="Fail an image that runs only by PTX JIT.")
 @click.option(
     "--load-test",
@@ -191,19 +196,8 @@ def _print_report(snap: Snapshot, report: NodeReport, labels: dict[str, str]) ->
     metavar="PATH",
     help="Write the labels as an NFD feature file (features.d/), atomically.",
 )
-@click.option(
-    "--node",
-    envvar="NODE_NAME",
-    metavar="NAME",
-    help="The node's name (default: $NODE_NAME, else the host name).",
-)
-@click.option(
-    "--platform",
-    default="linux/amd64",
-    show_default=True,
-    metavar="OS/ARCH",
-    help="Platform to pick from a multi-platform image.",
-)
+@node_option
+@platform_option
 @profiles_option
 @json_option
 def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -298,13 +292,8 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     metavar="FILE",
     help="A recorded node snapshot (default: read this node's GPUs with NVML).",
 )
-@click.option(
-    "--pools",
-    type=click.Path(dir_okay=False, path_type=Path),
-    metavar="FILE",
-    help="Pools file: family/product -> pool (label gpu-pool).",
-)
-@click.option("--no-gfd-keys", is_flag=True, help="Leave out the keys GPU Feature Discovery owns.")
+@pools_option
+@no_gfd_keys_option
 @click.option("--allow-mixed", is_flag=True, help="Label a node with several GPU models.")
 @click.option(
     "--format",
@@ -314,12 +303,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     show_default=True,
     help="JSON, a kubectl label command, an NFD feature file, or a NodeFeature object.",
 )
-@click.option(
-    "--node",
-    envvar="NODE_NAME",
-    metavar="NAME",
-    help="The node's name (default: $NODE_NAME, else the snapshot's host name).",
-)
+@node_option
 @click.option(
     "--namespace",
     default="node-feature-discovery",
