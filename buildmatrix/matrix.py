@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -26,6 +27,8 @@ from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.specs import Cuda, ImageSpec
 
 GITHUB_MATRIX_LIMIT = 256  # jobs per matrix (GitHub Actions usage limits)
+# Docker's tag grammar (distribution/reference): [\w][\w.-]{0,127}
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 def variant_fields(
@@ -256,6 +259,13 @@ def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
                     )
                 )
         tag = spec.tag.format(**fields)
+        if not _TAG.fullmatch(tag):
+            raise InputError(
+                f"{spec.source}: key 'tag': the pattern '{spec.tag}' gives '{tag}' for {what}, "
+                "which is not a Docker tag (letters, digits, '_', '.', '-'; at most 128; "
+                "not starting with '.' or '-'). The tag also names the Dockerfile, so it "
+                "must not hold '/', ':' or '..'."
+            )
         matrix.entries.append(
             Entry(
                 spec=spec,

@@ -62,11 +62,19 @@ def _text(value: Any) -> str:
 
 def _check_fields(pattern: str, allowed: list[str], *, source: Path, key: str) -> None:
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None]
+        parts = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(pattern)]
     except ValueError as exc:
         raise InputError(
             f"{source}: key '{key}': '{pattern}' is not a valid pattern ({exc})."
         ) from None
+    fields = [f for f, _, _ in parts if f is not None]
+    for field, spec, conv in parts:
+        if field is not None and (spec or conv):
+            raise InputError(
+                f"{source}: key '{key}': '{{{field}{'!' + conv if conv else ''}"
+                f"{':' + spec if spec else ''}}}' has a conversion or format spec; write "
+                f"the plain field '{{{field}}}'."
+            )
     for field in fields:
         if field not in allowed:
             raise InputError(

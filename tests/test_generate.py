@@ -127,3 +127,20 @@ def test_workflows_and_action_pass_actionlint(tmp_path: Path) -> None:
     bad = subprocess.run([str(actionlint)], capture_output=True, text=True, check=False, cwd=copy)
     assert bad.returncode != 0, "actionlint did not read action.yml's inputs"
     assert "famly" in bad.stdout
+
+
+def test_a_tag_that_would_leave_out_writes_nothing(cli: CliRunner, tmp_path: Path) -> None:
+    images = tmp_path / "repo" / "images"
+    shutil.copytree(REPO / "images" / "train-fp8", images / "train-fp8")
+    spec = images / "train-fp8" / "image.yaml"
+    spec.write_text(
+        spec.read_text().replace(
+            'tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"', 'tag: "../../x-{family}"'
+        )
+    )
+    before = sorted(p for p in tmp_path.rglob("*"))
+    out = tmp_path / "repo" / "build"
+    result = cli("generate", "--images", str(images), "--out", str(out))
+    assert result.code == 2
+    assert "which is not a Docker tag" in result.err
+    assert sorted(p for p in tmp_path.rglob("*")) == before

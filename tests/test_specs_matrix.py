@@ -103,6 +103,23 @@ def _copy_example(tmp_path: Path) -> Path:
 
 
 BAD_SPECS = {
+    "tag escaping --out": (
+        ('tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"', 'tag: "../../escaped-{family}"'),
+        "gives '../../escaped-ada-lovelace' for ada-lovelace cuda 12.9.1, which is not a "
+        "Docker tag",
+    ),
+    "tag with a slash and a colon": (
+        ('tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"', 'tag: "{version}/{family}:x"'),
+        "gives '1.4.0/ada-lovelace:x'",
+    ),
+    "tag with a conversion": (
+        ('tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"', 'tag: "{cuda!r}-{family}"'),
+        "'{cuda!r}' has a conversion or format spec",
+    ),
+    "tag with a format spec": (
+        ('tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"', 'tag: "{cuda:>20}-{family}"'),
+        "'{cuda:>20}' has a conversion or format spec",
+    ),
     "cuda never released": (
         ('cuda: ["12.9.1", "13.3.1"]', 'cuda: ["12.7.0"]'),
         "key 'cuda': 12.7.0 is not a CUDA release buildmatrix knows",
