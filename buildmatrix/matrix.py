@@ -22,7 +22,7 @@ from buildmatrix.arch import CodeKind, Family, parse_arch
 from buildmatrix.compat import CodeTarget
 from buildmatrix.constraint import Segment, admitted, nvidia_require_arch
 from buildmatrix.cuda import CudaFacts, load_cuda_facts
-from buildmatrix.errors import InputError
+from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.specs import Cuda, ImageSpec
 
@@ -215,6 +215,24 @@ def _known_cuda(spec: ImageSpec, facts: CudaFacts) -> None:
             )
 
 
+def _no_silent_rules(spec: ImageSpec, matched: set[int], seen: dict[str, set[str]]) -> None:
+    """An exclusion that matches nothing is a typo, never intended: exit 2 saying why."""
+    for i, rule in enumerate(spec.exclude):
+        if i in matched:
+            continue
+        for key, value in rule.items():
+            values = sorted(seen.get(key, set()))
+            if value not in values:
+                raise InputError(
+                    f"{spec.source}: key 'exclude[{i}]' matches no variant: {key} is never "
+                    f"'{value}'.{did_you_mean(value, values)} Its values: {', '.join(values)}."
+                )
+        raise InputError(
+            f"{spec.source}: key 'exclude[{i}]' matches no variant: no combination has all "
+            f"of {', '.join(f'{k}={v}' for k, v in rule.items())}."
+        )
+
+
 def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
     """The variants of one spec, in a stable order: family (by SM), CUDA, axes."""
     facts = load_cuda_facts()
@@ -228,13 +246,19 @@ def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
         for cuda in spec.cuda
         for values in itertools.product(*(v for _, v in spec.axes))
     ]
+    matched: set[int] = set()
+    seen: dict[str, set[str]] = {}
     for family_name, cuda, values in combos:
         axes = tuple(zip(axis_names, values, strict=True))
         what = " ".join([family_name, f"cuda {cuda.full}", *(f"{k}={v}" for k, v in axes)])
         members = profiles.family(family_name)
         fields = variant_fields(spec, family_name, cuda, axes)
+        for key, value in fields.items():
+            seen.setdefault(key, set()).add(value)
+        seen["cuda"].add(cuda.mm)
         rule = _excluded(fields, spec.exclude)
         if rule is not None:
+            matched.add(next(i for i, r in enumerate(spec.exclude) if r is rule))
             shown = ", ".join(f"{k}={v}" for k, v in rule.items())
             matrix.dropped.append(
                 Dropped(image=spec.name, what=what, reason=f"excluded by the spec ({shown})")
@@ -278,6 +302,12 @@ def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
                 catalogue=profiles,
                 facts=facts,
             )
+        )
+    _no_silent_rules(spec, matched, seen)
+    if not matrix.entries:
+        raise InputError(
+            f"{spec.source}: the spec yields no variant: every combination is left out "
+            "(run with --explain to see why). A workflow's matrix must not be empty."
         )
     return matrix
 

@@ -60,6 +60,15 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _not_a_float(value: Any, *, source: Path, key: str) -> None:
+    """YAML reads 3.10 as the number 3.1: a version written bare silently changes."""
+    if isinstance(value, float):
+        raise InputError(
+            f"{source}: key '{key}': {value!r} is a number to YAML (3.10 would become 3.1, "
+            f'1.20 would become 1.2); quote it as text: "{value}" or the intended value.'
+        )
+
+
 def _check_fields(pattern: str, allowed: list[str], *, source: Path, key: str) -> None:
     try:
         parts = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(pattern)]
@@ -128,6 +137,9 @@ def spec_from_data(data: Any, path: Path, profiles: ProfileSet) -> ImageSpec:
                 f"{source}: key 'requires': no arch profile has feature "
                 f"'{feature}', so nothing could be built."
             )
+    for k, values in (data.get("axes") or {}).items():
+        for v in values:
+            _not_a_float(v, source=source, key=f"axes.{k}")
     axes = tuple(
         (k, tuple(_text(v) for v in values)) for k, values in (data.get("axes") or {}).items()
     )
@@ -147,6 +159,8 @@ def spec_from_data(data: Any, path: Path, profiles: ProfileSet) -> ImageSpec:
                     f"{source}: key 'exclude[{i}]' names unknown field '{key}'."
                     f"{did_you_mean(key, fields)} Known fields: {', '.join(fields)}."
                 )
+        for k, v in rule.items():
+            _not_a_float(v, source=source, key=f"exclude[{i}].{k}")
         exclude.append({k: _text(v) for k, v in rule.items()})
     if data["name"] != folder.name:
         raise InputError(

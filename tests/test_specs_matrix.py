@@ -254,3 +254,47 @@ def test_matrix_formats(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None
     assert full["version"] == 1
     assert {d["what"] for d in full["dropped"]} >= {"volta cuda 12.9.1", "ampere cuda 13.3.1"}
     assert json.dumps(full)  # serialisable as is
+
+
+INFER_EDITS = {
+    "exclusion with a typo": (
+        ('{cuda: "12.9", python: "3.11"}', "{family: hoper}"),
+        "key 'exclude[0]' matches no variant: family is never 'hoper'. Did you mean 'hopper'?",
+    ),
+    "exclusion of a CUDA version the spec lacks": (
+        ('{cuda: "12.9", python: "3.11"}', '{cuda: "12.8.0"}'),
+        "key 'exclude[0]' matches no variant: cuda is never '12.8.0'",
+    ),
+    "exclusion with a bare version": (
+        ('{cuda: "12.9", python: "3.11"}', '{cuda: "12.9", python: 3.10}'),
+        "key 'exclude[0].python': 3.1 is a number to YAML (3.10 would become 3.1",
+    ),
+    "axis with bare versions": (
+        ('python: ["3.11", "3.12"]', "python: [3.10, 3.12]"),
+        "key 'axes.python': 3.1 is a number to YAML",
+    ),
+    "no variant at all": (
+        (
+            "families: [ampere, ada-lovelace, hopper, blackwell]",
+            "families: [ampere]\nrequires: [fp8]",
+        ),
+        "the spec yields no variant: every combination is left out",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INFER_EDITS))
+def test_silent_no_ops_are_refused(cli: CliRunner, tmp_path: Path, case: str) -> None:
+    (old, new), message = INFER_EDITS[case]
+    images = tmp_path / "images"
+    shutil.copytree(IMAGES / "infer", images / "infer")
+    spec = images / "infer" / "image.yaml"
+    text = spec.read_text()
+    assert old in text
+    text = text.replace(old, new, 1)
+    if "requires: [fp8]" in new:  # the spec's own requires line would come twice
+        text = text.replace("requires: [bf16]\n", "")
+    spec.write_text(text)
+    result = cli("matrix", "--images", str(images))
+    assert result.code == 2, result.out
+    assert message in result.err
