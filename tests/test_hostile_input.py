@@ -109,3 +109,37 @@ def test_ignore_covers_unreadable_files_and_lines_name_the_path_once(
     assert problem.count("opt/broken.so") == 1, problem
     passed = cli("check", f"dir:{root}", "--sm", "9.0", "--ignore", "opt/broken.so")
     assert passed.code == 0, passed.out
+
+
+def test_an_oversized_registry_manifest_is_refused_while_streaming(cli: CliRunner) -> None:
+    """A loopback stand-in registry serves a 20 MiB 'manifest'; it is cut at the cap."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+            self.end_headers()
+            if "/manifests/" in self.path:
+                chunk = b" " * (1 << 20)
+                try:
+                    for _ in range(20):
+                        self.wfile.write(chunk)
+                except OSError:  # the client stopped reading: what the test wants
+                    return
+            else:
+                self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        host = f"127.0.0.1:{server.server_address[1]}"
+        result = cli("check", f"docker://{host}/team/big:1", "--sm", "9.0")
+    finally:
+        server.shutdown()
+    assert result.code == 2, result.err
+    assert "is over 16 MiB" in result.err

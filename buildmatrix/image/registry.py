@@ -24,6 +24,7 @@ from buildmatrix.image.model import (
     DEFAULT_PLATFORM,
     INDEX_TYPES,
     MANIFEST_TYPES,
+    MAX_JSON,
     ImageConfig,
     LayerBlob,
     Progress,
@@ -146,8 +147,18 @@ class RegistryClient:
     def manifest(self, reference: str, *, digest: str | None) -> tuple[dict[str, Any], str]:
         """A manifest (or index) and its digest, verified when the digest is known."""
         what = f"manifest {reference}"
-        response = self._get(self._url("manifests", reference), accept=ACCEPT, what=what)
-        body = response.content
+        response = self._get(
+            self._url("manifests", reference), accept=ACCEPT, stream=True, what=what
+        )
+        try:  # read at most the cap, whatever Content-Length claims
+            body = response.raw.read(MAX_JSON + 1, decode_content=True)
+        finally:
+            response.close()
+        if len(body) > MAX_JSON:
+            raise InputError(
+                f"'{self.ref.given}': {what} is over {MAX_JSON >> 20} MiB; no image manifest "
+                "is that large, so it is refused."
+            )
         computed = "sha256:" + hashlib.sha256(body).hexdigest()
         expected = digest or (reference if reference.startswith("sha256:") else None)
         if expected is not None and computed != expected:
