@@ -8,6 +8,7 @@ the final stage, so that a template cannot forget them.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from buildmatrix.errors import InputError
@@ -70,4 +71,20 @@ def render(entry: Entry, *, source: str) -> str:
         f"LABEL {labels}\n"
         f"ENV NVIDIA_REQUIRE_ARCH={_quote(entry.nvidia_require_arch)}\n"
     )
-    return HEADER.format(source=source, tag=entry.tag) + body.rstrip("\n") + "\n" + tail
+    directives, rest = split_directives(body)
+    header = HEADER.format(source=source, tag=entry.tag)
+    return directives + header + rest.rstrip("\n") + "\n" + tail
+
+
+_DIRECTIVE = re.compile(r"#\s*(syntax|escape|check)\s*=.*", re.IGNORECASE)
+
+
+def split_directives(body: str) -> tuple[str, str]:
+    """(parser directives, the rest): BuildKit reads directives only at the very top
+    of a Dockerfile (before any comment or instruction), so the generated header goes
+    after them (Dockerfile reference, "Parser directives")."""
+    lines = body.splitlines(keepends=True)
+    n = 0
+    while n < len(lines) and _DIRECTIVE.fullmatch(lines[n].strip()):
+        n += 1
+    return "".join(lines[:n]), "".join(lines[n:])

@@ -68,6 +68,13 @@ def _rendered(matrix: Any) -> dict[Path, str]:
     return files
 
 
+def _generated(text: str, marker: str) -> bool:
+    """Whether a file is one generate wrote: its header, after any parser directives."""
+    from buildmatrix.render import split_directives
+
+    return split_directives(text)[1].startswith(marker)
+
+
 def _stale(out: Path, matrix: Any, expected: dict[Path, str]) -> list[Path]:
     """Generated Dockerfiles under ``out`` that the matrix no longer produces."""
     from buildmatrix.render import HEADER
@@ -77,7 +84,7 @@ def _stale(out: Path, matrix: Any, expected: dict[Path, str]) -> list[Path]:
     for name in sorted({e.spec.name for e in matrix.entries}):
         folder = out / name
         for path in sorted(folder.glob("*.Dockerfile")) if folder.is_dir() else []:
-            if path not in expected and path.read_text(errors="replace").startswith(marker):
+            if path not in expected and _generated(path.read_text(errors="replace"), marker):
                 stale.append(path)
     return stale
 
