@@ -84,3 +84,12 @@ def test_bad_refs(text: str, message: str) -> None:
 )
 def test_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize("text", ["a" * 5000, "oci:" + "b" * 5000 + ":tag", "dir:" + "c" * 5000])
+def test_names_too_long_for_the_os_are_not_a_crash(text: str) -> None:
+    """Found by the long fuzz run: Path.exists raised ENAMETOOLONG."""
+    try:
+        parse_ref(text)
+    except InputError:
+        pass

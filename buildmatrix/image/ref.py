@@ -105,7 +105,7 @@ def parse_name(text: str, *, given: str, transport: Transport) -> ImageRef:
 def _path_and_tag(rest: str) -> tuple[Path, str]:
     """``oci:PATH[:TAG]``: the tag is what follows the last ':' if PATH exists without it."""
     path, sep, tag = rest.rpartition(":")
-    if sep and path and "/" not in tag and Path(path).exists():
+    if sep and path and "/" not in tag and _exists(path):
         return Path(path), tag
     return Path(rest), ""
 
@@ -132,7 +132,7 @@ def parse_ref(text: str) -> ImageRef:
         )
     if text.startswith("dir:"):
         return ImageRef(transport=Transport.DIR, given=given, path=Path(text.removeprefix("dir:")))
-    if Path(text).exists():
+    if _exists(text):
         return ImageRef(transport=Transport.DIR, given=given, path=Path(text))
     prefix, sep, rest = text.partition(":")
     if sep and (prefix in _UNSUPPORTED or rest.startswith(("/", "./", "../"))):
@@ -146,3 +146,12 @@ def parse_ref(text: str) -> ImageRef:
             f"'{given}': {what}. Use one of {known} or a bare NAME[:TAG]; a path must exist."
         )
     return parse_name(text, given=given, transport=Transport.BARE)
+
+
+def _exists(text: str) -> bool:
+    """Whether ``text`` names an existing path; a name the OS refuses (too long, a NUL)
+    is not one, and then the text is read as an image name."""
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):
+        return False
