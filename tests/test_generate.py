@@ -129,9 +129,15 @@ def test_workflows_and_action_pass_actionlint(tmp_path: Path) -> None:
     assert "famly" in bad.stdout
 
 
-def test_a_tag_that_would_leave_out_writes_nothing(cli: CliRunner, tmp_path: Path) -> None:
-    images = tmp_path / "repo" / "images"
+def _train_fp8(root: Path) -> Path:
+    """A copy of the train-fp8 example under ``root/images``; returns that folder."""
+    images = root / "images"
     shutil.copytree(REPO / "images" / "train-fp8", images / "train-fp8")
+    return images
+
+
+def test_a_tag_that_would_leave_out_writes_nothing(cli: CliRunner, tmp_path: Path) -> None:
+    images = _train_fp8(tmp_path / "repo")
     spec = images / "train-fp8" / "image.yaml"
     spec.write_text(
         spec.read_text().replace(
@@ -147,8 +153,7 @@ def test_a_tag_that_would_leave_out_writes_nothing(cli: CliRunner, tmp_path: Pat
 
 
 def test_parser_directives_stay_first(cli: CliRunner, tmp_path: Path) -> None:
-    images = tmp_path / "images"
-    shutil.copytree(REPO / "images" / "train-fp8", images / "train-fp8")
+    images = _train_fp8(tmp_path)
     template = images / "train-fp8" / "Dockerfile.j2"
     template.write_text("# syntax=docker/dockerfile:1\n# check=error=true\n" + template.read_text())
     out = tmp_path / "build"
@@ -162,8 +167,7 @@ def test_parser_directives_stay_first(cli: CliRunner, tmp_path: Path) -> None:
 
 
 def test_stale_files_with_directives_are_found(cli: CliRunner, tmp_path: Path) -> None:
-    images = tmp_path / "images"
-    shutil.copytree(REPO / "images" / "train-fp8", images / "train-fp8")
+    images = _train_fp8(tmp_path)
     template = images / "train-fp8" / "Dockerfile.j2"
     template.write_text("# syntax=docker/dockerfile:1\n" + template.read_text())
     out = tmp_path / "build"
