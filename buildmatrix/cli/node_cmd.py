@@ -29,6 +29,7 @@ from buildmatrix.errors import BuildmatrixError, EnvironmentUnavailable, InputEr
 if TYPE_CHECKING:
     from buildmatrix.check import CheckResult
     from buildmatrix.node.checks import LoadResult, NodeReport
+    from buildmatrix.node.labels import VerifiedImage
     from buildmatrix.node.pools import Pools
     from buildmatrix.node.snapshot import Snapshot
     from buildmatrix.profiles import ProfileSet
@@ -115,7 +116,7 @@ def _check_images(
     return outcomes
 
 
-def _verified(outcomes: Sequence[_ImageOutcome]) -> list[Any]:
+def _verified(outcomes: Sequence[_ImageOutcome]) -> list[VerifiedImage]:
     """Images proven on the node, named by their spec (io.buildmatrix.image) label."""
     from buildmatrix.node.labels import VerifiedImage
 

@@ -41,7 +41,8 @@ def scan_image(
             return scan_registry(ref, platform=platform, progress=progress, keep=keep)
         case Transport.DAEMON:
             engine_image = _from_engine(ref, progress=progress, required=True, keep=keep)
-            assert engine_image is not None  # required=True raises instead of None
+            if engine_image is None:  # pragma: no cover - required=True raises instead
+                raise EnvironmentUnavailable(f"'{ref.given}': the Docker engine is not there.")
             return engine_image
         case Transport.BARE:
             found = _from_engine(ref, progress=progress, required=False, keep=keep)
