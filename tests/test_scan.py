@@ -133,3 +133,21 @@ def test_inspect_truncated_library(tmp_path: Path, cli: CliRunner) -> None:
     result = cli("inspect", str(cut))
     assert result.code == 2
     assert "truncated" in result.err or "past the end" in result.err
+
+
+@pytest.mark.parametrize("name", ["kernels.PTX", "kernels", "kernels.txt"])
+def test_ptx_is_found_by_content_not_by_name(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes((BIN / "kernels_sm90a.ptx").read_bytes())
+    report = inspect_file(path, display=name)
+    assert report is not None and report.ptx == ["compute_90a"]
+
+
+def test_hand_written_ptx_and_c_comments(tmp_path: Path) -> None:
+    ptx = tmp_path / "hand"
+    ptx.write_text(".version 8.4\n.target sm_90\n.address_size 64\n")
+    report = inspect_file(ptx, display="hand")
+    assert report is not None and report.ptx == ["compute_90"]
+    c = tmp_path / "notes.c"
+    c.write_text("// a comment, not PTX\nint x;\n")
+    assert inspect_file(c, display="notes.c") is None

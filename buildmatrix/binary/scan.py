@@ -19,7 +19,7 @@ from buildmatrix.binary.fatbin import (
     cubin_facts,
     parse_fatbin,
 )
-from buildmatrix.binary.ptx import ptx_target
+from buildmatrix.binary.ptx import looks_like_ptx, ptx_target
 from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
 from buildmatrix.errors import InputError
 
@@ -140,7 +140,7 @@ def inspect_source(src: ByteSource, *, path: str, head: bytes | None = None) -> 
     if head[:4] == FATBIN_MAGIC_BYTES:
         entries = parse_fatbin(src, 0, src.size, where="fatbin file")
         return FileReport(path=path, format="fatbin", entries=tuple(entries))
-    if path.endswith(".ptx"):
+    if looks_like_ptx(head, path):
         arch, isa = ptx_target(src)
         entry = FatbinEntry(
             kind=EntryKind.PTX, arch=arch, ptx_isa=isa, compressed=False, size=src.size, offset=0

@@ -37,6 +37,7 @@ from typing import IO, Literal, NoReturn, Self, cast
 
 from buildmatrix.binary.elf import is_elf
 from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES
+from buildmatrix.binary.ptx import looks_like_ptx
 from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_source
 from buildmatrix.binary.source import BytesSource, CorruptBinary, FileSource
 from buildmatrix.errors import InputError
@@ -278,7 +279,7 @@ def _signed(buf: bytes) -> int:
 
 
 def _might_hold_code(head: bytes, path: str) -> bool:
-    return is_elf(head) or head[:4] == FATBIN_MAGIC_BYTES or path.endswith(".ptx")
+    return is_elf(head) or head[:4] == FATBIN_MAGIC_BYTES or looks_like_ptx(head, path)
 
 
 def _inspect_member(
