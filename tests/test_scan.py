@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import jsonschema
@@ -151,3 +152,47 @@ def test_hand_written_ptx_and_c_comments(tmp_path: Path) -> None:
     c = tmp_path / "notes.c"
     c.write_text("// a comment, not PTX\nint x;\n")
     assert inspect_file(c, display="notes.c") is None
+
+
+def _renamed(data: bytes) -> bytes:
+    """.nv_fatbin renamed in the section-name table (same length, the loader cares not)."""
+    out = data.replace(b".nv_fatbin\0", b".xx_fatbin\0")
+    assert out != data
+    return out
+
+
+def _stripped(data: bytes) -> bytes:
+    """Section headers removed from the ELF header (e_shoff, e_shnum, e_shstrndx = 0):
+    the dynamic loader uses program headers only, so the library still loads."""
+    out = bytearray(data)
+    out[0x28:0x30] = b"\0" * 8
+    out[0x3C:0x40] = b"\0" * 4
+    return bytes(out)
+
+
+@pytest.mark.parametrize("hide", [_renamed, _stripped])
+@pytest.mark.parametrize("name", ["libsass_ptx.so", "libmulti.so", "libtwo.so"])
+def test_device_code_behind_hidden_sections_is_found(
+    tmp_path: Path, name: str, hide: Callable[[bytes], bytes]
+) -> None:
+    """The runtime registers the fatbinary through its wrapper, whatever the sections
+    are called: buildmatrix follows the same wrapper and finds the same code."""
+    original = inspect_file(BIN / name)
+    path = tmp_path / name
+    path.write_bytes(hide((BIN / name).read_bytes()))
+    found = inspect_file(path, display=name)
+    assert original is not None and found is not None
+    assert (found.sass, found.ptx) == (original.sass, original.ptx)
+    assert [[str(c.arch) for c in u.codes] for u in found.units()] == [
+        [str(c.arch) for c in u.codes] for u in original.units()
+    ]
+
+
+def test_a_stripped_library_cannot_hide_a_failure(cli: CliRunner, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "libgood.so").write_bytes((BIN / "libmulti.so").read_bytes())
+    (root / "libold.so").write_bytes(_stripped((BIN / "libsass_sm80.so").read_bytes()))
+    result = cli("check", f"dir:{root}", "--sm", "9.0")
+    assert result.code == 1
+    assert "libold.so: sm_80 SASS runs only on compute capability 8.x, not 9.0" in result.out

@@ -117,3 +117,72 @@ def read_elf(src: ByteSource) -> ElfInfo:
         flags=flags,
         sections=tuple(sections),
     )
+
+
+PT_LOAD = 1
+PF_W = 2
+# p_type, p_flags, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_align (ELF64);
+# p_type, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_flags, p_align (ELF32)
+_PHDR = {32: "IIIIIIII", 64: "IIQQQQQQ"}
+MAX_SEGMENTS = 1 << 16  # e_phnum is 16 bits (PN_XNUM aside, which loaders reject)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    """A loadable segment: where its bytes are in the file and where they are mapped."""
+
+    offset: int
+    vaddr: int
+    filesz: int
+    writable: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    bits: int
+    order: str
+    segments: tuple[Segment, ...]
+
+    def file_offset(self, vaddr: int, size: int) -> int | None:
+        """The file offset of ``size`` bytes mapped at ``vaddr``, if a segment holds them."""
+        for s in self.segments:
+            if s.vaddr <= vaddr and vaddr + size <= s.vaddr + s.filesz:
+                return s.offset + (vaddr - s.vaddr)
+        return None
+
+
+def read_layout(src: ByteSource) -> Layout:
+    """The loadable segments (program headers) of an ELF file: what the dynamic loader
+    maps, with or without section headers. Read only when section names do not say
+    where the device code is."""
+    ident = read_exact(src, 0, 16, what="ELF identification")
+    bits = {1: 32, 2: 64}.get(ident[4])
+    order = {1: "<", 2: ">"}.get(ident[5])
+    if ident[:4] != ELF_MAGIC or bits is None or order is None:
+        raise CorruptBinary(f"{src.name}: not an ELF file.")
+    ehdr = struct.Struct(order + _EHDR[bits])
+    fields = ehdr.unpack(read_exact(src, 16, ehdr.size, what="ELF header"))
+    phoff, phentsize, phnum = fields[4], fields[8], fields[9]
+    phdr = struct.Struct(order + _PHDR[bits])
+    if phnum == 0:
+        return Layout(bits=bits, order=order, segments=())
+    if phentsize < phdr.size or phnum > MAX_SEGMENTS:
+        raise CorruptBinary(f"{src.name}: ELF program header table is malformed.")
+    table = read_exact(src, phoff, phnum * phentsize, what="ELF program header table")
+    segments = []
+    for i in range(phnum):
+        values = phdr.unpack_from(table, i * phentsize)
+        if bits == 64:
+            p_type, p_flags, p_offset, p_vaddr, _pa, p_filesz, *_ = values
+        else:
+            p_type, p_offset, p_vaddr, _pa, p_filesz, _memsz, p_flags, _al = values
+        if p_type == PT_LOAD:
+            segments.append(
+                Segment(
+                    offset=p_offset,
+                    vaddr=p_vaddr,
+                    filesz=min(p_filesz, max(0, src.size - p_offset)),
+                    writable=bool(p_flags & PF_W),
+                )
+            )
+    return Layout(bits=bits, order=order, segments=tuple(segments))

@@ -25,6 +25,7 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
+from buildmatrix.binary.elf import Layout
 from buildmatrix.binary.source import ByteSource, CorruptBinary, SliceSource, read_exact
 
 FATBIN_MAGIC = 0xBA55ED50
@@ -240,3 +241,48 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
             )
             p += ehsize + payload
     return entries
+
+
+WRAPPER_MAGIC = 0x466243B1  # __fatBinC_Wrapper_t.magic (clang CGCUDANV.cpp; ZLUDA fatbin.rs)
+_MAX_SEARCH = 64 << 20
+
+
+def wrapped_containers(
+    src: ByteSource, layout: Layout, regions: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """(offset, size) of each container a runtime wrapper in ``regions`` points at.
+
+    The CUDA runtime registers a fatbinary through ``__fatBinC_Wrapper_t {int magic;
+    int version; const void *data; void *filename_or_fatbins}``, which the host code
+    points at whatever the sections are called: this finds the device code of a file
+    whose ``.nv_fatbin`` was renamed or whose section headers were stripped.
+    """
+    width = 8 if layout.bits == 64 else 4
+    wrapper = struct.Struct(layout.order + ("IIQQ" if layout.bits == 64 else "IIII"))
+    magic = struct.pack(layout.order + "I", WRAPPER_MAGIC)
+    spans: list[tuple[int, int]] = []
+    for offset, size in regions:
+        if size > _MAX_SEARCH:
+            raise CorruptBinary(
+                f"{src.name}: {size} bytes of loadable data to search for the CUDA runtime's "
+                "fatbinary wrapper (section names do not show it); refused as too large."
+            )
+        data = src.read_at(offset, size)
+        at = data.find(magic)
+        while at >= 0:
+            if at % width == 0 and at + wrapper.size <= len(data):
+                _magic, version, pointer, _name = wrapper.unpack_from(data, at)
+                start = layout.file_offset(pointer, _CONTAINER.size) if version in (1, 2) else None
+                if start is not None:
+                    head = src.read_at(start, _CONTAINER.size)
+                    if len(head) == _CONTAINER.size:
+                        c_magic, _v, hsize, fat_size = _CONTAINER.unpack(head)
+                        end = start + hsize + fat_size
+                        if (
+                            c_magic == FATBIN_MAGIC
+                            and end <= src.size
+                            and (start, end) not in [(s, s + n) for s, n in spans]
+                        ):
+                            spans.append((start, hsize + fat_size))
+            at = data.find(magic, at + 1)
+    return spans

@@ -5,19 +5,20 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from buildmatrix.arch import Arch
 from buildmatrix.binary.cubin import cubin_arch
-from buildmatrix.binary.elf import EM_CUDA, is_elf, read_elf
+from buildmatrix.binary.elf import EM_CUDA, ElfInfo, is_elf, read_elf, read_layout
 from buildmatrix.binary.fatbin import (
     FATBIN_MAGIC_BYTES,
     EntryKind,
     FatbinEntry,
     cubin_facts,
     parse_fatbin,
+    wrapped_containers,
 )
 from buildmatrix.binary.ptx import looks_like_ptx, ptx_target
 from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 # device code (-rdc=true) sits in __nv_relfatbin and is used only where there is no
 # executable one (an object file). cuobjdump makes the same choice by default.
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
+WRAPPER_SECTION = ".nvFatBinSegment"  # the runtime's __fatBinC_Wrapper_t records
 _HEAD = 64
 
 
@@ -136,7 +138,8 @@ def inspect_source(src: ByteSource, *, path: str, head: bytes | None = None) -> 
                 where = f"section {name}"
                 entries = parse_fatbin(src, section.offset, section.size, where=where)
                 return FileReport(path=path, format="elf", entries=tuple(entries))
-        return None
+        hidden = _behind_the_wrapper(src, info)
+        return FileReport(path=path, format="elf", entries=hidden) if hidden else None
     if head[:4] == FATBIN_MAGIC_BYTES:
         entries = parse_fatbin(src, 0, src.size, where="fatbin file")
         return FileReport(path=path, format="fatbin", entries=tuple(entries))
@@ -147,6 +150,27 @@ def inspect_source(src: ByteSource, *, path: str, head: bytes | None = None) -> 
         )
         return FileReport(path=path, format="ptx", entries=(entry,))
     return None
+
+
+def _behind_the_wrapper(src: ByteSource, info: ElfInfo) -> tuple[FatbinEntry, ...]:
+    """Device code no .nv_fatbin section names: follow the runtime's wrapper from the
+    wrapper section, or, with the section headers stripped, from the writable
+    loadable segments (the loader maps those whatever the headers say)."""
+    segment = info.section(WRAPPER_SECTION)
+    if segment is not None:
+        layout = read_layout(src)
+        regions = [(segment.offset, segment.size)]
+    elif not info.sections:
+        layout = read_layout(src)
+        regions = [(s.offset, s.filesz) for s in layout.segments if s.writable]
+    else:
+        return ()
+    entries: list[FatbinEntry] = []
+    for index, (offset, size) in enumerate(wrapped_containers(src, layout, regions)):
+        where = f"fatbinary at {offset:#x}, found through the runtime's wrapper"
+        for e in parse_fatbin(src, offset, size, where=where):
+            entries.append(replace(e, container=index))
+    return tuple(entries)
 
 
 def inspect_file(path: Path, *, display: str | None = None) -> FileReport | None:
