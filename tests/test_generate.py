@@ -177,3 +177,33 @@ def test_stale_files_with_directives_are_found(cli: CliRunner, tmp_path: Path) -
     result = cli("generate", "--images", str(images), "--out", str(out), "--check")
     assert result.code == 1
     assert "stale" in result.out + result.err
+
+
+def test_a_removed_image_leaves_stale_files(cli: CliRunner, tmp_path: Path) -> None:
+    images = _train_fp8(tmp_path)
+    shutil.copytree(REPO / "images" / "infer", images / "infer")
+    out = tmp_path / "build"
+    assert cli("generate", "--images", str(images), "--out", str(out)).code == 0
+    (out / "notes").mkdir()
+    (out / "notes" / "hand-written.Dockerfile").write_text("FROM scratch\n")
+    shutil.rmtree(images / "infer")
+    check = cli("generate", "--images", str(images), "--out", str(out), "--check")
+    assert check.code == 1
+    assert "stale" in check.out + check.err
+    assert cli("generate", "--images", str(images), "--out", str(out)).code == 0
+    assert not list((out / "infer").glob("*.Dockerfile"))
+    assert (out / "notes" / "hand-written.Dockerfile").exists()  # never touched
+
+
+def test_the_header_does_not_depend_on_where_generate_runs(
+    cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    images = _train_fp8(tmp_path / "repo")
+    out = tmp_path / "repo" / "build"
+    monkeypatch.chdir(tmp_path / "repo")
+    assert cli("generate", "--images", "images", "--out", "build").code == 0
+    monkeypatch.chdir(tmp_path)
+    check = cli("generate", "--images", str(images), "--out", str(out), "--check")
+    assert check.code == 0, check.out + check.err
+    text = next(out.glob("train-fp8/*.Dockerfile")).read_text()
+    assert "from images/train-fp8/image.yaml" in text

@@ -58,12 +58,16 @@ def _explain(matrix: Any) -> None:
         click.echo(f"left out  {d}", err=True)
 
 
-def _rendered(matrix: Any) -> dict[Path, str]:
+def _rendered(matrix: Any, images: Path) -> dict[Path, str]:
+    """Each variant's Dockerfile text. The header names the spec relative to the
+    images folder's parent (images/NAME/image.yaml), so it does not depend on where
+    generate runs."""
     from buildmatrix.render import render
 
+    base = images.resolve().parent
     files: dict[Path, str] = {}
     for entry in matrix.entries:
-        source = Path(os.path.relpath(entry.spec.source)).as_posix()
+        source = Path(os.path.relpath(entry.spec.source.resolve(), base)).as_posix()
         files[entry.dockerfile] = render(entry, source=source)
     return files
 
@@ -75,15 +79,17 @@ def _generated(text: str, marker: str) -> bool:
     return split_directives(text)[1].startswith(marker)
 
 
-def _stale(out: Path, matrix: Any, expected: dict[Path, str]) -> list[Path]:
+def _stale(out: Path, expected: dict[Path, str]) -> list[Path]:
     """Generated Dockerfiles under ``out`` that the matrix no longer produces."""
     from buildmatrix.render import HEADER
 
     marker = HEADER.split("{", 1)[0]
     stale = []
-    for name in sorted({e.spec.name for e in matrix.entries}):
-        folder = out / name
-        for path in sorted(folder.glob("*.Dockerfile")) if folder.is_dir() else []:
+    # Every image folder under out, not only those of specs still there: the files of a
+    # removed image are stale too (only files generate wrote are ever listed).
+    folders = sorted(p for p in out.iterdir() if p.is_dir()) if out.is_dir() else []
+    for folder in folders:
+        for path in sorted(folder.glob("*.Dockerfile")):
             if path not in expected and _generated(path.read_text(errors="replace"), marker):
                 stale.append(path)
     return stale
@@ -111,9 +117,9 @@ def generate(
     matrix = _matrix(images_dir, profiles_dir, out_dir, None)
     if explain:
         _explain(matrix)
-    expected = _rendered(matrix)
+    expected = _rendered(matrix, Path(images_dir))
     out = Path(out_dir)
-    stale = _stale(out, matrix, expected)
+    stale = _stale(out, expected)
     if check_only:
         missing = [p for p in expected if not p.is_file()]
         changed = [
