@@ -298,3 +298,20 @@ def test_silent_no_ops_are_refused(cli: CliRunner, tmp_path: Path, case: str) ->
     result = cli("matrix", "--images", str(images))
     assert result.code == 2, result.out
     assert message in result.err
+
+
+def test_bake_target_names_never_collide(cli: CliRunner, tmp_path: Path) -> None:
+    """Axis values a.b and a-b give different tags but one bake target name."""
+    images = _copy_example(tmp_path)
+    spec = images / "train-fp8" / "image.yaml"
+    spec.write_text(
+        spec.read_text().replace(
+            'tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"',
+            'axes:\n  variant: ["a.b", "a-b"]\n'
+            'tag: "{version}-cu{cuda_major}{cuda_minor}-{family}-{variant}"',
+        )
+    )
+    assert cli("matrix", "--images", str(images)).code == 0  # the github matrix is fine
+    result = cli("matrix", "--images", str(images), "--format", "bake")
+    assert result.code == 2
+    assert "both become the bake target" in result.err

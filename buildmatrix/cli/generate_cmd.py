@@ -159,9 +159,19 @@ def generate(
 
 
 def _bake(matrix: Any) -> dict[str, Any]:
+    """A ``docker buildx bake`` file: one target per variant. Paths are relative to the
+    current directory, so run ``docker buildx bake -f FILE`` from where ``matrix`` ran."""
     targets: dict[str, Any] = {}
     for entry in matrix.entries:
+        # bake target names allow [A-Za-z0-9_-]: '.' becomes '-', so two tags can meet
         name = re.sub(r"[^A-Za-z0-9_-]", "-", f"{entry.spec.name}-{entry.tag}")
+        if name in targets:
+            raise InputError(
+                f"{entry.spec.source}: tags '{targets[name]['tags'][0]}' and "
+                f"'{entry.image_ref}' both become the bake target '{name}' (bake names "
+                "allow letters, digits, '_' and '-'); make the tags differ in more than "
+                "'.' against '-'."
+            )
         context = Path(os.path.relpath(entry.spec.context))
         targets[name] = {
             "context": context.as_posix(),
