@@ -25,7 +25,7 @@ import pytest
 
 
 @contextmanager
-def _registry(root: Path, extra: str = "") -> Iterator[str]:
+def serve_registry(root: Path, extra: str = "") -> Iterator[str]:
     """A registry for the duration of a fixture (skips where none is installed)."""
     if shutil.which("docker-registry") is None:
         pytest.skip("no registry: install docker-registry (Debian package)")
@@ -181,7 +181,7 @@ def start_registry(root: Path, extra: str = "") -> tuple[subprocess.Popen[bytes]
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     """A plain-HTTP registry on loopback, anonymous access."""
-    with _registry(tmp_path_factory.mktemp("registry")) as host:
+    with serve_registry(tmp_path_factory.mktemp("registry")) as host:
         yield Registry(host)
 
 
@@ -194,7 +194,7 @@ def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
     (root / "htpasswd").write_text(f"{user}:{hashed}\n")
     extra = f"auth:\n  htpasswd:\n    realm: buildmatrix-test\n    path: {root}/htpasswd\n"
-    with _registry(root, extra) as host:
+    with serve_registry(root, extra) as host:
         yield Registry(host, user, password)
 
 
@@ -211,5 +211,5 @@ def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registr
             f"auth:\n  token:\n    realm: {realm}\n    service: {SERVICE}\n"
             f"    issuer: {ISSUER}\n    rootcertbundle: {issuer.bundle}\n"
         )
-        with _registry(root, extra) as host:
+        with serve_registry(root, extra) as host:
             yield Registry(host, user, password)

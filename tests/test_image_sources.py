@@ -8,9 +8,11 @@ transport reads bytes a real tool wrote.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pytest
 
 from tests.conftest import REPO, CliRunner
 from tests.images import Dir, Image, Symlink, fixture, write_docker_archive, write_oci_layout
-from tests.services import Registry, free_port
+from tests.services import Registry, free_port, serve_registry
 
 pytestmark = pytest.mark.integration
 
@@ -167,7 +169,9 @@ def test_layer_escaping_the_root_is_refused(tmp_path: Path, cli: CliRunner) -> N
     assert not (tmp_path.parent / "etc").exists()
 
 
-def test_multi_platform_index(tmp_path: Path, cli: CliRunner) -> None:
+def write_multi_platform_layout(tmp_path: Path) -> Path:
+    """An OCI layout tagged ``multi`` whose index holds LAYERED for linux/amd64 and
+    MISLABELED for linux/arm64 (arm64 first, so that order does not pick)."""
     amd = write_oci_layout(tmp_path / "amd", LAYERED)
     arm = write_oci_layout(tmp_path / "arm", MISLABELED)
     merged = tmp_path / "multi"
@@ -184,8 +188,6 @@ def test_multi_platform_index(tmp_path: Path, cli: CliRunner) -> None:
         "manifests": [arm_desc, amd_desc],
     }
     body = json.dumps(index).encode()
-    import hashlib
-
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     (merged / "blobs/sha256" / digest[7:]).write_bytes(body)
     (merged / "index.json").write_text(
@@ -203,6 +205,11 @@ def test_multi_platform_index(tmp_path: Path, cli: CliRunner) -> None:
             }
         )
     )
+    return merged
+
+
+def test_multi_platform_index(tmp_path: Path, cli: CliRunner) -> None:
+    merged = write_multi_platform_layout(tmp_path)
     assert_layered(*run_check(cli, f"oci:{merged}:multi"))
     assert_mislabeled(*run_check(cli, f"oci:{merged}:multi", "--platform", "linux/arm64"))
     result = cli("check", f"oci:{merged}:multi", "--platform", "linux/s390x")
@@ -260,6 +267,101 @@ def test_registry_errors(pushed: str, cli: CliRunner) -> None:
     unreachable = cli("check", f"docker://127.0.0.1:{port}/bmtest/layered:v1")
     assert unreachable.code == 3
     assert "unreachable" in unreachable.err
+
+
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+
+
+def served(host: str, repository: str, reference: str) -> tuple[str, bytes, str]:
+    """What the registry serves for a manifest: media type, body, Docker-Content-Digest."""
+    accept = f"{DOCKER_MANIFEST}, {DOCKER_LIST}, application/vnd.oci.image.manifest.v1+json"
+    request = urllib.request.Request(
+        f"http://{host}/v2/{repository}/manifests/{reference}", headers={"Accept": accept}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return (
+            response.headers["Content-Type"],
+            response.read(),
+            response.headers["Docker-Content-Digest"],
+        )
+
+
+def test_docker_v2_manifest(registry: Registry, cli: CliRunner, tmp_path: Path) -> None:
+    """Docker v2 schema 2, what most registries serve, not only OCI manifests."""
+    layout = write_oci_layout(tmp_path / "layered", LAYERED, tag="v1")
+    dest = f"docker://{registry.host}/bmtest/v2s2:v1"
+    skopeo("copy", "--format=v2s2", "--dest-tls-verify=false", f"oci:{layout}:v1", dest)
+    media_type, _, digest = served(registry.host, "bmtest/v2s2", "v1")
+    assert media_type == DOCKER_MANIFEST
+    code, doc = run_check(cli, dest)
+    assert_layered(code, doc)
+    assert doc["digest"] == digest
+    assert_layered(*run_check(cli, f"docker://{registry.host}/bmtest/v2s2@{digest}"))
+
+
+def test_docker_manifest_list(registry: Registry, cli: CliRunner, tmp_path: Path) -> None:
+    """A Docker v2 manifest list resolves to the asked platform like an OCI index."""
+    merged = write_multi_platform_layout(tmp_path)
+    dest = f"docker://{registry.host}/bmtest/list:v1"
+    skopeo("copy", "--all", "--format=v2s2", "--dest-tls-verify=false", f"oci:{merged}:multi", dest)
+    media_type, body, _ = served(registry.host, "bmtest/list", "v1")
+    assert media_type == DOCKER_LIST
+    assert {m["mediaType"] for m in json.loads(body)["manifests"]} == {DOCKER_MANIFEST}
+    assert_layered(*run_check(cli, dest))
+    assert_mislabeled(*run_check(cli, dest, "--platform", "linux/arm64"))
+    result = cli("check", dest, "--platform", "linux/s390x")
+    assert result.code == 2
+    assert "no image for platform linux/s390x" in result.err
+
+
+def _stored_blob(root: Path, digest: str) -> Path:
+    """Where docker-registry's filesystem driver keeps a blob (manifests included)."""
+    hexdigest = digest.removeprefix("sha256:")
+    return root / f"data/docker/registry/v2/blobs/sha256/{hexdigest[:2]}/{hexdigest}/data"
+
+
+def _oci_blob(layout: Path, digest: str) -> Path:
+    return layout / "blobs/sha256" / digest.removeprefix("sha256:")
+
+
+@pytest.mark.parametrize("what", ["manifest", "config", "layer"])
+def test_tampered_registry_content_exits_2(what: str, cli: CliRunner, tmp_path: Path) -> None:
+    """A registry whose store was altered after the push (the registry does not
+    re-hash on serving): every manifest, config and layer is checked against its
+    digest, by tag (the Docker-Content-Digest header) and by digest."""
+    root = tmp_path / "registry"
+    root.mkdir()
+    with serve_registry(root) as host:
+        layout = write_oci_layout(tmp_path / "layered", LAYERED, tag="v1")
+        dest = f"docker://{host}/bmtest/tampered:v1"
+        skopeo("copy", "--format=v2s2", "--dest-tls-verify=false", f"oci:{layout}:v1", dest)
+        _, body, digest = served(host, "bmtest/tampered", "v1")
+        assert_layered(*run_check(cli, dest))  # untouched, it passes
+        manifest = json.loads(body)
+        target = {
+            "manifest": digest,
+            "config": manifest["config"]["digest"],
+            "layer": manifest["layers"][-1]["digest"],
+        }[what]
+        stored = _stored_blob(root, target)
+        data = bytearray(stored.read_bytes())
+        if what == "layer":  # another valid layer in its place, one that would pass
+            other = write_oci_layout(tmp_path / "other", Image(layers=[{"usr/lib/x.so": HOPPER}]))
+            index = json.loads((other / "index.json").read_text())
+            other_manifest = json.loads(
+                _oci_blob(other, index["manifests"][0]["digest"]).read_bytes()
+            )
+            data = bytearray(_oci_blob(other, other_manifest["layers"][0]["digest"]).read_bytes())
+        else:  # still valid JSON, other bytes
+            data = bytearray(b" ") + data
+        assert bytes(data) != stored.read_bytes()
+        stored.write_bytes(bytes(data))
+        for ref in (dest, f"docker://{host}/bmtest/tampered@{digest}"):
+            result = cli("check", ref, "--family", "hopper")
+            assert result.code == 2, (ref, result.out)
+            assert "digest" in result.err, result.err
+            assert "PASS" not in result.out
 
 
 @pytest.mark.parametrize("kind", ["basic", "token"])
@@ -330,6 +432,24 @@ def test_engine(engine: object, cli: CliRunner, tmp_path: Path) -> None:
     finally:
         for name in ("layered", "mislabeled"):
             client.images.remove(f"bmtest/{name}:v1", force=True)  # type: ignore[attr-defined]
+
+
+def test_engine_push(engine: object, registry: Registry, cli: CliRunner, tmp_path: Path) -> None:
+    """What ``docker push`` writes (the engine's own manifest, Docker v2 schema 2)."""
+    client = engine
+    repository = f"{registry.host}/bmtest/engine-pushed"
+    archive = write_docker_archive(tmp_path / "l.tar", LAYERED, tag=f"{repository}:v1")
+    client.images.load(archive.read_bytes())  # type: ignore[attr-defined]
+    try:
+        for line in client.images.push(repository, tag="v1", stream=True, decode=True):  # type: ignore[attr-defined]
+            assert "error" not in line, line
+    finally:
+        client.images.remove(f"{repository}:v1", force=True)  # type: ignore[attr-defined]
+    media_type, _, digest = served(registry.host, "bmtest/engine-pushed", "v1")
+    assert media_type == DOCKER_MANIFEST
+    code, doc = run_check(cli, f"docker://{repository}:v1")
+    assert_layered(code, doc)
+    assert doc["digest"] == digest
 
 
 def test_engine_build_with_real_whiteout(engine: object, cli: CliRunner, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ manifest and blob verified against its digest.
 from __future__ import annotations
 
 import hashlib
+import io
 import ipaddress
 import os
 from collections.abc import Iterator
@@ -150,6 +151,10 @@ class RegistryClient:
         response = self._get(
             self._url("manifests", reference), accept=ACCEPT, stream=True, what=what
         )
+        # Fetched by tag, the registry's Docker-Content-Digest header is the digest
+        # to verify against (as containerd does), so that a proxy or a corrupted
+        # store cannot hand over other content under the registry's digest.
+        served = response.headers.get("Docker-Content-Digest", "")
         try:  # read at most the cap, whatever Content-Length claims
             body = response.raw.read(MAX_JSON + 1, decode_content=True)
         finally:
@@ -161,13 +166,13 @@ class RegistryClient:
             )
         computed = "sha256:" + hashlib.sha256(body).hexdigest()
         expected = digest or (reference if reference.startswith("sha256:") else None)
+        if expected is None and served.startswith("sha256:"):
+            expected = served
         if expected is not None and computed != expected:
             raise InputError(
                 f"'{self.ref.given}': {what} has digest {computed}, expected "
                 f"{expected}; the registry returned other content."
             )
-        import io
-
         doc = read_json_blob(io.BytesIO(body), name=f"{self.ref.host} {what}", digest=None)
         return doc, computed
 
