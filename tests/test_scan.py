@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -196,3 +201,51 @@ def test_a_stripped_library_cannot_hide_a_failure(cli: CliRunner, tmp_path: Path
     result = cli("check", f"dir:{root}", "--sm", "9.0")
     assert result.code == 1
     assert "libold.so: sm_80 SASS runs only on compute capability 8.x, not 9.0" in result.out
+
+
+def _as_unprivileged(argv: list[str]) -> list[str]:
+    """argv run as nobody when the tests run as root (root reads a mode-000 folder,
+    so the case could not happen); skips where that is impossible."""
+    if os.geteuid() != 0:
+        return argv
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is needed to run as a non-root user")
+    prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    probe = [*prefix, sys.executable, "-c", "import buildmatrix"]
+    if subprocess.run(probe, check=False, capture_output=True, cwd="/").returncode != 0:
+        pytest.skip("the interpreter or the checkout is not readable by user nobody")
+    return [*prefix, *argv]
+
+
+def test_a_folder_that_cannot_be_listed_fails_closed() -> None:
+    """dir: on a tree with a mode-000 folder, as a non-root user: the folder is a
+    problem (exit 1), not silently skipped, and --ignore names it explicitly."""
+    top = Path(tempfile.mkdtemp(prefix="bm-unlisted-"))  # not under the 0700 tmp_path
+    try:
+        top.chmod(0o755)
+        (top / "usr/lib").mkdir(parents=True)
+        (top / "opt/secret").mkdir(parents=True)
+        (top / "usr/lib/libsass_ptx.so").write_bytes((BIN / "libsass_ptx.so").read_bytes())
+        (top / "opt/secret/libsass_sm80.so").write_bytes((BIN / "libsass_sm80.so").read_bytes())
+        (top / "opt/secret").chmod(0)
+
+        def check(*extra: str) -> subprocess.CompletedProcess[str]:
+            argv = [sys.executable, "-m", "buildmatrix", "check", f"dir:{top}", "--json"]
+            return subprocess.run(
+                _as_unprivileged([*argv, "--sm", "9.0", *extra]),
+                check=False,
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+            )
+
+        failed = check()
+        assert failed.returncode == 1, failed.stderr
+        problems = json.loads(failed.stdout)["problems"]
+        assert any("opt/secret: cannot list folder: Permission denied" in p for p in problems)
+        passed = check("--ignore", "opt/secret")
+        assert passed.returncode == 0, passed.stdout
+    finally:
+        (top / "opt/secret").chmod(0o755)
+        shutil.rmtree(top)

@@ -190,8 +190,10 @@ def inspect_file(path: Path, *, display: str | None = None) -> FileReport | None
         os.close(fd)
 
 
-def _walk(root: Path) -> Iterator[tuple[str, str]]:
-    """(absolute path, path relative to root) of every regular file, in sorted order.
+def _walk(root: Path) -> Iterator[tuple[str, str, str | None]]:
+    """(absolute path, path relative to root, None) of every regular file, in sorted
+    order, and (folder, relative folder, why) for each folder that cannot be listed:
+    an unlisted folder may hold device code, so it is a problem, never skipped.
 
     Symbolic links are never followed: a link inside the tree points at a file the
     walk reaches anyway, and a link out of the tree must not be read.
@@ -202,7 +204,8 @@ def _walk(root: Path) -> Iterator[tuple[str, str]]:
         try:
             with os.scandir(folder) as it:
                 entries = sorted(it, key=lambda e: e.name)
-        except OSError:
+        except OSError as exc:
+            yield folder, rel or ".", f"cannot list folder: {exc.strerror}"
             continue
         subfolders = []
         for entry in entries:
@@ -212,7 +215,7 @@ def _walk(root: Path) -> Iterator[tuple[str, str]]:
             if entry.is_dir(follow_symlinks=False):
                 subfolders.append((entry.path, child))
             elif entry.is_file(follow_symlinks=False):
-                yield entry.path, child
+                yield entry.path, child, None
         stack.extend(reversed(subfolders))
 
 
@@ -223,8 +226,11 @@ def scan_tree(
 
     ``on_file(path, has_code)`` is called for every regular file (for progress).
     """
-    for full, rel in _walk(root):
+    for full, rel, unlisted in _walk(root):
         result: FileReport | ScanProblem | None
+        if unlisted is not None:
+            yield ScanProblem(path=rel, message=unlisted)
+            continue
         try:
             fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError as exc:
