@@ -1,4 +1,4 @@
-"""Compatibility rules (DESIGN.md section 6): can this code run on that GPU and driver?
+"""Compatibility rules (docs/compatibility.md): can this code run on that GPU and driver?
 
 Pure functions over data; every answer carries reasons a human can read, which
 ``check`` and ``smoke`` print as they are.

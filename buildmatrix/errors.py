@@ -1,7 +1,7 @@
 """One error hierarchy; each class carries the exit code of the CLI contract.
 
 Inner code only raises; ``cli.main`` catches once, prints the message and exits
-with ``exit_code`` (DESIGN.md section 4).
+with ``exit_code`` (the exit codes of README.md, section Commands).
 """
 
 from __future__ import annotations

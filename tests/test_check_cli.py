@@ -61,12 +61,39 @@ def test_summary_is_appended(cli: CliRunner, archive: str, tmp_path: Path) -> No
     assert "| ampere | sm_86 | none | not checked |" in text
 
 
-def test_require_sass_and_driver_too_old(cli: CliRunner, archive: str) -> None:
+def test_driver_too_old(cli: CliRunner, archive: str) -> None:
     result = cli("check", archive, "--driver", "520.61.05", "--json")
     assert result.code == 1
     doc = result.json()
     assert doc["targets"][0]["driver_ok"] is False
     assert doc["driver"] == "520.61.05"
+
+
+def test_require_sass(cli: CliRunner, tmp_path: Path) -> None:
+    """sm_80 and sm_90 SASS plus compute_90 PTX: sm_100 runs it by JIT, which
+    --require-sass refuses; Hopper runs its SASS."""
+    image = Image(layers=[{"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so")}])
+    ref = f"docker-archive:{write_docker_archive(tmp_path / 'ptx.tar', image)}"
+    jit = cli("check", ref, "--sm", "10.0", "--json")
+    assert jit.code == 0, jit.err
+    assert [t["verdict"] for t in jit.json()["targets"]] == ["jit"]
+    refused = cli("check", ref, "--sm", "10.0", "--require-sass")
+    assert refused.code == 1
+    assert "--require-sass" in refused.out
+    native = cli("check", ref, "--family", "hopper", "--require-sass")
+    assert native.code == 0, native.out
+
+
+def test_allow_empty(cli: CliRunner, tmp_path: Path) -> None:
+    """An image without device code fails unless --allow-empty says it is intended."""
+    image = Image(layers=[{"usr/bin/tool": b"#!/bin/sh\n", "etc/os-release": b"ID=x\n"}])
+    ref = f"docker-archive:{write_docker_archive(tmp_path / 'cpu.tar', image)}"
+    empty = cli("check", ref, "--family", "hopper")
+    assert empty.code == 1
+    assert "holds no CUDA device code at all" in empty.out
+    allowed = cli("check", ref, "--family", "hopper", "--allow-empty", "--json")
+    assert allowed.code == 0, allowed.out
+    assert allowed.json()["verdict"] == "pass"
 
 
 @pytest.mark.parametrize(

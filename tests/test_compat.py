@@ -1,4 +1,4 @@
-"""The compatibility rules of DESIGN.md section 6, table-driven and exhaustive.
+"""The compatibility rules of docs/compatibility.md, table-driven and exhaustive.
 
 The expected verdicts are computed here from the rules as the design states them
 (and from the raw CUDA table file), independently of ``buildmatrix.compat``; a few

@@ -37,8 +37,8 @@ def test_bad_cuda_versions(text: str) -> None:
         parse_cuda_version(text)
 
 
-def test_verified_facts_from_design() -> None:
-    """The values DESIGN.md section 7 lists as verified are what the table holds."""
+def test_verified_facts() -> None:
+    """Values checked against NVIDIA's CUDA release notes (docs/compatibility.md)."""
     facts = load_cuda_facts()
     expected = {
         "12.0": ("525.60.13", "8.0"),

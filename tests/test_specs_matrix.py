@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -253,7 +252,6 @@ def test_matrix_formats(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None
     full = cli("matrix", "--format", "json", "--image", "train-fp8").json()
     assert full["version"] == 1
     assert {d["what"] for d in full["dropped"]} >= {"volta cuda 12.9.1", "ampere cuda 13.3.1"}
-    assert json.dumps(full)  # serialisable as is
 
 
 INFER_EDITS = {

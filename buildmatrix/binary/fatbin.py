@@ -1,6 +1,6 @@
 """The CUDA fatbinary container: entries listed from their headers alone.
 
-Layout (DESIGN.md section 7; ZLUDA ``dark_api/src/fatbin.rs``, clang
+Layout (docs/inspect.md; ZLUDA ``dark_api/src/fatbin.rs``, clang
 ``CGCUDANV.cpp``, n-eiling/cuda-fatbin-decompression; checked against cuobjdump
 by the tests):
 

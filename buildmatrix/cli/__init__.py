@@ -1,7 +1,7 @@
 """The ``buildmatrix`` command line: the only place that prints.
 
 Each command returns an exit code; :func:`main` maps errors to the codes of the
-CLI contract (DESIGN.md section 4) and never lets a traceback reach the user for
+CLI contract (README.md, section Commands) and never lets a traceback reach the user for
 bad input.
 """
 

@@ -1,4 +1,4 @@
-"""Image references in skopeo's transport syntax (DESIGN.md section 4).
+"""Image references in skopeo's transport syntax (docs/check.md, the reference table).
 
 ``docker-daemon:NAME[:TAG]``, ``docker://HOST/NAME[:TAG|@DIGEST]``,
 ``oci:PATH[:TAG]``, ``docker-archive:PATH``, ``dir:PATH``, a plain existing path,
