@@ -9,6 +9,7 @@ that the clone holds, since the build job uses them as they are.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -59,3 +60,60 @@ def test_the_matrix_job_passes_on_a_fresh_clone(tmp_path: Path) -> None:
     for entry in include:
         assert (clone / entry["dockerfile"]).is_file(), entry["dockerfile"]
         assert (clone / entry["context"]).is_dir(), entry["context"]
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_pre_commit_hooks_with_the_real_pre_commit(tmp_path: Path) -> None:
+    """.pre-commit-hooks.yaml as a user's repository runs it: pre-commit installs
+    buildmatrix from this checkout into its own environment (try-repo) and runs the
+    hooks on a repository that commits its image specs and generated Dockerfiles."""
+    pre_commit = shutil.which("pre-commit") or str(Path(sys.executable).parent / "pre-commit")
+    if not Path(pre_commit).exists() or shutil.which("git") is None:
+        pytest.skip("needs pre-commit (pip install pre-commit) and git")
+    if not (REPO / ".git").exists():
+        pytest.skip("needs a git checkout of the repository")
+    user = tmp_path / "user-repo"
+    user.mkdir()
+    shutil.copytree(REPO / "images", user / "images")
+    shutil.copytree(REPO / "build", user / "build")
+    _git(user, "init", "-q")
+    _git(user, "add", "-A")
+    _git(user, "commit", "-qm", "images")
+    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")}
+
+    def hook(hook_id: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [pre_commit, "try-repo", str(REPO), hook_id, "--all-files"],
+            cwd=user,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    clean = hook("buildmatrix-generate-check")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "Passed" in clean.stdout
+
+    template = user / "images" / "infer" / "Dockerfile.j2"
+    template.write_text(template.read_text() + "ENV EDITED=1\n")  # not regenerated
+    stale = hook("buildmatrix-generate-check")
+    assert stale.returncode == 1, stale.stdout
+    assert "Failed" in stale.stdout
+    assert "buildmatrix generate" in stale.stdout  # the fix is named
+
+    rewrite = hook("buildmatrix-generate")
+    assert rewrite.returncode == 1, rewrite.stdout  # files changed: pre-commit says so
+    assert "files were modified by this hook" in rewrite.stdout
+    assert all(
+        "ENV EDITED=1" in f.read_text() for f in (user / "build" / "infer").glob("*.Dockerfile")
+    )
+    assert hook("buildmatrix-generate-check").returncode == 0
