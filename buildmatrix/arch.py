@@ -24,6 +24,8 @@ class Family(StrEnum):
     ADA_LOVELACE = "ada-lovelace"
     HOPPER = "hopper"
     BLACKWELL = "blackwell"
+    RUBIN = "rubin"
+    UNDEFINED = "undefined"  # GFD's value for a compute capability it does not map
 
 
 class Suffix(StrEnum):
@@ -57,12 +59,13 @@ class ComputeCapability:
         return cls(number // 10, number % 10)
 
 
-def gfd_family(cc: ComputeCapability) -> Family | None:
+def gfd_family(cc: ComputeCapability) -> Family:
     """Family by compute capability, as GPU Feature Discovery computes it.
 
-    Source: NVIDIA/k8s-device-plugin ``internal/lm/resource.go`` (getArchFamily):
-    7.0-7.4 volta, 7.5 turing, 8.0-8.8 ampere, 8.9 ada-lovelace, 9.x hopper,
-    10.x and 12.x blackwell. Unknown majors give ``None`` (GFD: "undefined").
+    Source: NVIDIA/k8s-device-plugin ``internal/lm/resource.go`` (getArchFamily,
+    v0.20): 7.0-7.4 volta, 7.5 turing, 8.0-8.8 ampere, 8.9 ada-lovelace, 9.x
+    hopper, 10.x and 12.x blackwell, 13.x rubin; any other major is ``undefined``
+    (11.x among them), which an arch profile may name for such an SM.
     """
     match cc.major:
         case 3:
@@ -79,8 +82,10 @@ def gfd_family(cc: ComputeCapability) -> Family | None:
             return Family.HOPPER
         case 10 | 12:
             return Family.BLACKWELL
+        case 13:
+            return Family.RUBIN
         case _:
-            return None
+            return Family.UNDEFINED
 
 
 @dataclass(frozen=True, order=True)

@@ -261,6 +261,23 @@ def _profile_from_data(data: Any, path: Path, facts: CudaFacts) -> Profile:
             f"{source}: key 'compute_capability' is {cc} but {sm} means "
             f"{ComputeCapability.from_number(int(sm[3:]))}; make them agree."
         )
+    support = facts.arch_support(sm)
+    if support is None:
+        known = ", ".join(
+            sorted((a for a in facts.architectures if a[-1].isdigit()), key=lambda a: int(a[3:]))
+        )
+        raise InputError(
+            f"{source}: no CUDA toolkit in buildmatrix's CUDA facts targets {sm}, so no "
+            f"variant could be built for it (targets known: {known}). Check the SM "
+            "number; a target of a newer toolkit needs that toolkit in the facts table "
+            "(buildmatrix/data/cuda.yaml, docs/compatibility.md)."
+        )
+    if data.get("arch_specific", False) and facts.arch_support(f"{sm}a") is None:
+        raise InputError(
+            f"{source}: key 'arch_specific' is true but no CUDA toolkit builds {sm}a "
+            "(the arch-specific targets are those the CUDA facts list with an 'a' "
+            "suffix, such as sm_90a); set arch_specific: false."
+        )
     family = Family(data["family"])
     expected = gfd_family(cc)
     if family is not expected:
@@ -274,17 +291,12 @@ def _profile_from_data(data: Any, path: Path, facts: CudaFacts) -> Profile:
         if "max_cuda" in data
         else None
     )
-    support = facts.arch_support(sm)
-    if support is not None and min_cuda < support.first:
+    if min_cuda < support.first:
         raise InputError(
             f"{source}: key 'min_cuda' is {min_cuda} but {sm} needs CUDA "
             f"{support.first} or newer; raise min_cuda."
         )
-    if (
-        support is not None
-        and support.last is not None
-        and (max_cuda is None or max_cuda > support.last)
-    ):
+    if support.last is not None and (max_cuda is None or max_cuda > support.last):
         raise InputError(
             f"{source}: CUDA {support.last} is the last toolkit that targets "
             f'{sm}; set max_cuda: "{support.last}".'

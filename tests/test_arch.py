@@ -84,8 +84,10 @@ def test_parse_cc() -> None:
         (CC(10, 0), Family.BLACKWELL),
         (CC(10, 3), Family.BLACKWELL),
         (CC(12, 0), Family.BLACKWELL),
-        (CC(11, 0), None),
+        (CC(11, 0), Family.UNDEFINED),
+        (CC(13, 0), Family.RUBIN),
+        (CC(14, 0), Family.UNDEFINED),
     ],
 )
-def test_gfd_family(cc: ComputeCapability, family: Family | None) -> None:
+def test_gfd_family(cc: ComputeCapability, family: Family) -> None:
     assert gfd_family(cc) == family

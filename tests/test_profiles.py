@@ -12,6 +12,7 @@ import pytest
 import yaml
 from packaging.version import Version
 
+from buildmatrix.arch import Family
 from buildmatrix.errors import InputError
 from buildmatrix.profiles import load_profiles
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
@@ -78,7 +79,7 @@ features: [bf16, fp8]
 
 def _folder(tmp_path: Path, files: dict[str, str]) -> Path:
     folder = tmp_path / "profiles"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     for name, text in files.items():
         (folder / name).write_text(text)
     return folder
@@ -161,6 +162,76 @@ def test_bad_profile_exits_2(tmp_path: Path, cli: CliRunner, text: str, message:
     assert result.out == ""
     assert str(folder / "sm_90.yaml") in result.err
     assert message in result.err
+
+
+SM110 = """\
+sm: sm_110
+compute_capability: "11.0"
+family: undefined
+products: [NVIDIA Jetson Thor]
+min_cuda: "13.0"
+min_driver: "580.65.06"
+features: [bf16, fp8]
+arch_specific: true
+"""
+
+
+def test_sm_without_a_gfd_family_uses_undefined(tmp_path: Path, cli: CliRunner) -> None:
+    """CC 11.x is in the CUDA facts, but GFD maps no family to it: it labels such a
+    node gpu.family=undefined, and a profile says the same, then builds like any other."""
+    wrong = _folder(tmp_path / "wrong", {"sm_110.yaml": SM110.replace("undefined", "blackwell")})
+    result = cli("profiles", "--profiles", str(wrong))
+    assert result.code == 2
+    assert "belongs to 'undefined' (GPU Feature Discovery's mapping); set family: undefined" in (
+        result.err
+    )
+    good = _folder(tmp_path / "good", {"sm_110.yaml": SM110, "sm_90.yaml": GOOD})
+    profile = load_profiles(good).get("sm_110")
+    assert profile.family is Family.UNDEFINED
+    assert profile.gencode(Version("13.0")) == (
+        "-gencode=arch=compute_110,code=sm_110",
+        "-gencode=arch=compute_110a,code=sm_110a",
+    )
+    images = tmp_path / "images" / "thor"
+    images.mkdir(parents=True)
+    (images / "Dockerfile.j2").write_text("FROM scratch\n")
+    (images / "image.yaml").write_text(
+        "name: thor\nrepository: registry.example.com/thor\nversion: '1.0'\n"
+        "template: Dockerfile.j2\ncuda: ['13.0.2']\nfamilies: [undefined, hopper]\n"
+        "tag: '{version}-{family}'\n"
+    )
+    matrix = cli(
+        "matrix", "--images", str(tmp_path / "images"), "--profiles", str(good), "--format", "json"
+    )
+    assert matrix.code == 0, matrix.err
+    by_family = {e["family"]: e for e in matrix.json()["entries"]}
+    assert by_family["undefined"]["sm"] == ["sm_110"]
+    assert by_family["undefined"]["nvidia_require_arch"].startswith("arch>=11.0,arch<12.0")
+
+
+def test_sm_no_toolkit_targets_is_refused(tmp_path: Path, cli: CliRunner) -> None:
+    made_up = GOOD.replace("sm_90", "sm_91").replace('"9.0"', '"9.1"')
+    result = cli("profiles", "--profiles", str(_folder(tmp_path, {"sm_91.yaml": made_up})))
+    assert result.code == 2
+    assert "no CUDA toolkit in buildmatrix's CUDA facts targets sm_91" in result.err
+    assert "sm_90, sm_100, sm_103" in result.err  # the known ones, in order
+
+
+def test_arch_specific_needs_an_a_target(tmp_path: Path, cli: CliRunner) -> None:
+    """sm_86 has no sm_86a: arch_specific: true would silently build nothing more."""
+    text = (
+        'sm: sm_86\ncompute_capability: "8.6"\nfamily: ampere\nproducts: [NVIDIA A40]\n'
+        'min_cuda: "11.1"\nmin_driver: "455.23.05"\nfeatures: [bf16]\narch_specific: true\n'
+    )
+    result = cli("profiles", "--profiles", str(_folder(tmp_path, {"sm_86.yaml": text})))
+    assert result.code == 2
+    assert "key 'arch_specific' is true but no CUDA toolkit builds sm_86a" in result.err
+    ok = cli(
+        "profiles",
+        "--profiles",
+        str(_folder(tmp_path / "ok", {"sm_86.yaml": text.replace("true", "false")})),
+    )
+    assert ok.code == 0, ok.err
 
 
 def test_volta_needs_max_cuda(tmp_path: Path) -> None:

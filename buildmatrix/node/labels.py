@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from buildmatrix.arch import ComputeCapability, Family, gfd_family
+from buildmatrix.arch import ComputeCapability, gfd_family
 from buildmatrix.node.checks import NodeReport
 from buildmatrix.node.pools import Pools
 from buildmatrix.node.snapshot import Snapshot
@@ -62,11 +62,8 @@ def gfd_product(name: str) -> str:
 
 
 def gfd_family_label(cc: ComputeCapability) -> str:
-    """``gpu.family`` as GFD v0.20 writes it: 13.x is rubin, unknown majors undefined."""
-    if cc.major == 13:
-        return "rubin"
-    family: Family | None = gfd_family(cc)
-    return family.value if family is not None else "undefined"
+    """``gpu.family`` as GFD v0.20 writes it (13.x rubin, unknown majors undefined)."""
+    return gfd_family(cc).value
 
 
 def _driver_labels(snapshot: Snapshot) -> dict[str, str]:
