@@ -36,5 +36,8 @@ class EnvironmentUnavailable(BuildmatrixError):
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ' Did you mean 'x'?' for the closest choice, or '' when none is close."""
-    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" Did you mean '{matches[0]}'?" if matches else ""
+    by_folded = {c.lower(): c for c in choices}  # 'FP8' and 'Hopper' find 'fp8', 'hopper'
+    matches = difflib.get_close_matches(word.lower(), list(by_folded), n=1, cutoff=0.6)
+    if not matches or by_folded[matches[0]] == word:
+        return ""
+    return f" Did you mean '{by_folded[matches[0]]}'?"

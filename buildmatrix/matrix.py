@@ -166,6 +166,7 @@ class Dropped:
     image: str
     what: str
     reason: str
+    sm_only: bool = False  # one SM left out of a variant that is still built
 
     def __str__(self) -> str:
         return f"{self.image}: {self.what}: {self.reason}"
@@ -280,6 +281,7 @@ def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
                         image=spec.name,
                         what=f"{what}: {sm}",
                         reason=f"left out of the variant: {reason}",
+                        sm_only=True,
                     )
                 )
         tag = spec.tag.format(**fields)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from buildmatrix.errors import InputError
@@ -35,6 +36,18 @@ def template_context(entry: Entry) -> dict[str, Any]:
     }
 
 
+def _template_line(exc: BaseException, template: Path) -> int | None:
+    """The template line a render error came from: Jinja rewrites tracebacks so that
+    frames of template code carry the template's file name and line number."""
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if Path(tb.tb_frame.f_code.co_filename).resolve() == template.resolve():
+            line = tb.tb_lineno  # the innermost such frame wins
+        tb = tb.tb_next
+    return line
+
+
 def _quote(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid Dockerfile double-quoted word
 
@@ -57,9 +70,10 @@ def render(entry: Entry, *, source: str) -> str:
             f"{spec.template}:{exc.lineno}: template syntax error: {exc.message}."
         ) from None
     except jinja2.UndefinedError as exc:
+        line = _template_line(exc, spec.template)
         raise InputError(
-            f"{spec.template}: {exc.message} while rendering {entry.tag}; the "
-            f"template may use: {', '.join(sorted(template_context(entry)))}."
+            f"{spec.template}{f':{line}' if line else ''}: {exc.message} while rendering "
+            f"{entry.tag}; the template may use: {', '.join(sorted(template_context(entry)))}."
         ) from None
     except jinja2.TemplateError as exc:
         raise InputError(f"{spec.template}: cannot render {entry.tag}: {exc}.") from None

@@ -22,15 +22,17 @@ class _StrictLoader(_Base):  # type: ignore[valid-type,misc]
 
 
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
+    seen: dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
-            mark = key_node.start_mark
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
+                None,
+                None,
+                f"duplicate key {key!r} (first written at line {seen[key]}); keep one",
+                key_node.start_mark,
             )
-        seen.add(key)
+        seen[key] = key_node.start_mark.line + 1
     return loader.construct_mapping(node, deep=True)
 
 

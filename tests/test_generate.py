@@ -7,6 +7,7 @@ Golden files live in tests/golden/; after an intended change, regenerate them wi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,6 +87,24 @@ def test_check_detects_drift_and_writes_nothing(
 def test_explain_says_why(in_repo: None, cli: CliRunner, tmp_path: Path) -> None:
     result = cli("generate", "--out", str(tmp_path / "b"), "--explain")
     assert "left out  train-fp8: ampere cuda 12.9.1: sm_80 lacks fp8; sm_86 lacks fp8" in result.err
+
+
+def test_summary_counts_variants_and_sms_apart(cli: CliRunner, tmp_path: Path) -> None:
+    """CUDA 12.8 cannot build sm_103: the blackwell variant is built without it, which
+    is one SM left out, not one more combination."""
+    images = tmp_path / "images"
+    shutil.copytree(REPO / "images" / "train-fp8", images / "train-fp8")
+    spec = images / "train-fp8" / "image.yaml"
+    spec.write_text(re.sub(r"cuda: \[.*\]", 'cuda: ["12.8.1"]', spec.read_text()))
+    result = cli("generate", "--images", str(images), "--out", str(tmp_path / "b"), "--explain")
+    assert result.code == 0, result.err
+    assert "3 written" in result.out
+    assert "3 combinations left out, 1 SM left out of its variant" in result.out
+    left_out = [x for x in result.err.splitlines() if x.startswith("left out")]
+    assert len(left_out) == 4
+    assert "blackwell cuda 12.8.1: sm_103: left out of the variant: sm_103 needs CUDA 12.9" in (
+        result.err
+    )
 
 
 def _tool(name: str) -> Path:

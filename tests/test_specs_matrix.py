@@ -136,6 +136,18 @@ BAD_SPECS = {
         ("requires: [fp8]", "requires: [fp4, int4]"),
         "unknown feature 'int4'. Did you mean 'int8'?",
     ),
+    "feature in capitals": (
+        ("requires: [fp8]", "requires: [FP8]"),
+        "unknown feature 'FP8'. Did you mean 'fp8'?",
+    ),
+    "family in capitals": (
+        ("families: [hopper]", "families: [Hopper]"),
+        "no profile has family 'Hopper'. Did you mean 'hopper'?",
+    ),
+    "key written twice": (
+        ("requires: [fp8]", "requires: [fp8]\nrequires: [fp8]"),
+        "duplicate key 'requires' (first written at line",
+    ),
     "axes not lists": (
         ("tag:", "axes:\n  python: '3.12'\ntag:"),
         "key 'axes.python': expected array",
@@ -203,7 +215,11 @@ def test_feature_no_profile_has(tmp_path: Path, cli: CliRunner) -> None:
     ("body", "message"),
     [
         ("FROM x:{{ cuda }\n", "template syntax error"),
-        ("FROM x:{{ cuda }}\nRUN echo {{ nope }}\n", "'nope' is undefined"),
+        ("FROM x:{{ cuda }}\nRUN echo {{ nope }}\n", "Dockerfile.j2:2: 'nope' is undefined"),
+        (
+            "FROM x:{{ cuda }}\n{% if cuda %}\n\nRUN {{ cuda.nope }}\n{% endif %}\n",
+            "Dockerfile.j2:4: 'str object' has no attribute 'nope'",
+        ),
         ("RUN echo {{ cuda }}\n", "without a FROM line"),
     ],
 )
@@ -230,11 +246,28 @@ def test_github_matrix_limit(tmp_path: Path, cli: CliRunner) -> None:
     )
     result = cli("matrix", "--images", str(images))
     assert result.code == 2
-    assert "300 entries, over GitHub's limit of 256" in result.err
-    assert "--image NAME (train-fp8: 300)" in result.err
+    assert "300 entries, over GitHub's limit of 256 jobs per matrix (" in result.err
+    # one image alone is over the limit: --image cannot help, its axes are named
+    assert "train-fp8 alone has 300 (3 families x 2 CUDA versions x 50 'shard' values)" in (
+        result.err
+    )
+    assert "--image cannot split it" in result.err
     ok = cli("matrix", "--images", str(images), "--format", "json")
     assert ok.code == 0
     assert len(ok.json()["entries"]) == 300
+    # 40 shards: 240 for train-fp8 and the 12 of infer fit one by one, not together
+    spec.write_text(spec.read_text().replace(axis, ", ".join(f'"{i}"' for i in range(40))))
+    shutil.copytree(IMAGES / "infer", images / "infer")
+    (images / "infer" / "image.yaml").write_text(
+        (images / "infer" / "image.yaml")
+        .read_text()
+        .replace('["3.11", "3.12"]', '["3.11", "3.12", "3.13"]')
+    )
+    split = cli("matrix", "--images", str(images))
+    assert split.code == 2, split.out
+    assert "Split it: one matrix job per image with --image NAME." in split.err
+    for name in ("train-fp8", "infer"):
+        assert cli("matrix", "--images", str(images), "--image", name).code == 0
 
 
 def test_matrix_formats(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,6 +51,44 @@ def _matrix(images_dir: str, profiles_dir: str | None, out_dir: str, image: str 
     return expand_all(specs, profiles, out=Path(out_dir))
 
 
+def _over_limit(entries: list[dict[str, Any]], per_image: dict[str, int], limit: int) -> str:
+    """How to split a GitHub matrix over the job limit: by image where each image
+    fits, else by naming the axes of the image that alone is too large."""
+    counts = ", ".join(f"{k}: {v}" for k, v in per_image.items())
+    head = (
+        f"the matrix has {len(entries)} entries, over GitHub's limit of {limit} jobs per "
+        f"matrix ({counts})."
+    )
+    too_large = [name for name, n in per_image.items() if n > limit]
+    if not too_large:
+        return f"{head} Split it: one matrix job per image with --image NAME."
+    parts = []
+    for name in too_large:
+        mine = [e for e in entries if e["image"] == name]
+        dims = {"families": {e["family"] for e in mine}, "CUDA versions": {e["cuda"] for e in mine}}
+        for e in mine:
+            for axis, value in e["axes"].items():
+                dims.setdefault(f"'{axis}' values", set()).add(value)
+        shape = " x ".join(f"{len(v)} {k}" for k, v in dims.items())
+        parts.append(f"{name} alone has {len(mine)} ({shape})")
+    return (
+        f"{head} {'; '.join(parts)}, so --image cannot split it. Narrow that spec: fewer "
+        "axis values or CUDA versions, 'exclude' rules, or one spec per family group "
+        "(each spec is its own matrix)."
+    )
+
+
+def _left_out(dropped: list[Any]) -> str:
+    """'3 combinations left out, 2 SMs left out of their variants', counted apart."""
+    sms = sum(1 for d in dropped if d.sm_only)
+    n = len(dropped) - sms
+    text = f"{n} combination{'' if n == 1 else 's'} left out"
+    if sms:
+        what = "SM left out of its variant" if sms == 1 else "SMs left out of their variants"
+        text += f", {sms} {what}"
+    return text
+
+
 def _explain(matrix: Any) -> None:
     if not matrix.dropped:
         click.echo("nothing left out", err=True)
@@ -153,7 +191,7 @@ def generate(
     click.echo(
         f"{len(expected)} Dockerfiles in {out}: {written} written, "
         f"{len(expected) - written} unchanged, {len(stale)} stale removed; "
-        f"{len(matrix.dropped)} combinations left out (--explain says why)"
+        f"{_left_out(matrix.dropped)} (--explain says why)"
     )
     return 0
 
@@ -217,12 +255,7 @@ def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
             per_image = {e["image"]: 0 for e in entries}
             for e in entries:
                 per_image[e["image"]] += 1
-            raise InputError(
-                f"the matrix has {len(entries)} entries, over GitHub's limit of "
-                f"{GITHUB_MATRIX_LIMIT} jobs per matrix. Split it: one job per image with "
-                f"--image NAME ({', '.join(f'{k}: {v}' for k, v in per_image.items())}), or "
-                "narrow families, CUDA versions or axes in the specs."
-            )
+            raise InputError(_over_limit(entries, per_image, GITHUB_MATRIX_LIMIT))
         keys = (
             "image",
             "family",
