@@ -8,6 +8,7 @@ lack a required feature) are left out of that entry, also with a reason.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -23,6 +24,7 @@ from buildmatrix.compat import CodeTarget
 from buildmatrix.constraint import Segment, admitted, nvidia_require_arch
 from buildmatrix.cuda import CudaFacts, load_cuda_facts
 from buildmatrix.errors import InputError, did_you_mean
+from buildmatrix.image.ref import COMPONENT_PATTERN, HOST_PATTERN
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.specs import Cuda, ImageSpec
 
@@ -59,14 +61,20 @@ class Entry:
     dockerfile: Path
     catalogue: ProfileSet = field(compare=False)  # every profile: floors of any GPU admitted
     facts: CudaFacts = field(compare=False)
+    registry: str | None = None  # prefix for a spec repository without a registry host
 
     @property
     def fields(self) -> dict[str, str]:
         return variant_fields(self.spec, self.family.value, self.cuda, self.axes)
 
     @property
+    def repository(self) -> str:
+        """The spec's repository, under ``registry`` where the spec names no host."""
+        return qualified_repository(self.spec.repository, self.registry)
+
+    @property
     def image_ref(self) -> str:
-        return f"{self.spec.repository}:{self.tag}"
+        return f"{self.repository}:{self.tag}"
 
     @property
     def sms(self) -> list[str]:
@@ -314,11 +322,38 @@ def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
     return matrix
 
 
-def expand_all(specs: list[ImageSpec], profiles: ProfileSet, *, out: Path) -> Matrix:
+_REGISTRY = re.compile(rf"{HOST_PATTERN}(?:/{COMPONENT_PATTERN})*")
+
+
+def qualified_repository(repository: str, registry: str | None) -> str:
+    """``registry/repository`` when the repository names no registry host (its first
+    component has no '.' or ':' and is not 'localhost', as Docker decides), else the
+    repository as written: a host in the spec is deliberate."""
+    first = repository.split("/", 1)[0]
+    has_host = "." in first or ":" in first or first == "localhost"
+    return repository if has_host or not registry else f"{registry}/{repository}"
+
+
+def check_registry(registry: str, *, what: str) -> str:
+    """A registry prefix (``ghcr.io/org``, ``127.0.0.1:5000``), or an input error."""
+    registry = registry.rstrip("/")
+    if not _REGISTRY.fullmatch(registry):
+        raise InputError(
+            f"{what}: '{registry}' is not a registry prefix; expected HOST[:PORT][/PATH] "
+            "with a lower-case path, e.g. ghcr.io/my-org or registry.example.com:5000/ml."
+        )
+    return registry
+
+
+def expand_all(
+    specs: list[ImageSpec], profiles: ProfileSet, *, out: Path, registry: str | None = None
+) -> Matrix:
     total = Matrix()
     seen: dict[str, Entry] = {}
     for spec in specs:
         m = expand(spec, profiles, out=out)
+        if registry:
+            m.entries = [dataclasses.replace(e, registry=registry) for e in m.entries]
         for e in m.entries:
             if e.image_ref in seen:
                 raise InputError(

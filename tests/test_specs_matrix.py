@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -346,3 +347,44 @@ def test_bake_target_names_never_collide(cli: CliRunner, tmp_path: Path) -> None
     result = cli("matrix", "--images", str(images), "--format", "bake")
     assert result.code == 2
     assert "both become the bake target" in result.err
+
+
+@pytest.mark.parametrize(
+    ("repository", "registry", "tag"),
+    [
+        ("ml/train-fp8", "ghcr.io/example-org", "ghcr.io/example-org/ml/train-fp8:"),
+        ("ml/train-fp8", "127.0.0.1:5000", "127.0.0.1:5000/ml/train-fp8:"),
+        ("ml/train-fp8", "localhost:5000/", "localhost:5000/ml/train-fp8:"),
+        ("ml/train-fp8", None, "ml/train-fp8:"),  # as written: Docker Hub semantics
+        # a host in the spec is deliberate and kept
+        ("registry.example.com/ml/x", "ghcr.io/org", "registry.example.com/ml/x:"),
+        ("localhost/ml/x", "ghcr.io/org", "localhost/ml/x:"),
+    ],
+)
+def test_registry_prefix(
+    tmp_path: Path, cli: CliRunner, repository: str, registry: str | None, tag: str
+) -> None:
+    images = _copy_example(tmp_path)
+    spec = images / "train-fp8" / "image.yaml"
+    spec.write_text(re.sub(r"(?m)^repository: .*$", f"repository: {repository}", spec.read_text()))
+    args = ["matrix", "--images", str(images)] + (["--registry", registry] if registry else [])
+    for fmt in ("github", "bake"):
+        result = cli(*args, "--format", fmt)
+        assert result.code == 0, result.err
+        doc = result.json()
+        entries = doc["include"] if fmt == "github" else list(doc["target"].values())
+        assert entries
+        assert all(t.startswith(tag) for e in entries for t in e["tags"])
+
+
+def test_registry_from_the_environment_and_bad_prefixes(
+    cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BUILDMATRIX_REGISTRY", "ghcr.io/env-org")
+    entry = cli("matrix").json()["include"][0]
+    assert entry["tags"][0].startswith("ghcr.io/env-org/ml/")
+    for bad in ("ghcr.io/Org", "ghcr.io//org", "https://ghcr.io/org", "ghcr.io/org:tag"):
+        result = cli("matrix", "--registry", bad)
+        assert result.code == 2, bad
+        assert "is not a registry prefix; expected HOST[:PORT][/PATH]" in result.err
+        assert result.out == ""

@@ -31,13 +31,14 @@ def _clone(tmp_path: Path) -> Path:
     return clone
 
 
-def _run(clone: Path, command: str) -> subprocess.CompletedProcess[str]:
-    """One `run:` line of the workflow, with buildmatrix as installed here."""
-    args = command.split()
-    assert args[0] == "buildmatrix", command
+def _run(clone: Path, script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """One `run:` step of the workflow as the runner runs it (bash -e, the workflow's
+    env, a GITHUB_OUTPUT file), with buildmatrix as installed here."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     return subprocess.run(
-        [sys.executable, "-m", "buildmatrix", *args[1:]],
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
         cwd=clone,
+        env={**os.environ, **env, "PATH": path},
         capture_output=True,
         text=True,
         check=False,
@@ -46,20 +47,33 @@ def _run(clone: Path, command: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_matrix_job_passes_on_a_fresh_clone(tmp_path: Path) -> None:
     clone = _clone(tmp_path)
-    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["matrix"]["steps"]
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    steps = workflow["jobs"]["matrix"]["steps"]
     runs = [s["run"] for s in steps if "run" in s and "buildmatrix" in s["run"]]
     assert runs[0] == "buildmatrix generate --check --explain"
-    check = _run(clone, runs[0])
-    assert check.returncode == 0, check.stdout + check.stderr
-    matrix_line = runs[1]  # echo "matrix=$(buildmatrix matrix --format github)" >> …
-    command = matrix_line.split("$(", 1)[1].split(")", 1)[0]
-    matrix = _run(clone, command)
-    assert matrix.returncode == 0, matrix.stderr
-    include = json.loads(matrix.stdout)["include"]
+    output = tmp_path / "github-output"
+    env = {
+        **workflow["env"],
+        "GITHUB_OUTPUT": str(output),
+        "GITHUB_REPOSITORY_OWNER": "Example-Org",  # capitals, as GitHub may give them
+    }
+    for script in runs:
+        step = _run(clone, script, env)
+        assert step.returncode == 0, script + step.stdout + step.stderr
+    (line,) = output.read_text().splitlines()
+    assert line.startswith("matrix=")
+    include = json.loads(line.removeprefix("matrix="))["include"]
     assert include
+    # the tags and the login share one setting: REGISTRY
+    login = next(
+        s for s in workflow["jobs"]["build"]["steps"] if "docker/login-action" in s.get("uses", "")
+    )
+    assert login["with"]["registry"] == "${{ env.REGISTRY }}"
     for entry in include:
         assert (clone / entry["dockerfile"]).is_file(), entry["dockerfile"]
         assert (clone / entry["context"]).is_dir(), entry["context"]
+        for tag in entry["tags"]:
+            assert tag.startswith(f"{workflow['env']['REGISTRY']}/example-org/"), tag
 
 
 def _git(repo: Path, *args: str) -> None:

@@ -42,13 +42,21 @@ def explain_option(func: Any) -> Any:
     )(func)
 
 
-def _matrix(images_dir: str, profiles_dir: str | None, out_dir: str, image: str | None) -> Any:
-    from buildmatrix.matrix import expand_all
+def _matrix(
+    images_dir: str,
+    profiles_dir: str | None,
+    out_dir: str,
+    image: str | None,
+    registry: str | None = None,
+) -> Any:
+    from buildmatrix.matrix import check_registry, expand_all
     from buildmatrix.specs import load_specs
 
+    if registry:
+        registry = check_registry(registry, what="--registry")
     profiles = load(profiles_dir)
     specs = load_specs(Path(images_dir), profiles, only=image)
-    return expand_all(specs, profiles, out=Path(out_dir))
+    return expand_all(specs, profiles, out=Path(out_dir), registry=registry)
 
 
 def _over_limit(entries: list[dict[str, Any]], per_image: dict[str, int], limit: int) -> str:
@@ -234,6 +242,14 @@ def _bake(matrix: Any) -> dict[str, Any]:
     default="github",
     show_default=True,
 )
+@click.option(
+    "--registry",
+    metavar="PREFIX",
+    envvar="BUILDMATRIX_REGISTRY",
+    help="Registry (and path) for spec repositories that name no host, e.g. "
+    "ghcr.io/my-org: the one setting a workflow's login shares. Default: "
+    "$BUILDMATRIX_REGISTRY, else the repositories as written.",
+)
 @explain_option
 def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
     images_dir: str,
@@ -241,12 +257,13 @@ def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
     out_dir: str,
     image: str | None,
     fmt: str,
+    registry: str | None,
     explain: bool,
 ) -> int:
     """Print the build matrix: GitHub Actions strategy.matrix, docker buildx bake, or JSON."""
     from buildmatrix.matrix import GITHUB_MATRIX_LIMIT
 
-    m = _matrix(images_dir, profiles_dir, out_dir, image)
+    m = _matrix(images_dir, profiles_dir, out_dir, image, registry)
     if explain:
         _explain(m)
     entries = [e.to_json() for e in m.entries]

@@ -55,6 +55,7 @@ _HOST = (
     r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9-]+)*|\[[0-9a-fA-F:]+\])"
     r"(?::[0-9]+)?"
 )
+HOST_PATTERN, COMPONENT_PATTERN = _HOST, _COMPONENT  # for registry prefixes elsewhere
 _TAG = r"[\w][\w.-]{0,127}"
 _DIGEST = r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-fA-F0-9]{32,}"
 _HOST_RE = re.compile(_HOST)
