@@ -84,6 +84,33 @@ def test_check_detects_drift_and_writes_nothing(
     assert cli("generate", "--out", str(out), "--check").code == 0
 
 
+def test_generate_rewrites_only_what_changed(cli: CliRunner, tmp_path: Path) -> None:
+    """A template edit rewrites that image's files; the other image's are not touched
+    (same inode and modification time, to the nanosecond), and the summary counts both."""
+    images = tmp_path / "images"
+    shutil.copytree(REPO / "images", images)
+    out = tmp_path / "build"
+    first = cli("generate", "--images", str(images), "--out", str(out))
+    assert "18 written, 0 unchanged" in first.out, first.err
+
+    def stamps(image: str) -> dict[str, tuple[int, int]]:
+        return {
+            p.name: (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in (out / image).glob("*.Dockerfile")
+        }
+
+    before_train, before_infer = stamps("train-fp8"), stamps("infer")
+    template = images / "infer" / "Dockerfile.j2"
+    template.write_text(template.read_text() + "ENV EDITED=1\n")
+    second = cli("generate", "--images", str(images), "--out", str(out))
+    assert "12 written, 6 unchanged, 0 stale removed" in second.out, second.err
+    assert stamps("train-fp8") == before_train
+    assert stamps("infer").keys() == before_infer.keys()
+    assert all("ENV EDITED=1" in p.read_text() for p in (out / "infer").glob("*.Dockerfile"))
+    third = cli("generate", "--images", str(images), "--out", str(out))
+    assert "0 written, 18 unchanged" in third.out
+
+
 def test_explain_says_why(in_repo: None, cli: CliRunner, tmp_path: Path) -> None:
     result = cli("generate", "--out", str(tmp_path / "b"), "--explain")
     assert "left out  train-fp8: ampere cuda 12.9.1: sm_80 lacks fp8; sm_86 lacks fp8" in result.err

@@ -131,3 +131,59 @@ def test_pre_commit_hooks_with_the_real_pre_commit(tmp_path: Path) -> None:
         "ENV EDITED=1" in f.read_text() for f in (user / "build" / "infer").glob("*.Dockerfile")
     )
     assert hook("buildmatrix-generate-check").returncode == 0
+
+
+def test_ci_installs_nvcc_from_the_pip_wheels(tmp_path: Path) -> None:
+    """ci.yml's toolkit step, run as the runner would (RUNNER_TEMP, GITHUB_PATH,
+    GITHUB_ENV): the nvcc it puts first on PATH builds a fixture as the suite does
+    (-cudart shared), and cuobjdump reads the result."""
+    ci = yaml.safe_load((REPO / ".github" / "workflows" / "ci.yml").read_text())
+    (script,) = [
+        s["run"] for s in ci["jobs"]["test"]["steps"] if "nvidia-cuda-nvcc" in s.get("run", "")
+    ]
+    runner = {
+        "RUNNER_TEMP": str(tmp_path / "runner"),
+        "GITHUB_PATH": str(tmp_path / "github-path"),
+        "GITHUB_ENV": str(tmp_path / "github-env"),
+    }
+    Path(runner["RUNNER_TEMP"]).mkdir()
+    step = _run(tmp_path, script.replace("python -m pip", f"{sys.executable} -m pip"), runner)
+    if step.returncode != 0 and "No matching distribution" in step.stderr:
+        pytest.skip("NVIDIA's CUDA wheels are not reachable from here (offline)")
+    assert step.returncode == 0, step.stderr
+    (bin_dir,) = Path(runner["GITHUB_PATH"]).read_text().split()
+    (env_line,) = Path(runner["GITHUB_ENV"]).read_text().splitlines()
+    library_path = env_line.removeprefix("LIBRARY_PATH=")
+    assert Path(bin_dir, "nvcc").is_file()
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin",
+        "LIBRARY_PATH": library_path,
+    }
+    out = tmp_path / "libk.so"
+    build = subprocess.run(
+        [
+            "nvcc",
+            "-shared",
+            "-Xcompiler",
+            "-fPIC",
+            "-cudart",
+            "shared",
+            "-gencode=arch=compute_90,code=sm_90",
+            "-o",
+            str(out),
+            str(REPO / "tests" / "fixtures" / "src" / "kernels.cu"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if build.returncode != 0 and shutil.which("gcc") is None:
+        pytest.skip("nvcc needs gcc as its host compiler")
+    assert build.returncode == 0, build.stderr
+    listed = subprocess.run(
+        ["cuobjdump", "--list-elf", str(out)], env=env, capture_output=True, text=True, check=False
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "sm_90" in listed.stdout
