@@ -11,7 +11,9 @@ from __future__ import annotations
 import io
 import shutil
 import subprocess
+import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,28 @@ def _base_image(client: object) -> None:
     client.images.build(fileobj=buf, custom_context=True, tag="bmtest/cuda-base:13.0", rm=True)  # type: ignore[attr-defined]
 
 
+def _compile(entry: dict[str, str]) -> None:
+    """The variant's device code, built with the gencode flags the matrix gives."""
+    out = Path(entry["context"]) / "prebuilt" / entry["family"] / "libkernels.so"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            "nvcc",
+            "-shared",
+            "-Xcompiler",
+            "-fPIC",
+            "-cudart",
+            "shared",
+            *entry["gencode"].split(),
+            "-o",
+            str(out),
+            str(SRC / "kernels.cu"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
 def test_every_variant_builds_and_checks(
     docker_host: str, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -57,24 +81,7 @@ def test_every_variant_builds_and_checks(
     tags = []
     try:
         for entry in entries:
-            out = Path(entry["context"]) / "prebuilt" / entry["family"] / "libkernels.so"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(
-                [
-                    "nvcc",
-                    "-shared",
-                    "-Xcompiler",
-                    "-fPIC",
-                    "-cudart",
-                    "shared",
-                    *entry["gencode"].split(),
-                    "-o",
-                    str(out),
-                    str(SRC / "kernels.cu"),
-                ],
-                check=True,
-                capture_output=True,
-            )
+            _compile(entry)
             client.images.build(
                 path=entry["context"],
                 rm=True,
@@ -108,3 +115,93 @@ def test_every_variant_builds_and_checks(
     finally:
         for tag in [*tags, "bmtest/cuda-base:13.0"]:
             client.images.remove(tag, force=True)
+
+
+RUNTIME_WHEEL = "nvidia-cuda-runtime==13.0.96"
+
+
+def _cudart(folder: Path) -> Path:
+    """libcudart.so.13 from NVIDIA's runtime wheel (the file a CUDA base image holds)."""
+    wheels = folder / "wheels"
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "-d",
+            str(wheels),
+            RUNTIME_WHEEL,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if got.returncode != 0:
+        pytest.skip(f"{RUNTIME_WHEEL} cannot be downloaded here: {got.stderr.strip()[-200:]}")
+    (wheel,) = wheels.glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        (member,) = [n for n in z.namelist() if n.endswith("/libcudart.so.13")]
+        out = folder / "libcudart.so.13"
+        out.write_bytes(z.read(member))
+    return out
+
+
+def test_a_variant_on_a_cuda_runtime_base_needs_its_driver(
+    docker_host: str, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hopper variant on a base image that carries the real CUDA 13.0 runtime
+    (libcudart from NVIDIA's wheel, CUDA_VERSION as NVIDIA's images set it): check
+    reads the runtime from the image and holds the driver to R580 (13.x minor-version
+    compatibility), one patch level below fails, and the constraint baked into the
+    image says the same floor."""
+    if not have_nvcc():
+        pytest.skip("nvcc is needed to compile the variants' device code")
+    import docker
+
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    monkeypatch.chdir(tmp_path)
+    base_context = tmp_path / "base"
+    base_context.mkdir()
+    _cudart(base_context)
+    (base_context / "Dockerfile").write_text(
+        "FROM scratch\nCOPY libcudart.so.13 /usr/local/cuda/lib64/libcudart.so.13\n"
+        "ENV CUDA_VERSION=13.0.96\n"
+    )
+    shutil.copytree(SPEC, tmp_path / "images" / "e2e-kernels")
+    entries = cli("matrix", "--format", "json").json()["entries"]
+    (hopper,) = [e for e in entries if e["family"] == "hopper"]
+    assert "driver>=580.65.06" in hopper["nvidia_require_arch"]
+    assert cli("generate").code == 0
+    _compile(hopper)
+
+    client = docker.DockerClient(base_url=docker_host)
+    tag = hopper["tags"][0]
+    try:
+        client.images.build(path=str(base_context), tag="bmtest/cuda-base:13.0", rm=True)
+        client.images.build(
+            path=hopper["context"],
+            rm=True,
+            tag=tag,
+            dockerfile=str(Path(hopper["dockerfile"]).resolve()),
+        )
+
+        def check(driver: str) -> tuple[int, dict[str, object]]:
+            r = cli("check", f"docker-daemon:{tag}", "--driver", driver, "--json")
+            assert r.code in (0, 1), r.err
+            return r.code, r.json()
+
+        code, doc = check("575.57.08")  # R575: CUDA 12.9's driver
+        assert code == 1
+        assert doc["cuda_runtime"]["version"] == "13.0"  # type: ignore[index]
+        assert [t["driver_ok"] for t in doc["targets"]] == [False]  # type: ignore[attr-defined]
+        assert "needs driver >= 580.65.06" in doc["problems"][0]  # type: ignore[index]
+        assert check("580.65.05")[0] == 1
+        code, doc = check("580.65.06")
+        assert code == 0, doc["problems"]
+        assert [(t["verdict"], t["driver_ok"]) for t in doc["targets"]] == [("native", True)]  # type: ignore[attr-defined]
+    finally:
+        for name in (tag, "bmtest/cuda-base:13.0"):
+            client.images.remove(name, force=True)
