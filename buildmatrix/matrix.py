@@ -8,7 +8,6 @@ lack a required feature) are left out of that entry, also with a reason.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import re
@@ -24,13 +23,13 @@ from buildmatrix.compat import CodeTarget
 from buildmatrix.constraint import Segment, admitted, nvidia_require_arch
 from buildmatrix.cuda import CudaFacts, load_cuda_facts
 from buildmatrix.errors import InputError, did_you_mean
-from buildmatrix.image.ref import COMPONENT_PATTERN, HOST_PATTERN
+from buildmatrix.image.ref import COMPONENT_PATTERN, HOST_PATTERN, TAG_PATTERN, is_host
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.specs import Cuda, ImageSpec
 
 GITHUB_MATRIX_LIMIT = 256  # jobs per matrix (GitHub Actions usage limits)
-# Docker's tag grammar (distribution/reference): [\w][\w.-]{0,127}
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+# Docker's tag grammar (distribution/reference); Go's \w is ASCII, so re.ASCII
+_TAG = re.compile(TAG_PATTERN, re.ASCII)
 
 
 def variant_fields(
@@ -242,7 +241,9 @@ def _no_silent_rules(spec: ImageSpec, matched: set[int], seen: dict[str, set[str
         )
 
 
-def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
+def expand(
+    spec: ImageSpec, profiles: ProfileSet, *, out: Path, registry: str | None = None
+) -> Matrix:
     """The variants of one spec, in a stable order: family (by SM), CUDA, axes."""
     facts = load_cuda_facts()
     _known_cuda(spec, facts)
@@ -311,6 +312,7 @@ def expand(spec: ImageSpec, profiles: ProfileSet, *, out: Path) -> Matrix:
                 dockerfile=out / spec.name / f"{tag}.Dockerfile",
                 catalogue=profiles,
                 facts=facts,
+                registry=registry,
             )
         )
     _no_silent_rules(spec, matched, seen)
@@ -330,8 +332,7 @@ def qualified_repository(repository: str, registry: str | None) -> str:
     component has no '.' or ':' and is not 'localhost', as Docker decides), else the
     repository as written: a host in the spec is deliberate."""
     first = repository.split("/", 1)[0]
-    has_host = "." in first or ":" in first or first == "localhost"
-    return repository if has_host or not registry else f"{registry}/{repository}"
+    return repository if is_host(first) or not registry else f"{registry}/{repository}"
 
 
 def check_registry(registry: str, *, what: str) -> str:
@@ -351,9 +352,7 @@ def expand_all(
     total = Matrix()
     seen: dict[str, Entry] = {}
     for spec in specs:
-        m = expand(spec, profiles, out=out)
-        if registry:
-            m.entries = [dataclasses.replace(e, registry=registry) for e in m.entries]
+        m = expand(spec, profiles, out=out, registry=registry)
         for e in m.entries:
             if e.image_ref in seen:
                 raise InputError(

@@ -178,13 +178,15 @@ class ProfileSet:
         name is an SM at all (sm_101 -> sm_100, not the closest spelling sm_120)."""
         number = sm.removeprefix("sm_")
         if number.isdigit():
-            cc = ComputeCapability.from_number(int(number))
-            same = [p for p in self.profiles if p.cc.major == cc.major and p.cc <= cc]
-            if same:
-                return (
-                    f" The nearest older one of its major is '{max(same, key=lambda p: p.cc).sm}'."
-                )
+            nearest = self._at_or_below(ComputeCapability.from_number(int(number)))
+            if nearest is not None:
+                return f" The nearest older one of its major is '{nearest.sm}'."
         return did_you_mean(sm, known)
+
+    def _at_or_below(self, cc: ComputeCapability) -> Profile | None:
+        """The profile of ``cc``, else the newest older one of the same major."""
+        same = [p for p in self.profiles if p.cc.major == cc.major and p.cc <= cc]
+        return max(same, key=lambda p: p.cc) if same else None
 
     def by_cc(self, cc: ComputeCapability) -> Profile | None:
         return next((p for p in self.profiles if p.cc == cc), None)
@@ -210,10 +212,9 @@ class ProfileSet:
         major: a newer GPU of a family needs at least the family's driver. None where
         the major has no profile at or below ``cc``.
         """
-        same = [p for p in self.profiles if p.cc.major == cc.major and p.cc <= cc]
-        if not same:
+        profile = self._at_or_below(cc)
+        if profile is None:
             return None
-        profile = max(same, key=lambda p: p.cc)
         if profile.cc == cc and product in profile.product_floors:
             return profile.driver_floor(product), f"{product} (product floor)"
         if profile.cc == cc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +60,10 @@ def _matrix(
     return expand_all(specs, profiles, out=Path(out_dir), registry=registry)
 
 
-def _over_limit(entries: list[dict[str, Any]], per_image: dict[str, int], limit: int) -> str:
+def _over_limit(entries: list[dict[str, Any]], limit: int) -> str:
     """How to split a GitHub matrix over the job limit: by image where each image
     fits, else by naming the axes of the image that alone is too large."""
+    per_image = Counter(e["image"] for e in entries)
     counts = ", ".join(f"{k}: {v}" for k, v in per_image.items())
     head = (
         f"the matrix has {len(entries)} entries, over GitHub's limit of {limit} jobs per "
@@ -269,10 +271,7 @@ def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
     entries = [e.to_json() for e in m.entries]
     if fmt == "github":
         if len(entries) > GITHUB_MATRIX_LIMIT:
-            per_image = {e["image"]: 0 for e in entries}
-            for e in entries:
-                per_image[e["image"]] += 1
-            raise InputError(_over_limit(entries, per_image, GITHUB_MATRIX_LIMIT))
+            raise InputError(_over_limit(entries, GITHUB_MATRIX_LIMIT))
         keys = (
             "image",
             "family",

@@ -50,24 +50,23 @@ class ImageRef:
 
 # Docker's reference grammar (distribution/reference), simplified where it
 # does not change the outcome for valid names.
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST = (
+COMPONENT_PATTERN = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+HOST_PATTERN = (
     r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9-]+)*|\[[0-9a-fA-F:]+\])"
     r"(?::[0-9]+)?"
 )
-HOST_PATTERN, COMPONENT_PATTERN = _HOST, _COMPONENT  # for registry prefixes elsewhere
-_TAG = r"[\w][\w.-]{0,127}"
+TAG_PATTERN = r"[\w][\w.-]{0,127}"
 _DIGEST = r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-fA-F0-9]{32,}"
-_HOST_RE = re.compile(_HOST)
+_HOST_RE = re.compile(HOST_PATTERN)
 _NAME_RE = re.compile(
-    rf"(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
+    rf"(?P<repo>{COMPONENT_PATTERN}(?:/{COMPONENT_PATTERN})*)(?::(?P<tag>{TAG_PATTERN}))?(?:@(?P<digest>{_DIGEST}))?"
 )
 DEFAULT_HOST = "docker.io"
 # skopeo transports buildmatrix does not read; named so that the error is clear.
 _UNSUPPORTED = {"oci-archive", "containers-storage", "ostree", "sif", "tarball", "docker-archive-"}
 
 
-def _is_host(component: str) -> bool:
+def is_host(component: str) -> bool:
     # As Docker decides: a first component with '.' or ':' or 'localhost' is a host.
     return (
         "." in component
@@ -80,7 +79,7 @@ def _is_host(component: str) -> bool:
 def parse_name(text: str, *, given: str, transport: Transport) -> ImageRef:
     """Parse ``[HOST/]NAME[:TAG][@DIGEST]``."""
     first, _, rest = text.partition("/")
-    host = first if rest and _is_host(first) else ""
+    host = first if rest and is_host(first) else ""
     path = rest if host else text
     m = _NAME_RE.fullmatch(path)
     if not m or (host and not _HOST_RE.fullmatch(host)):
