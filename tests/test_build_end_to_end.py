@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, CliRunner
-from tests.fixtures.build import SRC, have_nvcc
+from tests.fixtures.build import have_nvcc, shared_library_command
 
 pytestmark = pytest.mark.integration
 
@@ -42,22 +42,8 @@ def _compile(entry: dict[str, str]) -> None:
     """The variant's device code, built with the gencode flags the matrix gives."""
     out = Path(entry["context"]) / "prebuilt" / entry["family"] / "libkernels.so"
     out.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            "nvcc",
-            "-shared",
-            "-Xcompiler",
-            "-fPIC",
-            "-cudart",
-            "shared",
-            *entry["gencode"].split(),
-            "-o",
-            str(out),
-            str(SRC / "kernels.cu"),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    command = shared_library_command(entry["gencode"].split(), out)
+    subprocess.run(command, check=True, capture_output=True)
 
 
 def test_every_variant_builds_and_checks(

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.fixtures.build import shared_library_command
 
 WORKFLOW = REPO / ".github" / "workflows" / "build-images.yml"
 
@@ -162,18 +163,7 @@ def test_ci_installs_nvcc_from_the_pip_wheels(tmp_path: Path) -> None:
     }
     out = tmp_path / "libk.so"
     build = subprocess.run(
-        [
-            "nvcc",
-            "-shared",
-            "-Xcompiler",
-            "-fPIC",
-            "-cudart",
-            "shared",
-            "-gencode=arch=compute_90,code=sm_90",
-            "-o",
-            str(out),
-            str(REPO / "tests" / "fixtures" / "src" / "kernels.cu"),
-        ],
+        shared_library_command(["-gencode=arch=compute_90,code=sm_90"], out),
         env=env,
         capture_output=True,
         text=True,
