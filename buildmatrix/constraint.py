@@ -103,9 +103,7 @@ def admitted(
     def need(cc: ComputeCapability) -> DriverVersion | None:
         return required_driver(codes, cc, runtime=runtime, profiles=profiles, facts=facts)
 
-    pieces: list[
-        tuple[ComputeCapability, bool, ComputeCapability | None, bool, DriverVersion | None]
-    ] = []
+    pieces: list[_Piece] = []
     for i, point in enumerate(points):
         pieces.append((point, True, point, True, need(point)))
         following = points[i + 1] if i + 1 < len(points) else None
