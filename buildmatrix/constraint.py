@@ -117,7 +117,14 @@ def admitted(
         if driver is None:
             continue
         last = segments[-1] if segments else None
-        touching = last is not None and last.high == low and (last.high_included != low_in)
+        # Meeting at one point, or at neighbouring capabilities (12.0 then 12.1: there
+        # is none between them).
+        touching = last is not None and (
+            (last.high == low and last.high_included != low_in)
+            or (
+                last.high is not None and last.high_included and low_in and _after(last.high) == low
+            )
+        )
         if last is not None and touching and last.driver == driver:
             segments[-1] = Segment(
                 low=last.low,

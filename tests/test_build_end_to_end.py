@@ -87,7 +87,12 @@ def test_every_variant_builds_and_checks(
         # Each variant passes for the family its label names ...
         assert verdict(ampere) == {"sm_80": "native", "sm_86": "native"}
         assert verdict(hopper) == {"sm_90": "native"}
-        assert verdict(blackwell) == {"sm_100": "native", "sm_103": "native", "sm_120": "native"}
+        assert verdict(blackwell) == {
+            "sm_100": "native",
+            "sm_103": "native",
+            "sm_120": "native",
+            "sm_121": "native",
+        }
         # ... and not for the others; Hopper's PTX lets newer GPUs JIT it.
         assert verdict(hopper, "--family", "ampere") == {"sm_80": "none", "sm_86": "none"}
         assert verdict(ampere, "--family", "hopper") == {"sm_90": "none"}
@@ -95,6 +100,7 @@ def test_every_variant_builds_and_checks(
             "sm_100": "jit",
             "sm_103": "jit",
             "sm_120": "jit",
+            "sm_121": "jit",
         }
         assert cli("check", f"docker-daemon:{hopper}", "--family", "ampere").code == 1
         assert cli("check", f"docker-daemon:{blackwell}").code == 0

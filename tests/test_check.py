@@ -67,6 +67,7 @@ def test_family_expands_to_each_sm_and_flags_win_over_label() -> None:
         "blackwell/sm_100": "native",
         "blackwell/sm_103": "native",
         "blackwell/sm_120": "native",
+        "blackwell/sm_121": "native",  # sm_120 SASS runs on 12.1
         "ampere/sm_80": "native",
         "ampere/sm_86": "native",
     }

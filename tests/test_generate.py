@@ -117,8 +117,8 @@ def test_explain_says_why(in_repo: None, cli: CliRunner, tmp_path: Path) -> None
 
 
 def test_summary_counts_variants_and_sms_apart(cli: CliRunner, tmp_path: Path) -> None:
-    """CUDA 12.8 cannot build sm_103: the blackwell variant is built without it, which
-    is one SM left out, not one more combination."""
+    """CUDA 12.8 cannot build sm_103 or sm_121: the blackwell variant is built without
+    them, which is two SMs left out, not more combinations."""
     images = tmp_path / "images"
     shutil.copytree(REPO / "images" / "train-fp8", images / "train-fp8")
     spec = images / "train-fp8" / "image.yaml"
@@ -126,12 +126,13 @@ def test_summary_counts_variants_and_sms_apart(cli: CliRunner, tmp_path: Path) -
     result = cli("generate", "--images", str(images), "--out", str(tmp_path / "b"), "--explain")
     assert result.code == 0, result.err
     assert "3 written" in result.out
-    assert "3 combinations left out, 1 SM left out of its variant" in result.out
+    assert "3 combinations left out, 2 SMs left out of their variants" in result.out
     left_out = [x for x in result.err.splitlines() if x.startswith("left out")]
-    assert len(left_out) == 4
-    assert "blackwell cuda 12.8.1: sm_103: left out of the variant: sm_103 needs CUDA 12.9" in (
-        result.err
-    )
+    assert len(left_out) == 5
+    for sm in ("sm_103", "sm_121"):
+        assert f"blackwell cuda 12.8.1: {sm}: left out of the variant: {sm} needs CUDA 12.9" in (
+            result.err
+        )
 
 
 def _tool(name: str) -> Path:

@@ -39,7 +39,7 @@ def test_shipped_profiles_cover_the_fleet() -> None:
     for p in profiles:
         assert ("fp8" in p.features) is (p.cc.number >= 89), p.sm
     assert str(profiles.get("sm_90").min_driver) == "525.60.13"
-    assert [p.sm for p in profiles.family("blackwell")] == ["sm_100", "sm_103", "sm_120"]
+    assert [p.sm for p in profiles.family("blackwell")] == ["sm_100", "sm_103", "sm_120", "sm_121"]
     assert profiles.by_product("NVIDIA H200") is profiles.get("sm_90")
 
 

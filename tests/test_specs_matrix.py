@@ -42,10 +42,11 @@ def test_an_sm_the_cuda_version_cannot_build_is_left_out(tmp_path: Path) -> None
     spec = images / "train-fp8" / "image.yaml"
     spec.write_text(spec.read_text().replace('["12.9.1", "13.3.1"]', '["12.8.1"]'))
     m = expand_all(load_specs(images, PROFILES), PROFILES, out=Path("build"))
-    assert (
-        "train-fp8: blackwell cuda 12.8.1: sm_103: left out of the variant: sm_103 needs "
-        "CUDA 12.9 or newer"
-    ) in [str(d) for d in m.dropped]
+    for sm in ("sm_103", "sm_121"):
+        assert (
+            f"train-fp8: blackwell cuda 12.8.1: {sm}: left out of the variant: {sm} needs "
+            "CUDA 12.9 or newer"
+        ) in [str(d) for d in m.dropped]
     blackwell = next(e for e in m.entries if e.family.value == "blackwell")
     assert blackwell.sms == ["sm_100", "sm_120"]
     assert blackwell.gencode == [
@@ -54,11 +55,13 @@ def test_an_sm_the_cuda_version_cannot_build_is_left_out(tmp_path: Path) -> None
         "-gencode=arch=compute_120,code=sm_120",
         "-gencode=arch=compute_120,code=compute_120",
     ]
-    # sm_100 SASS also runs on 10.3 (B300), which has its own floor; 13.x GPUs JIT the
-    # compute_120 PTX of ISA 8.7, which needs CUDA 12.8's 570.26.
+    # sm_100 SASS also runs on 10.3 (B300), and sm_120 SASS on 12.1 (GB10), which
+    # have their own floors; 13.x GPUs JIT the compute_120 PTX of ISA 8.7, which needs
+    # CUDA 12.8's 570.26.
     assert blackwell.nvidia_require_arch == (
         "arch>=10.0,arch<10.3,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 "
-        "arch>=12.0,driver>=570.26"
+        "arch=12.0,driver>=570.26 arch>=12.1,arch<13.0,driver>=575.51.03 "
+        "arch>=13.0,driver>=570.26"
     )
 
 
@@ -77,14 +80,15 @@ def test_entry_build_flags_follow_the_cuda_version() -> None:
     m = expand_all(load_specs(IMAGES, PROFILES, only="train-fp8"), PROFILES, out=Path("build"))
     by_tag = {e.tag: e for e in m.entries}
     blackwell = by_tag["1.4.0-cu129-blackwell"]
-    assert blackwell.sms == ["sm_100", "sm_103", "sm_120"]
-    assert blackwell.torch_arch_list == "10.0;10.0a;10.3;10.3a;12.0+PTX"
+    assert blackwell.sms == ["sm_100", "sm_103", "sm_120", "sm_121"]
+    assert blackwell.torch_arch_list == "10.0;10.0a;10.3;10.3a;12.0+PTX;12.1;12.1a"
     # SASS runs within its major, PTX lets newer GPUs in by JIT; each range carries the
-    # highest floor there: the CUDA 12 runtime (525.60.13), the hardware floor
-    # (sm_100 570.26, sm_103 575.51.03), the JIT of CUDA 12.9's PTX ISA 8.8 (575.51.03).
+    # highest floor there: the CUDA 12 runtime (525.60.13), the hardware floor (sm_100
+    # and sm_120 570.26, sm_103 and sm_121 575.51.03), the JIT of CUDA 12.9's PTX ISA
+    # 8.8 (575.51.03).
     assert blackwell.nvidia_require_arch == (
         "arch>=10.0,arch<10.3,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 "
-        "arch>=12.0,arch<13.0,driver>=570.26 arch>=13.0,driver>=575.51.03"
+        "arch=12.0,driver>=570.26 arch>=12.1,driver>=575.51.03"
     )
     assert blackwell.min_driver == "570.26"
     ada = by_tag["1.4.0-cu133-ada-lovelace"]
