@@ -16,9 +16,23 @@ from packaging.version import Version
 
 from buildmatrix.arch import ComputeCapability, parse_sm
 from buildmatrix.binary.scan import FileReport
-from buildmatrix.compat import Verdict, check_driver, combine, driver_floors, judge_units
+from buildmatrix.compat import (
+    DriverCheck,
+    Verdict,
+    check_driver,
+    combine,
+    driver_floors,
+    judge_units,
+)
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
+from buildmatrix.forward import (
+    CompatLibrary,
+    CompatSetup,
+    CompatUse,
+    compat_use,
+    device_refusal,
+)
 from buildmatrix.image.model import ScannedImage
 from buildmatrix.node.snapshot import Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
@@ -36,6 +50,10 @@ class Target:
     # The GPU's driver floor and what sets it (ProfileSet.hardware_floor): its
     # profile's, its product's, or for an unknown CC its family's nearest older one.
     hardware_floor: tuple[DriverVersion, str] | None = None
+    # The products the target stands for and, from a node snapshot, their NVML brand:
+    # CUDA forward compatibility accepts some boards only (buildmatrix.forward).
+    products: tuple[str, ...] = ()
+    brand: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +105,8 @@ class CheckResult:
     cuda_runtime: tuple[Version, str] | None
     driver: DriverVersion | None
     problems: list[str] = field(default_factory=list)
+    forward: CompatUse | None = None  # the image's cuda-compat driver on this driver
+    compat_note: str | None = None  # a compat library present but never used, and why
 
     @property
     def passed(self) -> bool:
@@ -107,15 +127,45 @@ class CheckResult:
             "cuda_runtime": runtime,
             "driver": str(self.driver) if self.driver else None,
             "ignored": self.ignored,
+            "forward_compat": self._forward_json(),
         }
+
+    def _forward_json(self) -> dict[str, Any] | None:
+        """The image's cuda-compat driver and whether the given driver puts it in use."""
+        if self.forward is not None:
+            return _compat_json(self.forward.library, self.forward.in_use, self.forward.why)
+        setup = self.image.compat
+        if setup is not None and setup.library is not None:  # no driver given
+            why = "whether a node uses it depends on its driver (--driver or --snapshot)"
+            return _compat_json(setup.library, False, f"{setup.library.describe()}: {why}")
+        if self.compat_note is not None:
+            return {"path": None, "in_use": False, "why": self.compat_note}
+        return None
+
+
+def _compat_json(lib: CompatLibrary, in_use: bool, why: str) -> dict[str, Any]:
+    return {
+        "path": "/" + lib.path,
+        "driver": str(lib.version) if lib.version else None,
+        "cuda": str(lib.cuda) if lib.cuda else None,
+        "branches": list(lib.branches) if lib.branches is not None else None,
+        "in_use": in_use,
+        "why": why,
+    }
 
 
 def _family_targets(profiles: ProfileSet, names: Sequence[str]) -> list[Target]:
-    return [
-        Target(name=n, cc=p.cc, profile=p, hardware_floor=profiles.hardware_floor(p.cc))
-        for n in names
-        for p in profiles.family(n)
-    ]
+    return [_profile_target(profiles, p, name=n) for n in names for p in profiles.family(n)]
+
+
+def _profile_target(profiles: ProfileSet, profile: Profile, *, name: str) -> Target:
+    return Target(
+        name=name,
+        cc=profile.cc,
+        profile=profile,
+        hardware_floor=profiles.hardware_floor(profile.cc),
+        products=profile.products,
+    )
 
 
 def _label_families(label: str | None) -> list[str]:
@@ -144,12 +194,15 @@ def resolve_targets(
     if opts.snapshot is not None:
         models = sorted({(g.cc, g.name) for g in opts.snapshot.gpus})
         for cc, product in models:
+            brands = {g.brand for g in opts.snapshot.gpus if g.name == product}
             targets.append(
                 Target(
                     name=product,
                     cc=cc,
                     profile=profiles.by_cc(cc),
                     hardware_floor=profiles.hardware_floor(cc, product),
+                    products=(product,),
+                    brand=brands.pop() if len(brands) == 1 else None,
                 )
             )
         declared: dict[str, str | None] = {"family": label, "source": "snapshot"}
@@ -176,10 +229,7 @@ def resolve_targets(
     targets += _family_targets(profiles, opts.families)
     for text in opts.sms:
         profile = profiles.get(f"sm_{parse_sm(text).cc.number}")
-        floor = profiles.hardware_floor(profile.cc)
-        targets.append(
-            Target(name=profile.sm, cc=profile.cc, profile=profile, hardware_floor=floor)
-        )
+        targets.append(_profile_target(profiles, profile, name=profile.sm))
     if not targets:
         where = "the snapshot lists no GPU" if opts.snapshot else f"label '{label}' names none"
         raise InputError(
@@ -204,7 +254,7 @@ def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
         if hit:
             found.append((Version(f"{hit[1]}.{hit[2] or 0}"), path))
     for f in image.files:
-        if f.toolkit is not None:
+        if f.toolkit is not None and f.format != "archive":
             found.append((f.toolkit, f"device code of {f.path} (built by CUDA {f.toolkit})"))
     return found
 
@@ -219,6 +269,9 @@ def run_check(
 ) -> CheckResult:
     targets, declared, claims = resolve_targets(profiles, image, opts)
     files = [f for f in image.files if not _ignored(f.path, opts.ignore)]
+    # Static archives are linked into programs at build time and never loaded: their
+    # code is reported, and the programs built from them are what is judged.
+    loaded = [f for f in files if f.format != "archive"]
     ignored = [f.path for f in image.files if _ignored(f.path, opts.ignore)]
     # A problem line starts with its path ("PATH: why" or "PATH (section …): why").
     unreadable = [
@@ -226,19 +279,21 @@ def run_check(
     ]
     driver = opts.driver or (opts.snapshot.driver if opts.snapshot else None)
     runtime = cuda_runtime(image)
+    forward = compat_use(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
     results: list[TargetResult] = []
     for target in targets:
         results.append(
             _judge_target(
                 target,
-                files,
+                loaded,
                 allow_empty=opts.allow_empty,
                 unreadable=unreadable,
                 driver=driver,
                 runtime=runtime,
                 facts=facts,
                 strict=opts.strict,
+                forward=forward,
             )
         )
     for r in results:
@@ -252,12 +307,17 @@ def run_check(
             )
         if not r.driver_ok:
             problems.append(f"{label}: driver: " + "; ".join(r.driver_failures))
-    if not files and not opts.allow_empty:
+    if not loaded and not opts.allow_empty:
         problems.append(
-            "the image holds no CUDA device code at all (a CPU-only framework build?); "
-            "pass --allow-empty if that is intended"
+            (
+                "the image's CUDA device code is only in static archives, which are "
+                "linked at build time and never loaded"
+                if files
+                else "the image holds no CUDA device code at all (a CPU-only framework build?)"
+            )
+            + "; pass --allow-empty if that is intended"
         )
-    if runtime is None and driver is not None and files and opts.strict:
+    if runtime is None and driver is not None and loaded and opts.strict:
         problems.append(
             "the CUDA runtime the image needs cannot be determined (no CUDA_VERSION, no "
             "libcudart.so, no cubin that records its toolkit), so its driver floor is "
@@ -272,7 +332,13 @@ def run_check(
         cuda_runtime=runtime,
         driver=driver,
         problems=problems,
+        forward=forward,
+        compat_note=_unused_compat(image.compat),
     )
+
+
+def _unused_compat(setup: CompatSetup | None) -> str | None:
+    return setup.why if setup is not None and setup.library is None else None
 
 
 def _ignored(path: str, patterns: Sequence[str]) -> bool:
@@ -289,13 +355,19 @@ def _judge_target(
     runtime: tuple[Version, str] | None,
     facts: CudaFacts,
     strict: bool,
+    forward: CompatUse | None = None,
 ) -> TargetResult:
     verdicts: list[Verdict] = []
     failures: list[str] = []
     jit: list[str] = []
     specialised: list[str] = []
+    # Through a cuda-compat driver in use, the user-mode driver (runtime floor, PTX JIT)
+    # is the compat library's; the kernel-mode driver (hardware floor) stays the node's.
+    user_driver = driver
+    if forward is not None and forward.in_use and forward.library.version is not None:
+        user_driver = forward.library.version
     for f in files:
-        j = judge_units(f.units(), target.cc, driver=driver, facts=facts, strict=strict)
+        j = judge_units(f.units(), target.cc, driver=user_driver, facts=facts, strict=strict)
         verdicts.append(j.verdict)
         specialised.extend(f"{f.path}: {s}" for s in j.specialised)
         if j.verdict is Verdict.NONE:
@@ -314,18 +386,38 @@ def _judge_target(
         reasons.append(f"all {len(files)} file(s) with device code have SASS for {target.cc}")
     driver_ok = True
     driver_failures: tuple[str, ...] = ()
-    if driver is not None:
+    if driver is not None and user_driver is not None:
         hw = target.hardware_floor
-        floors = driver_floors(
-            cuda_runtime=runtime[0] if runtime else None,
+        runtime_floors = driver_floors(
+            cuda_runtime=runtime[0] if runtime else None, hardware_floor=None, facts=facts
+        )
+        hardware_floors = driver_floors(
+            cuda_runtime=None,
             hardware_floor=hw[0] if hw else None,
             hardware=hw[1] if hw else "",
             facts=facts,
         )
-        check = check_driver(driver, floors)
-        driver_ok = check.ok
-        driver_failures = check.failures
-        reasons.extend(check.reasons)
+        if forward is not None and forward.in_use:
+            reasons.append(f"CUDA forward compatibility: {forward.why}")
+            checks = [
+                check_driver(user_driver, runtime_floors),
+                check_driver(driver, hardware_floors),
+            ]
+            refused = device_refusal(forward.library, products=target.products, brand=target.brand)
+            if refused is not None:
+                text = (
+                    f"the compat driver {forward.library.describe()} is put in use on "
+                    f"driver {driver}, and forward compatibility does not cover {refused}: "
+                    "CUDA fails to start (cudaErrorCompatNotSupportedOnDevice)"
+                )
+                checks.append(DriverCheck(ok=False, reasons=(text,), failures=(text,)))
+        else:
+            checks = [check_driver(driver, (*runtime_floors, *hardware_floors))]
+            if forward is not None:
+                reasons.append(f"CUDA forward compatibility not used: {forward.why}")
+        driver_ok = all(c.ok for c in checks)
+        driver_failures = tuple(x for c in checks for x in c.failures)
+        reasons.extend(x for c in checks for x in c.reasons)
     else:
         reasons.append("no driver given (--driver or --snapshot): driver floors not checked")
     return TargetResult(

@@ -19,7 +19,7 @@ from tests.fixtures.build import BIN, FIXTURES, Fixture, build, expected, have_n
 pytestmark = pytest.mark.integration
 
 CUOBJDUMP = find_cuobjdump()
-CUOBJDUMP_READS = {"shared", "exe", "object", "cubin", "fatbin"}  # not .ptx text
+CUOBJDUMP_READS = {"shared", "exe", "object", "cubin", "fatbin", "archive"}  # not .ptx text
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from buildmatrix.arch import Arch
+from buildmatrix.binary.archive import is_archive, members
 from buildmatrix.binary.cubin import cubin_arch
 from buildmatrix.binary.elf import EM_CUDA, ElfInfo, is_elf, read_elf, read_layout
 from buildmatrix.binary.fatbin import (
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from packaging.version import Version
 
     from buildmatrix.compat import CodeTarget, Unit
+    from buildmatrix.forward import CompatLibrary
 
 # The fatbinary the CUDA runtime registers at load time is .nv_fatbin; relocatable
 # device code (-rdc=true) sits in __nv_relfatbin and is used only where there is no
@@ -100,6 +102,7 @@ class FileReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
+            "format": self.format,
             "sass": self.sass,
             "ptx": self.ptx,
             "entries": [e.to_json() for e in self.entries],
@@ -116,6 +119,8 @@ def inspect_source(src: ByteSource, *, path: str, head: bytes | None = None) -> 
     """The device code in one file, or None when it has none."""
     if head is None:
         head = src.read_at(0, _HEAD)
+    if is_archive(head):
+        return _archive(src, path)
     if is_elf(head):
         info = read_elf(src)
         if info.machine == EM_CUDA:
@@ -150,6 +155,20 @@ def inspect_source(src: ByteSource, *, path: str, head: bytes | None = None) -> 
         )
         return FileReport(path=path, format="ptx", entries=(entry,))
     return None
+
+
+def _archive(src: ByteSource, path: str) -> FileReport | None:
+    """A static archive: the device code of every member object, as cuobjdump lists
+    it. The containers of each member keep their own numbers after the previous
+    member's, so each translation unit stays one unit."""
+    entries: list[FatbinEntry] = []
+    for member in members(src):
+        report = inspect_source(member.source, path=f"{path}({member.name})")
+        if report is None:
+            continue
+        base = 1 + max((e.container for e in entries), default=-1)
+        entries += [replace(e, container=base + e.container) for e in report.entries]
+    return FileReport(path=path, format="archive", entries=tuple(entries)) if entries else None
 
 
 def _behind_the_wrapper(src: ByteSource, info: ElfInfo) -> tuple[FatbinEntry, ...]:
@@ -220,14 +239,18 @@ def _walk(root: Path) -> Iterator[tuple[str, str, str | None]]:
 
 
 def scan_tree(
-    root: Path, *, on_file: Callable[[str, bool], None] | None = None
-) -> Iterator[FileReport | ScanProblem]:
-    """Every file with device code under ``root``, plus a problem for each corrupt one.
+    root: Path, *, on_file: Callable[[str, bool], None] | None = None, compat: bool = False
+) -> Iterator[FileReport | CompatLibrary | ScanProblem]:
+    """Every file with device code under ``root``, plus a problem for each corrupt one;
+    with ``compat`` (an image root), each CUDA forward-compatibility driver
+    (``…/compat/libcuda.so.X.Y``) is read for its note instead of its code.
 
     ``on_file(path, has_code)`` is called for every regular file (for progress).
     """
+    from buildmatrix.forward import COMPAT_NAME, read_compat_library
+
     for full, rel, unlisted in _walk(root):
-        result: FileReport | ScanProblem | None
+        result: FileReport | CompatLibrary | ScanProblem | None
         if unlisted is not None:
             yield ScanProblem(path=rel, message=unlisted)
             continue
@@ -239,7 +262,10 @@ def scan_tree(
             try:
                 src = FileSource(fd, name=rel)
                 head = src.read_at(0, _HEAD)
-                result = inspect_source(src, path=rel, head=head) if len(head) >= 4 else None
+                if compat and is_elf(head) and COMPAT_NAME.search(rel):
+                    result = read_compat_library(src, path=rel)
+                else:
+                    result = inspect_source(src, path=rel, head=head) if len(head) >= 4 else None
             except CorruptBinary as exc:
                 result = ScanProblem(path=rel, message=str(exc))
             except OSError as exc:

@@ -182,12 +182,24 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
         else "runtime  no CUDA runtime found"
     )
     click.echo(f"driver   {result.driver}" if result.driver else "driver   not given")
+    forward = result.to_json()["forward_compat"]
+    if forward is not None:
+        state = "in use" if forward["in_use"] else "not used"
+        click.echo(f"compat   {state}: {forward['why']}")
     click.echo(
         f"files    {len(result.files)} with device code"
         + (f", {len(result.ignored)} ignored" if result.ignored else "")
     )
     if result.files:
-        rows = [[f.path, ", ".join(f.sass) or "-", ", ".join(f.ptx) or "-"] for f in result.files]
+        rows = [
+            [
+                f.path
+                + (" (static archive: reported, not judged)" if f.format == "archive" else ""),
+                ", ".join(f.sass) or "-",
+                ", ".join(f.ptx) or "-",
+            ]
+            for f in result.files
+        ]
         click.echo("\n" + table(["FILE", "SASS", "PTX"], rows))
     rows = [
         [

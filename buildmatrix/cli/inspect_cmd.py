@@ -63,7 +63,7 @@ def collect(
                             path=f"{given.rstrip('/')}/{result.path}", message=result.message
                         )
                     )
-                else:
+                elif isinstance(result, FileReport):
                     reports.append(result)
             continue
         if not path.exists():

@@ -35,12 +35,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Literal, NoReturn, Self, cast
 
+from buildmatrix.binary.archive import is_archive
 from buildmatrix.binary.elf import is_elf
 from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES
 from buildmatrix.binary.ptx import looks_like_ptx
 from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_source
 from buildmatrix.binary.source import BytesSource, CorruptBinary, FileSource
 from buildmatrix.errors import InputError
+from buildmatrix.forward import COMPAT_NAME, CompatLibrary, read_compat_library
 
 # Files up to this size are inspected in memory; larger candidates are spooled to a
 # private temporary file (deleted at once), so memory stays bounded per worker.
@@ -57,7 +59,7 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 
 Kind = Literal["file", "dir", "symlink", "hardlink", "other"]
-Result = FileReport | ScanProblem | None
+Result = FileReport | CompatLibrary | ScanProblem | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,17 +281,32 @@ def _signed(buf: bytes) -> int:
 
 
 def _might_hold_code(head: bytes, path: str) -> bool:
-    return is_elf(head) or head[:4] == FATBIN_MAGIC_BYTES or looks_like_ptx(head, path)
+    return (
+        is_elf(head)
+        or head[:4] == FATBIN_MAGIC_BYTES
+        or is_archive(head)
+        or looks_like_ptx(head, path)
+    )
 
 
 def _inspect_member(
     data: IO[bytes], size: int, path: str, head: bytes, keep: Path | None
 ) -> Result:
-    """Inspect a member; with ``keep``, files with device code stay there (load test)."""
+    """Inspect a member; with ``keep``, files with device code stay there (load test).
+
+    A CUDA forward-compatibility driver (``…/compat/libcuda.so.X.Y``) is read for its
+    note instead: it is the driver, not code of the image's own.
+    """
+    compat = is_elf(head) and COMPAT_NAME.search(path) is not None
+    if compat:
+        keep = None
     try:
         if size <= SPOOL_LIMIT and keep is None:
             blob = head + data.read(size - len(head))
-            return inspect_source(BytesSource(blob, name=path), path=path)
+            source = BytesSource(blob, name=path)
+            if compat:
+                return read_compat_library(source, path=path)
+            return inspect_source(source, path=path)
         with tempfile.NamedTemporaryFile(
             prefix="buildmatrix-", dir=keep, delete=keep is None
         ) as spool:
@@ -297,6 +314,8 @@ def _inspect_member(
             while chunk := data.read(_CHUNK):
                 spool.write(chunk)
             spool.flush()
+            if compat:
+                return read_compat_library(FileSource(spool.fileno(), name=path), path=path)
             report = inspect_source(FileSource(spool.fileno(), name=path), path=path)
         if keep is None:
             return report

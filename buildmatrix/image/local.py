@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tarfile
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import IO, Any
 
 from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_tree
 from buildmatrix.errors import InputError
+from buildmatrix.forward import CompatLibrary, find_compat
 from buildmatrix.image.model import (
     DEFAULT_PLATFORM,
     MAX_JSON,
@@ -173,10 +175,13 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         raise InputError(f"'{ref.given}': no such file or folder.")
     files: list[FileReport] = []
     problems: list[str] = []
+    libraries: dict[str, CompatLibrary] = {}
     if path.is_dir():
-        for result in scan_tree(path):
+        for result in scan_tree(path, compat=True):
             if isinstance(result, ScanProblem):
                 problems.append(problem_line(result.path, result.message))
+            elif isinstance(result, CompatLibrary):
+                libraries[result.path] = result
             else:
                 stored = str(path / result.path) if keep else None
                 files.append(replace(result, stored=stored))
@@ -185,6 +190,7 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         if report is not None:
             files.append(replace(report, stored=str(path) if keep else None))
     paths = [f.path for f in files] if not path.is_dir() else _all_paths(path)
+    symlinks = _symlinks(path) if path.is_dir() else {}
     return ScannedImage(
         ref=ref.given,
         digest=None,
@@ -193,6 +199,8 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         problems=problems,
         paths=paths,
         layers=0,
+        symlinks=symlinks,
+        compat=find_compat(libraries, paths, symlinks),
     )
 
 
@@ -200,3 +208,13 @@ def _all_paths(root: Path) -> list[str]:
     return sorted(
         str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()
     )
+
+
+def _symlinks(root: Path) -> dict[str, str]:
+    """Every symlink under ``root`` (not followed) and its target as written."""
+    found = {}
+    for p in root.rglob("*"):
+        if p.is_symlink():
+            with contextlib.suppress(OSError):
+                found[str(p.relative_to(root))] = str(p.readlink())
+    return found

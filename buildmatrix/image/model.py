@@ -14,6 +14,7 @@ from typing import IO, Any
 
 from buildmatrix.binary.scan import FileReport, ScanProblem
 from buildmatrix.errors import InputError
+from buildmatrix.forward import CompatLibrary, CompatSetup, find_compat
 from buildmatrix.image.layers import ImageTree, LayerSummary, merge, scan_layer
 
 DEFAULT_PLATFORM = "linux/amd64"
@@ -63,6 +64,10 @@ class ScannedImage:
     problems: list[str]
     paths: list[str]
     layers: int
+    # The final view's symlinks (path -> target as written) and the CUDA forward
+    # compatibility driver the NVIDIA container toolkit would find (buildmatrix.forward).
+    symlinks: dict[str, str] = field(default_factory=dict)
+    compat: CompatSetup | None = None
 
 
 Progress = Callable[[int], None]  # called with bytes read since the last call
@@ -185,11 +190,17 @@ def finish(
     files: list[FileReport] = []
     problems: list[str] = []
     paths: list[str] = []
+    symlinks: dict[str, str] = {}
+    compat_libraries: dict[str, CompatLibrary] = {}
     for path, node in tree.files():
         paths.append(path)
         result = node.result
+        if node.kind == "symlink":
+            symlinks[path] = node.target
         if isinstance(result, FileReport):
             files.append(_at(result, path))
+        elif isinstance(result, CompatLibrary):
+            compat_libraries[path] = replace(result, path=path)
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
     return ScannedImage(
@@ -200,6 +211,8 @@ def finish(
         problems=problems,
         paths=paths,
         layers=len(layers),
+        symlinks=symlinks,
+        compat=find_compat(compat_libraries, paths, symlinks),
     )
 
 

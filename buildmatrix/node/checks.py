@@ -182,7 +182,8 @@ def node_floors(
     models: Sequence[Model], images: Sequence[CheckResult], facts: CudaFacts
 ) -> list[Floor]:
     """Every floor the node's driver must meet: each GPU model's hardware floor (its
-    product's where the profile names one) and each image's CUDA runtime floor."""
+    product's where the profile names one) and each image's CUDA runtime floor, except
+    for an image that runs through its own cuda-compat driver on this node."""
     floors: list[Floor] = []
     for m in models:
         if m.profile is not None:
@@ -194,6 +195,10 @@ def node_floors(
                 facts=facts,
             )
     for result in images:
+        if result.forward is not None and result.forward.in_use:
+            # The image brings its own user-mode driver (CUDA forward compatibility):
+            # its runtime floor applies to that, and its own check judges it.
+            continue
         if result.cuda_runtime is not None:
             for f in driver_floors(
                 cuda_runtime=result.cuda_runtime[0], hardware_floor=None, facts=facts

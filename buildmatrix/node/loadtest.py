@@ -50,6 +50,8 @@ def modules_of(report: FileReport, cc: ComputeCapability, facts: CudaFacts) -> I
     """Every module image of one scanned file (kept by the scan), in file order."""
     if report.stored is None:
         raise CorruptBinary(f"{report.path}: its bytes were not kept for the load test.")
+    if report.format == "archive":
+        return  # a static archive is linked at build time, never loaded
     fd = os.open(report.stored, os.O_RDONLY)
     try:
         src = FileSource(fd, name=report.path)

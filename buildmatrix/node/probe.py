@@ -130,6 +130,8 @@ def _gpu(r: _Reader, i: int) -> dict[str, Any] | None:
         "nvmlDeviceGetPersistenceMode", lambda: n.nvmlDeviceGetPersistenceMode(handle), i
     )
     _put(gpu, "persistence_mode", persistence, bool)
+    brand = r.call("nvmlDeviceGetBrand", lambda: n.nvmlDeviceGetBrand(handle), i)
+    _put(gpu, "brand", brand, int)
     return gpu
 
 

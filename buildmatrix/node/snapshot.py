@@ -49,6 +49,7 @@ class Gpu:
     retired_pages_pending: bool | None = None
     remapped_rows: RemappedRows | None = None
     persistence_mode: bool | None = None
+    brand: int | None = None  # nvmlDeviceGetBrand (nvmlBrandType_t)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +104,7 @@ def snapshot_from_doc(doc: Any, *, source: str) -> Snapshot:
             retired_pages_pending=g.get("retired_pages_pending"),
             remapped_rows=_remapped(g.get("remapped_rows")),
             persistence_mode=g.get("persistence_mode"),
+            brand=g.get("brand"),
         )
         for g in doc["gpus"]
     )

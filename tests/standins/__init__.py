@@ -87,6 +87,7 @@ def nvml_scenario(snapshot: dict[str, Any]) -> dict[str, Any]:
                     int(rows["failure"]),
                 ],
                 "persistence_mode": value("persistence_mode"),
+                "brand": value("brand"),
             }
         )
     return {
@@ -127,3 +128,44 @@ def run_cli(
         timeout=120,
         check=False,
     )
+
+
+def compat_library(out: Path, version: str, note: dict[str, Any] | str | None) -> Path:
+    """A STAND-IN for cuda-compat's ``libcuda.so.VERSION``: an empty shared library
+    built by gcc that carries NVIDIA's forward-compatibility ELF note (owner "NVIDIA
+    Corporation", a JSON description, in a SHT_NOTE section named
+    ``.note.cuda.fwd_compatibility``), laid out as in the libraries NVIDIA ships (the
+    NVIDIA container toolkit's test data). ``note`` None: no note; a str: written as is.
+    """
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise FileNotFoundError("gcc")
+    source = out / f"compat-{version}.S"
+    text = (
+        '    .section .note.GNU-stack,"",@progbits\n'
+        "    .text\n    .globl cuInit\ncuInit:\n    xorl %eax, %eax\n    ret\n"
+    )
+    if note is not None:
+        desc = note if isinstance(note, str) else json.dumps(note, separators=(",", ":"))
+        quoted = desc.replace("\\", "\\\\").replace('"', '\\"')
+        text += f"""
+    .section .note.cuda.fwd_compatibility,"a",@note
+    .balign 4
+    .long 19
+    .long .Ldesc_end - .Ldesc
+    .long 0
+    .asciz "NVIDIA Corporation"
+    .balign 4
+.Ldesc:
+    .asciz "{quoted}"
+.Ldesc_end:
+    .balign 4
+"""
+    source.write_text(text)
+    library = out / f"libcuda.so.{version}"
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(library), str(source)],
+        check=True,
+    )
+    source.unlink()
+    return library

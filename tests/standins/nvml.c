@@ -205,6 +205,13 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRo
     return 0;
 }
 
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, int *brand) {
+    jval *v;
+    int err = field(device, "brand", &v);
+    if (!err) *brand = (int)v->num;
+    return err;
+}
+
 nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode) {
     jval *v;
     int err = field(device, "persistence_mode", &v);
