@@ -3,21 +3,21 @@
 FROM nvidia/cuda:12.9.1-devel-ubuntu24.04 AS build
 WORKDIR /src
 COPY kernels/ /src/
-RUN nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC -gencode=arch=compute_100,code=sm_100 -gencode=arch=compute_100a,code=sm_100a -gencode=arch=compute_103,code=sm_103 -gencode=arch=compute_103a,code=sm_103a -gencode=arch=compute_120,code=sm_120 -gencode=arch=compute_120,code=compute_120 -o libfp8ops.so fp8_ops.cu
+RUN nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC -gencode=arch=compute_100,code=sm_100 -gencode=arch=compute_100a,code=sm_100a -gencode=arch=compute_103,code=sm_103 -gencode=arch=compute_103a,code=sm_103a -gencode=arch=compute_120,code=sm_120 -gencode=arch=compute_120,code=compute_120 -gencode=arch=compute_121,code=sm_121 -gencode=arch=compute_121a,code=sm_121a -o libfp8ops.so fp8_ops.cu
 
 FROM nvidia/cuda:12.9.1-runtime-ubuntu24.04
 COPY --from=build /src/libfp8ops.so /opt/train/lib/libfp8ops.so
 ENV LD_LIBRARY_PATH=/opt/train/lib \
-    TORCH_CUDA_ARCH_LIST="10.0;10.0a;10.3;10.3a;12.0+PTX"
+    TORCH_CUDA_ARCH_LIST="10.0;10.0a;10.3;10.3a;12.0+PTX;12.1;12.1a"
 WORKDIR /workspace
 
 # buildmatrix: what this variant holds, and which GPUs may start it
 LABEL io.buildmatrix.family="blackwell" \
-      io.buildmatrix.sm="sm_100,sm_103,sm_120" \
+      io.buildmatrix.sm="sm_100,sm_103,sm_120,sm_121" \
       io.buildmatrix.cuda="12.9.1" \
       io.buildmatrix.min-driver="570.26" \
       io.buildmatrix.image="train-fp8" \
       org.opencontainers.image.title="train-fp8" \
       org.opencontainers.image.version="1.4.0" \
       org.opencontainers.image.description="FP8 training image with its own fused FP8 kernels; built only for GPUs with FP8 tensor cores."
-ENV NVIDIA_REQUIRE_ARCH="arch>=10.0,arch<10.3,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 arch>=12.0,arch<13.0,driver>=570.26 arch>=13.0,driver>=575.51.03"
+ENV NVIDIA_REQUIRE_ARCH="arch>=10.0,arch<10.3,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 arch=12.0,driver>=570.26 arch>=12.1,driver>=575.51.03"
