@@ -211,6 +211,12 @@ class Unit:
     codes: tuple[CodeTarget, ...]
     kernels: tuple[str, ...] = ()
     index: int = 0  # the container's place in the file
+    # Its cubins are stored compressed (-Xfatbin -compress-all, as NVIDIA's libraries
+    # and torch ship): its kernels cannot be read without decompressing them.
+    compressed: bool = False
+    # Kept as data and loaded by the program itself (cuModuleLoadData), which picks
+    # one per GPU: found by content (buildmatrix.binary.embedded).
+    embedded: bool = False
 
     def describe(self) -> str:
         archs = ", ".join(sorted({str(c.arch) for c in self.codes}))
@@ -244,7 +250,15 @@ def judge_units(
     common set is its most frequent container target set (several tied: their
     union); a container without code for the GPU fails the file when all its targets
     lie within the common set (a short translation unit), and is reported as a
-    specialisation when it has targets outside it. ``strict`` counts every container.
+    specialisation when it has targets outside it or is stored compressed. Code the
+    file keeps as data (found by content) is loaded by the program itself, one blob
+    per GPU: beside registered code that counts it is reported, not judged; else the
+    best blob for the GPU counts and the file fails when none has code for it. Compressed
+    containers hide their kernels, and the libraries that ship them so dispatch by
+    capability (cuDNN 9's libcudnn_cnn has two sm_75-only containers beside its
+    sm_75..sm_120f ones, cuBLAS 13 one among 194): without kernel names a short unit
+    cannot be told from a specialised one, so they are reported, not failed. The file
+    still fails where none of its containers runs. ``strict`` counts every container.
     """
     if not units:
         return FileJudgement(verdict=Verdict.NONE, reasons=("no device code",))
@@ -254,19 +268,47 @@ def judge_units(
     common = frozenset().union(*(s for s, n in counts.items() if n == top))
     judged: list[tuple[int, Judgement]] = []
     specialised: list[str] = []
+    results = [judge_codes(u.codes, cc, driver=driver, facts=facts) for u in units]
     for i, unit in enumerate(units):
-        j = judge_codes(unit.codes, cc, driver=driver, facts=facts)
-        if j.verdict is Verdict.NONE and not strict and not sets[i] <= common:
+        j = results[i]
+        if unit.embedded and not strict:
+            continue  # judged below, once the registered code is
+        short = sets[i] <= common and not unit.compressed
+        if j.verdict is Verdict.NONE and not strict and not short:
             specialised.append(
                 f"container {unit.index} ({unit.describe()}) is specialised code with nothing for "
                 f"{cc}, left out of the verdict (--strict counts it)"
             )
             continue
         judged.append((i, j))
+    # Code the program loads itself (kept as data) is chosen per GPU. Beside registered
+    # code that counts, it is a specialisation (cuBLASLt keeps Blackwell-only kernels
+    # so); otherwise its best blob for this GPU counts (cuFFT registers only a link
+    # stub), and with no blob for it every one fails the file.
+    kept = [] if strict else [i for i, u in enumerate(units) if u.embedded]
+    chosen = max(kept, key=lambda i: _RANK[results[i].verdict], default=None)
+    none_kept = chosen is None or results[chosen].verdict is Verdict.NONE
+    alone = not judged
+    for i in kept:
+        unit, j = units[i], results[i]
+        if alone and (i == chosen or none_kept):
+            judged.append((i, j))
+        elif j.verdict is Verdict.NONE:
+            specialised.append(
+                f"container {unit.index} ({unit.describe()}), kept as data, has nothing "
+                f"for {cc}; the program loads another (--strict counts it)"
+            )
+    judged.sort()
     if not judged:  # only specialisations: none of them runs here
+        archs = ", ".join(sorted({str(c.arch) for u in units for c in u.codes}))
+        what = (
+            "its container has no code"
+            if len(units) == 1
+            else f"none of its {len(units)} containers has code"
+        )
         return FileJudgement(
             verdict=Verdict.NONE,
-            reasons=tuple(f"container {u.index}: no code for {cc}" for u in units),
+            reasons=(f"{what} for {cc} (it holds {archs})",),
             specialised=tuple(specialised),
         )
     verdict = combine(j.verdict for _, j in judged)

@@ -47,7 +47,7 @@ def download(name: str, version: str, dest: Path) -> Path:
         text=True,
         check=False,
     )
-    wheels = sorted(dest.glob(f"{name}-{version}-*.whl"))
+    wheels = sorted(dest.glob(f"{name.replace('-', '_')}-{version}-*.whl"))  # wheel names
     if proc.returncode != 0 or not wheels:
         pytest.skip(f"{name}=={version} cannot be downloaded here: {proc.stderr.strip()[-300:]}")
     return wheels[0]

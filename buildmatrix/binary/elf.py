@@ -30,12 +30,18 @@ _SHDR = {32: "IIIIIIII", 64: "IIQQQQII"}
 _SHDR_SIZE = {32: 40, 64: 64}
 
 
+SHT_PROGBITS = 1
+SHF_ALLOC = 0x2
+SHF_EXECINSTR = 0x4
+
+
 @dataclass(frozen=True, kw_only=True)
 class Section:
     name: str
     type: int
     offset: int
     size: int
+    flags: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,12 +108,16 @@ def read_elf(src: ByteSource) -> ElfInfo:
     str_off, str_size = raw[shstrndx][4], raw[shstrndx][5]
     names = read_exact(src, str_off, str_size, what="ELF section-name table")
     sections = []
-    for name_off, sh_type, _f, _a, offset, size, *_ in raw:
+    for name_off, sh_type, sh_flags, _a, offset, size, *_ in raw:
         end = names.find(b"\0", name_off) if name_off < len(names) else -1
         name = names[name_off:end].decode("latin-1") if end >= 0 else ""
         sections.append(
             Section(
-                name=name, type=sh_type, offset=offset, size=0 if sh_type == SHT_NOBITS else size
+                name=name,
+                type=sh_type,
+                offset=offset,
+                size=0 if sh_type == SHT_NOBITS else size,
+                flags=sh_flags,
             )
         )
     return ElfInfo(
@@ -120,6 +130,7 @@ def read_elf(src: ByteSource) -> ElfInfo:
 
 
 PT_LOAD = 1
+PF_X = 1
 PF_W = 2
 # p_type, p_flags, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_align (ELF64);
 # p_type, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_flags, p_align (ELF32)
@@ -135,6 +146,7 @@ class Segment:
     vaddr: int
     filesz: int
     writable: bool
+    executable: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,6 +195,7 @@ def read_layout(src: ByteSource) -> Layout:
                     vaddr=p_vaddr,
                     filesz=min(p_filesz, max(0, src.size - p_offset)),
                     writable=bool(p_flags & PF_W),
+                    executable=bool(p_flags & PF_X),
                 )
             )
     return Layout(bits=bits, order=order, segments=tuple(segments))

@@ -71,6 +71,9 @@ class FatbinEntry:
     kernels: tuple[str, ...] | None = None
     # The CUDA release whose ptxas/nvlink wrote the cubin (.note.nv.tkinfo), if read.
     toolkit: Version | None = None
+    # Found by content in the file's data (buildmatrix.binary.embedded): code the
+    # program loads itself (cuModuleLoadData), not registered by the CUDA runtime.
+    embedded: bool = False
 
     @property
     def arch_name(self) -> str:
@@ -86,6 +89,8 @@ class FatbinEntry:
         doc["compressed"] = self.compressed
         doc["size"] = self.size
         doc["container"] = self.container
+        if self.embedded:
+            doc["embedded"] = True
         return doc
 
 
@@ -189,6 +194,18 @@ def container_spans(
         pos += hsize + fat_size
 
 
+def container_header(src: ByteSource, at: int, end: int) -> int | None:
+    """The size of a fatbinary container whose header is at ``at``, or None when the
+    bytes there cannot be one that ends by ``end`` (a magic number in other data)."""
+    head = src.read_at(at, _CONTAINER.size)
+    if len(head) != _CONTAINER.size:
+        return None
+    magic, _version, hsize, fat_size = _CONTAINER.unpack(head)
+    if magic != FATBIN_MAGIC or not _CONTAINER.size <= hsize <= _MAX_HEADER or fat_size == 0:
+        return None
+    return hsize + fat_size if at + hsize + fat_size <= end else None
+
+
 def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> list[FatbinEntry]:
     """List every entry of the fatbinary containers in ``[start, start + length)``.
 
@@ -244,7 +261,7 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
 
 
 WRAPPER_MAGIC = 0x466243B1  # __fatBinC_Wrapper_t.magic (clang CGCUDANV.cpp; ZLUDA fatbin.rs)
-_MAX_SEARCH = 64 << 20
+_SEARCH_CHUNK = 8 << 20  # wrappers are searched chunk by chunk: memory stays bounded
 
 
 def wrapped_containers(
@@ -261,28 +278,33 @@ def wrapped_containers(
     wrapper = struct.Struct(layout.order + ("IIQQ" if layout.bits == 64 else "IIII"))
     magic = struct.pack(layout.order + "I", WRAPPER_MAGIC)
     spans: list[tuple[int, int]] = []
+    seen: set[tuple[int, int]] = set()
     for offset, size in regions:
-        if size > _MAX_SEARCH:
-            raise CorruptBinary(
-                f"{src.name}: {size} bytes of loadable data to search for the CUDA runtime's "
-                "fatbinary wrapper (section names do not show it); refused as too large."
-            )
-        data = src.read_at(offset, size)
-        at = data.find(magic)
-        while at >= 0:
-            if at % width == 0 and at + wrapper.size <= len(data):
-                _magic, version, pointer, _name = wrapper.unpack_from(data, at)
-                start = layout.file_offset(pointer, _CONTAINER.size) if version in (1, 2) else None
-                if start is not None:
-                    head = src.read_at(start, _CONTAINER.size)
-                    if len(head) == _CONTAINER.size:
-                        c_magic, _v, hsize, fat_size = _CONTAINER.unpack(head)
-                        end = start + hsize + fat_size
-                        if (
-                            c_magic == FATBIN_MAGIC
-                            and end <= src.size
-                            and (start, end) not in [(s, s + n) for s, n in spans]
-                        ):
-                            spans.append((start, hsize + fat_size))
-            at = data.find(magic, at + 1)
+        # In bounded chunks; a wrapper cut by a chunk's end is read from the next one.
+        for base in range(offset, offset + size, _SEARCH_CHUNK):
+            length = min(_SEARCH_CHUNK, offset + size - base)
+            data = src.read_at(base, length + wrapper.size)
+            at = data.find(magic)
+            while 0 <= at < length:
+                if (base + at - offset) % width == 0 and at + wrapper.size <= len(data):
+                    _magic, version, pointer, _name = wrapper.unpack_from(data, at)
+                    span = _wrapped(src, layout, pointer) if version in (1, 2) else None
+                    if span is not None and span not in seen:
+                        seen.add(span)
+                        spans.append(span)
+                at = data.find(magic, at + 1)
     return spans
+
+
+def _wrapped(src: ByteSource, layout: Layout, pointer: int) -> tuple[int, int] | None:
+    """The container a wrapper's data pointer leads to, if one is there."""
+    start = layout.file_offset(pointer, _CONTAINER.size)
+    if start is None:
+        return None
+    head = src.read_at(start, _CONTAINER.size)
+    if len(head) != _CONTAINER.size:
+        return None
+    c_magic, _v, hsize, fat_size = _CONTAINER.unpack(head)
+    if c_magic != FATBIN_MAGIC or start + hsize + fat_size > src.size:
+        return None
+    return start, hsize + fat_size

@@ -13,6 +13,7 @@ from buildmatrix.arch import Arch
 from buildmatrix.binary.archive import is_archive, members
 from buildmatrix.binary.cubin import cubin_arch
 from buildmatrix.binary.elf import EM_CUDA, ElfInfo, is_elf, read_elf, read_layout
+from buildmatrix.binary.embedded import data_regions, embedded_code
 from buildmatrix.binary.fatbin import (
     FATBIN_MAGIC_BYTES,
     EntryKind,
@@ -96,7 +97,16 @@ class FileReport:
                 continue  # no kernel at all: a link stub
             kernels = tuple(dict.fromkeys(k for e in entries for k in e.kernels or ()))
             codes = tuple(CodeTarget(arch=e.arch, ptx_isa=e.ptx_isa) for e in entries)
-            units.append(Unit(codes=codes, kernels=kernels, index=index))
+            units.append(
+                Unit(
+                    codes=codes,
+                    kernels=kernels,
+                    index=index,
+                    compressed=any(e.kind is EntryKind.SASS for e in entries)
+                    and all(e.kernels is None for e in entries if e.kind is EntryKind.SASS),
+                    embedded=any(e.embedded for e in entries),
+                )
+            )
         return units
 
     def to_json(self) -> dict[str, Any]:
@@ -115,8 +125,14 @@ class ScanProblem:
     message: str
 
 
-def inspect_source(src: ByteSource, *, path: str, head: bytes | None = None) -> FileReport | None:
-    """The device code in one file, or None when it has none."""
+def inspect_source(
+    src: ByteSource, *, path: str, head: bytes | None = None, deep: bool = True
+) -> FileReport | None:
+    """The device code in one file, or None when it has none.
+
+    ``deep``: also search an ELF file's data for fatbinaries and cubins that no
+    section or wrapper names (buildmatrix.binary.embedded).
+    """
     if head is None:
         head = src.read_at(0, _HEAD)
     if is_archive(head):
@@ -137,14 +153,25 @@ def inspect_source(src: ByteSource, *, path: str, head: bytes | None = None) -> 
                 toolkit=toolkit,
             )
             return FileReport(path=path, format="cubin", entries=(entry,))
-        for name in FATBIN_SECTIONS:
-            section = info.section(name)
-            if section is not None:
-                where = f"section {name}"
-                entries = parse_fatbin(src, section.offset, section.size, where=where)
-                return FileReport(path=path, format="elf", entries=tuple(entries))
-        hidden = _behind_the_wrapper(src, info)
-        return FileReport(path=path, format="elf", entries=hidden) if hidden else None
+        entries: list[FatbinEntry] = []
+        named = [s for s in info.sections if s.name in (*FATBIN_SECTIONS, WRAPPER_SECTION)]
+        section = next(
+            (s for name in FATBIN_SECTIONS for s in info.sections if s.name == name), None
+        )
+        if section is not None:
+            where = f"section {section.name}"
+            entries = parse_fatbin(src, section.offset, section.size, where=where)
+            covered = [(s.offset, s.size) for s in named]
+        else:
+            hidden, covered = _behind_the_wrapper(src, info, deep=deep)
+            entries = list(hidden)
+        if deep:
+            regions = data_regions(src, info, skip=covered)
+            base = 1 + max((e.container for e in entries), default=-1)
+            entries += embedded_code(src, regions, first_container=base)
+        if section is None and not entries:
+            return None
+        return FileReport(path=path, format="elf", entries=tuple(entries))
     if head[:4] == FATBIN_MAGIC_BYTES:
         entries = parse_fatbin(src, 0, src.size, where="fatbin file")
         return FileReport(path=path, format="fatbin", entries=tuple(entries))
@@ -171,28 +198,33 @@ def _archive(src: ByteSource, path: str) -> FileReport | None:
     return FileReport(path=path, format="archive", entries=tuple(entries)) if entries else None
 
 
-def _behind_the_wrapper(src: ByteSource, info: ElfInfo) -> tuple[FatbinEntry, ...]:
+def _behind_the_wrapper(
+    src: ByteSource, info: ElfInfo, *, deep: bool = False
+) -> tuple[tuple[FatbinEntry, ...], list[tuple[int, int]]]:
     """Device code no .nv_fatbin section names: follow the runtime's wrapper from the
-    wrapper section, or, with the section headers stripped, from the writable
-    loadable segments (the loader maps those whatever the headers say)."""
+    wrapper section, or, with the section headers stripped or (``deep``) the wrapper
+    section renamed too, from the writable loadable segments (the loader maps those
+    whatever the headers say). Code found so is registered by the runtime, as code
+    in .nv_fatbin is. Returns the entries and the (offset, size) of each container."""
     segment = info.section(WRAPPER_SECTION)
     if segment is not None:
         layout = read_layout(src)
         regions = [(segment.offset, segment.size)]
-    elif not info.sections:
+    elif not info.sections or deep:
         layout = read_layout(src)
         regions = [(s.offset, s.filesz) for s in layout.segments if s.writable]
     else:
-        return ()
+        return (), []
     entries: list[FatbinEntry] = []
-    for index, (offset, size) in enumerate(wrapped_containers(src, layout, regions)):
+    spans = list(wrapped_containers(src, layout, regions))
+    for index, (offset, size) in enumerate(spans):
         where = f"fatbinary at {offset:#x}, found through the runtime's wrapper"
         for e in parse_fatbin(src, offset, size, where=where):
             entries.append(replace(e, container=index))
-    return tuple(entries)
+    return tuple(entries), spans
 
 
-def inspect_file(path: Path, *, display: str | None = None) -> FileReport | None:
+def inspect_file(path: Path, *, display: str | None = None, deep: bool = True) -> FileReport | None:
     """Open and inspect one file; a missing or unreadable file is an input error."""
     shown = display if display is not None else str(path)
     try:
@@ -204,7 +236,7 @@ def inspect_file(path: Path, *, display: str | None = None) -> FileReport | None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise InputError(f"{shown}: not a regular file.")
-        return inspect_source(FileSource(fd, name=shown), path=shown)
+        return inspect_source(FileSource(fd, name=shown), path=shown, deep=deep)
     finally:
         os.close(fd)
 
@@ -239,7 +271,11 @@ def _walk(root: Path) -> Iterator[tuple[str, str, str | None]]:
 
 
 def scan_tree(
-    root: Path, *, on_file: Callable[[str, bool], None] | None = None, compat: bool = False
+    root: Path,
+    *,
+    on_file: Callable[[str, bool], None] | None = None,
+    compat: bool = False,
+    deep: bool = True,
 ) -> Iterator[FileReport | CompatLibrary | ScanProblem]:
     """Every file with device code under ``root``, plus a problem for each corrupt one;
     with ``compat`` (an image root), each CUDA forward-compatibility driver
@@ -265,7 +301,11 @@ def scan_tree(
                 if compat and is_elf(head) and COMPAT_NAME.search(rel):
                     result = read_compat_library(src, path=rel)
                 else:
-                    result = inspect_source(src, path=rel, head=head) if len(head) >= 4 else None
+                    result = (
+                        inspect_source(src, path=rel, head=head, deep=deep)
+                        if len(head) >= 4
+                        else None
+                    )
             except CorruptBinary as exc:
                 result = ScanProblem(path=rel, message=str(exc))
             except OSError as exc:

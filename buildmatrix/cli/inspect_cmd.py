@@ -48,7 +48,7 @@ def _ptx_cell(report: FileReport) -> str:
 
 
 def collect(
-    paths: tuple[str, ...], progress: Progress
+    paths: tuple[str, ...], progress: Progress, *, deep: bool = False
 ) -> tuple[list[FileReport], list[ScanProblem]]:
     """Inspect named files (errors are fatal) and walk named folders (errors are problems)."""
     reports: list[FileReport] = []
@@ -56,7 +56,7 @@ def collect(
     for given in paths:
         path = Path(given)
         if path.is_dir():
-            for result in scan_tree(path, on_file=progress):
+            for result in scan_tree(path, on_file=progress, deep=deep):
                 if isinstance(result, ScanProblem):
                     problems.append(
                         ScanProblem(
@@ -68,7 +68,7 @@ def collect(
             continue
         if not path.exists():
             raise InputError(f"{given}: no such file or folder.")
-        report = inspect_file(path, display=given)
+        report = inspect_file(path, display=given, deep=deep)
         progress(given, report is not None)
         if report is not None:
             reports.append(report)
@@ -77,18 +77,25 @@ def collect(
 
 @click.command("inspect")
 @click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Also search each ELF file's data for device code no fatbinary section names "
+    "(cubins and fatbinaries the program loads itself); check always does.",
+)
 @json_option
-def inspect(paths: tuple[str, ...], as_json: bool) -> int:
+def inspect(paths: tuple[str, ...], deep: bool, as_json: bool) -> int:
     """List the SASS targets and PTX versions in CUDA binaries.
 
-    PATH is a shared library, executable, object, .cubin, .fatbin or .ptx file, or a
-    folder to scan recursively (symbolic links are not followed). Only files with
-    device code are listed. A corrupt file named on the command line exits 2; one
-    found in a folder is reported and the scan goes on.
+    PATH is a shared library, executable, object, static archive, .cubin, .fatbin or
+    .ptx file, or a folder to scan recursively (symbolic links are not followed).
+    Only files with device code are listed, as cuobjdump lists them; --deep adds the
+    code kept as data. A corrupt file named on the command line exits 2; one found
+    in a folder is reported and the scan goes on.
     """
     progress = Progress()
     try:
-        reports, problems = collect(paths, progress)
+        reports, problems = collect(paths, progress, deep=deep)
     finally:
         progress.done()
     if as_json:

@@ -1,0 +1,160 @@
+"""Device code kept as plain data: fatbinary containers and CUDA cubins that no
+fatbinary section or runtime wrapper names.
+
+A library can carry device code the CUDA runtime never registers: a cubin put in
+``.rodata`` with ``.incbin`` (or bin2c) and loaded with ``cuModuleLoadData``, or a
+fatbinary whose ``.nv_fatbin`` and ``.nvFatBinSegment`` sections were both renamed.
+Such code is found by content: the data of the file (allocated, non-executable
+sections; without section headers, the non-executable loadable segments) is searched
+for the fatbinary container magic (0xBA55ED50) and for ELF headers whose machine is
+EM_CUDA. A hit that reads as a whole container or cubin is device code; a magic
+number inside other data, which cannot be read as either, is skipped.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+
+from buildmatrix.binary.elf import (
+    ELF_MAGIC,
+    EM_CUDA,
+    SHF_ALLOC,
+    SHF_EXECINSTR,
+    SHT_PROGBITS,
+    ElfInfo,
+    read_layout,
+)
+from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES, FatbinEntry, container_header
+from buildmatrix.binary.source import ByteSource, CorruptBinary, SliceSource
+
+_CHUNK = 8 << 20
+_OVERLAP = 64  # a header cut by a chunk boundary is read whole from the next chunk
+_EHDR = {1: struct.Struct("<16xHHIIIIIHHHHHH"), 2: struct.Struct("<16xHHIQQQIHHHHHH")}
+
+
+def data_regions(
+    src: ByteSource, info: ElfInfo, *, skip: Iterable[tuple[int, int]] = ()
+) -> list[tuple[int, int]]:
+    """(offset, size) of the file's data: allocated, non-executable PROGBITS sections,
+    or with no section headers the non-executable loadable segments. ``skip``: ranges
+    already read as device code."""
+    if info.sections:
+        regions = [
+            (s.offset, s.size)
+            for s in info.sections
+            if s.type == SHT_PROGBITS
+            and s.flags & SHF_ALLOC
+            and not s.flags & SHF_EXECINSTR
+            and s.size > 0
+        ]
+    else:
+        regions = [(g.offset, g.filesz) for g in read_layout(src).segments if not g.executable]
+    return _minus(sorted(regions), sorted(skip))
+
+
+def _minus(regions: list[tuple[int, int]], skip: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for start, size in regions:
+        pieces = [(start, start + size)]
+        for s_start, s_size in skip:
+            s_end = s_start + s_size
+            pieces = [
+                piece
+                for a, b in pieces
+                for piece in ((a, min(b, s_start)), (max(a, s_end), b))
+                if piece[0] < piece[1]
+            ]
+        out += [(a, b - a) for a, b in pieces]
+    return out
+
+
+def embedded_code(
+    src: ByteSource, regions: Iterable[tuple[int, int]], *, first_container: int = 0
+) -> list[FatbinEntry]:
+    """Every fatbinary container and cubin found in ``regions``, each a container
+    (translation unit) of its own, numbered from ``first_container``."""
+    entries: list[FatbinEntry] = []
+    container = first_container
+    for start, size in regions:
+        end = start + size
+        pos = start
+        for hit, kind in _hits(src, start, end):
+            if hit < pos:
+                continue  # inside a blob already read
+            found, length = _read_blob(src, hit, end, kind)
+            if not found:
+                continue
+            for e in found:
+                offset = e.offset + hit if kind == "cubin" else e.offset
+                entries.append(_renumber(e, container + e.container, offset))
+            container += 1 + max(e.container for e in found)
+            pos = hit + length
+    return entries
+
+
+def _read_blob(src: ByteSource, hit: int, end: int, kind: str) -> tuple[list[FatbinEntry], int]:
+    """The entries of the container or cubin at ``hit`` and its length; none when the
+    bytes there are not one."""
+    from buildmatrix.binary.fatbin import parse_fatbin
+    from buildmatrix.binary.scan import inspect_source
+
+    if kind == "fatbin":
+        span = container_header(src, hit, end)
+        if span is None:
+            return [], 0
+        where = f"fatbinary at {hit:#x}, found by its magic"
+        return parse_fatbin(src, hit, span, where=where), span
+    length = _cubin_size(src, hit, end)
+    if length is None:
+        return [], 0
+    where = f"{src.name} (cubin at {hit:#x}, found by its ELF header)"
+    report = inspect_source(SliceSource(src, hit, length, name=where), path=src.name)
+    return (list(report.entries) if report is not None else []), length
+
+
+def _renumber(e: FatbinEntry, container: int, offset: int) -> FatbinEntry:
+    from dataclasses import replace
+
+    return replace(e, container=container, offset=offset, embedded=True)
+
+
+def _hits(src: ByteSource, start: int, end: int) -> Iterator[tuple[int, str]]:
+    """Offsets of either magic in ``[start, end)``, in order, read in bounded chunks."""
+    pos = start
+    while pos < end:
+        size = min(_CHUNK, end - pos)
+        chunk = src.read_at(pos, size + _OVERLAP if pos + size < end else size)
+        found = []
+        for magic, kind in ((FATBIN_MAGIC_BYTES, "fatbin"), (ELF_MAGIC, "cubin")):
+            at = chunk.find(magic)
+            while 0 <= at < size:
+                found.append((pos + at, kind))
+                at = chunk.find(magic, at + 1)
+        yield from sorted(found)
+        pos += size
+
+
+def _cubin_size(src: ByteSource, at: int, end: int) -> int | None:
+    """The size of a CUDA ELF whose header is at ``at`` (it ends with its last table),
+    or None when the bytes there are no CUDA ELF that fits before ``end``."""
+    head = src.read_at(at, 64)
+    if len(head) < 52 or head[4] not in (1, 2) or head[5] != 1:
+        return None  # cubins are little-endian ELF32/ELF64
+    layout = _EHDR[head[4]]
+    if len(head) < layout.size:
+        return None
+    fields: tuple[int, ...] = layout.unpack_from(head)
+    machine, phoff, shoff = fields[1], fields[4], fields[5]
+    phentsize, phnum, shentsize, shnum = fields[8], fields[9], fields[10], fields[11]
+    if machine != EM_CUDA:
+        return None
+    size = max(shoff + shnum * shentsize, phoff + phnum * phentsize)
+    if size <= 64:
+        return None
+    if at + size > end:
+        raise CorruptBinary(
+            f"{src.name}: a CUDA cubin at {at:#x} claims {size} bytes, past the end of the "
+            "data that holds it."
+        )
+    return size

@@ -1,0 +1,144 @@
+"""Device code kept as data: cubins and fatbinaries that no section or runtime wrapper
+names (buildmatrix/binary/embedded.py). The libraries are built here by gcc, with
+the nvcc-built fixtures put in ``.rodata`` by ``.incbin``, or renamed by objcopy."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from buildmatrix.binary.scan import FileReport, inspect_file
+from buildmatrix.binary.source import CorruptBinary
+from tests.conftest import CliRunner
+from tests.fixtures.build import BIN
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None or shutil.which("objcopy") is None,
+    reason="gcc and objcopy (binutils) build these libraries; .ci/run has them",
+)
+
+
+def _incbin(tmp_path: Path, name: str, blob: bytes, *, section: str = ".rodata") -> Path:
+    """A shared library whose ``section`` holds ``blob`` (as a loader would map it)."""
+    data = tmp_path / f"{name}.bin"
+    data.write_bytes(blob)
+    source = tmp_path / f"{name}.c"
+    source.write_text(
+        f'__asm__(".section {section},\\"a\\"\\n.balign 8\\n.globl blob\\nblob:\\n'
+        f'.incbin \\"{data}\\"\\n.previous\\n");\n'
+        "extern const char blob[];\nconst char *get(void) { return blob; }\n"
+    )
+    out = tmp_path / name
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(source)], check=True)
+    return out
+
+
+def _unit_codes(report: FileReport) -> list[tuple[str, ...]]:
+    return [tuple(sorted(str(c.arch) for c in u.codes)) for u in report.units()]
+
+
+def _archs(path: Path) -> list[str]:
+    report = inspect_file(path)
+    return [] if report is None else [e.arch_name for e in report.entries]
+
+
+def test_a_cubin_in_rodata_is_found(tmp_path: Path) -> None:
+    lib = _incbin(tmp_path, "libinc.so", (BIN / "kernels_sm80.cubin").read_bytes())
+    assert _archs(lib) == ["sm_80"]
+    assert inspect_file(lib, deep=False) is None  # what a section-only reader sees
+
+
+def test_a_fatbinary_in_a_custom_section_is_found(tmp_path: Path) -> None:
+    lib = _incbin(tmp_path, "libfb.so", (BIN / "kernels.fatbin").read_bytes(), section=".kernels")
+    assert _archs(lib) == _archs(BIN / "kernels.fatbin")
+
+
+def test_both_fatbin_sections_renamed(tmp_path: Path) -> None:
+    """.nv_fatbin and .nvFatBinSegment renamed, headers kept: the runtime's wrappers
+    still lead to the code, the rest is found by its magic, and nothing twice."""
+    for name in ("libtwo.so", "libsass_ptx.so", "libmulti.so"):
+        out = tmp_path / name
+        subprocess.run(
+            [
+                "objcopy",
+                "--rename-section",
+                ".nv_fatbin=.kdata",
+                "--rename-section",
+                ".nvFatBinSegment=.kwrap",
+                str(BIN / name),
+                str(out),
+            ],
+            check=True,
+        )
+        original = inspect_file(BIN / name)
+        renamed = inspect_file(out)
+        assert original is not None
+        assert renamed is not None
+        assert sorted(e.arch_name for e in renamed.entries) == sorted(
+            e.arch_name for e in original.entries
+        ), name
+        assert sorted(_unit_codes(renamed)) == sorted(_unit_codes(original)), name
+        # what runs is found through the runtime's wrapper: registered code, judged as
+        # such (only nvlink's stub, which defines no kernel, is found by its magic)
+        assert not any(u.embedded for u in renamed.units()), name
+
+
+def test_fixtures_list_nothing_twice() -> None:
+    """Where the sections name the code, the data search adds nothing."""
+    for path in sorted(BIN.iterdir()):
+        deep, shallow = inspect_file(path), inspect_file(path, deep=False)
+        assert (deep is None) == (shallow is None), path.name
+        if deep is not None and shallow is not None:
+            assert deep.entries == shallow.entries, path.name
+
+
+def test_magic_numbers_in_other_data_are_not_code(tmp_path: Path) -> None:
+    """The fatbinary magic with an impossible header, and an ELF header for another
+    machine (x86-64), are data like any other."""
+    host = (BIN / "libhost_only.so").read_bytes()
+    junk = b"P\xedU\xba" + b"\xff" * 60 + host[:64] + b"\x7fELF" + b"\0" * 60
+    lib = _incbin(tmp_path, "libjunk.so", junk)
+    assert inspect_file(lib) is None
+
+
+def test_a_truncated_embedded_cubin_is_an_error(tmp_path: Path) -> None:
+    cubin = (BIN / "kernels_sm80.cubin").read_bytes()
+    lib = _incbin(tmp_path, "libcut.so", cubin[: len(cubin) // 2])
+    with pytest.raises(CorruptBinary, match="past the end"):
+        inspect_file(lib)
+
+
+def test_check_fails_a_cubin_in_rodata_that_cannot_run(cli: CliRunner, tmp_path: Path) -> None:
+    root = tmp_path / "rootfs" / "usr" / "lib"
+    root.mkdir(parents=True)
+    shutil.copy(_incbin(tmp_path, "libinc.so", (BIN / "kernels_sm80.cubin").read_bytes()), root)
+    shutil.copy(BIN / "libsass_ptx.so", root)
+    r = cli("check", f"dir:{tmp_path / 'rootfs'}", "--sm", "9.0", "--json")
+    assert r.code == 1
+    assert "usr/lib/libinc.so" in " ".join(r.json()["problems"])
+    assert cli("check", f"dir:{tmp_path / 'rootfs'}", "--sm", "8.0").code == 0
+
+
+def test_renaming_both_sections_hides_no_short_translation_unit(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    out = tmp_path / "rootfs" / "usr" / "lib" / "libtwo.so"
+    out.parent.mkdir(parents=True)
+    subprocess.run(
+        [
+            "objcopy",
+            "--rename-section",
+            ".nv_fatbin=.kdata",
+            "--rename-section",
+            ".nvFatBinSegment=.kwrap",
+            str(BIN / "libtwo.so"),
+            str(out),
+        ],
+        check=True,
+    )
+    r = cli("check", f"dir:{tmp_path / 'rootfs'}", "--sm", "9.0", "--json")
+    assert r.code == 1
+    assert "_Z2kbPfPKfi" in " ".join(r.json()["problems"])

@@ -1,0 +1,110 @@
+"""check on NVIDIA's own CUDA libraries (the nvidia-cublas, nvidia-cudnn-cu13 and
+nvidia-cufft wheels of the configured package index): third-party truth for the
+per-translation-unit rule and for code kept as data.
+
+These libraries run on every data-centre GPU of their release, so any "fail" here
+is a false fail of buildmatrix's. They are also where the rule is hardest: cuDNN's
+libcudnn_cnn holds two sm_75-only containers beside its sm_75..sm_120f ones, cuBLAS
+one among 194, cuBLASLt keeps Blackwell-only kernels as data, and cuFFT keeps all its
+kernels as data (it registers only a small sm_75 container with the runtime).
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from buildmatrix.binary.scan import inspect_file
+from tests.test_torch_wheels import download
+
+pytestmark = pytest.mark.integration
+
+WHEELS = {
+    "nvidia-cublas": ("13.1.1.3", ["libcublas.so.13", "libcublasLt.so.13"]),
+    "nvidia-cudnn-cu13": ("9.24.0.43", ["libcudnn_cnn.so.9"]),
+    "nvidia-cufft": ("12.0.0.61", ["libcufft.so.12"]),
+}
+GPUS = ["8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "12.0"]
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("nvidia")
+    found: dict[str, Path] = {}
+    for name, (version, wanted) in WHEELS.items():
+        wheel = download(name, version, root)
+        with zipfile.ZipFile(wheel) as zf:
+            for lib in wanted:
+                member = next(m for m in zf.namelist() if Path(m).name == lib)
+                found[lib] = Path(zf.extract(member, root / "x"))
+        wheel.unlink()
+    return found
+
+
+def _check(path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    from buildmatrix.cli import main
+
+    code = main(["check", str(path), "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("lib", ["libcublas.so.13", "libcublasLt.so.13", "libcudnn_cnn.so.9"])
+def test_nvidia_libraries_run_on_every_gpu_of_their_release(
+    libraries: dict[str, Path], lib: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for sm in GPUS:
+        code, doc = _check(libraries[lib], capsys, "--sm", sm)
+        assert code == 0, (lib, sm, doc["problems"])
+
+
+def test_short_looking_compressed_containers_are_specialisations(
+    libraries: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """libcudnn_cnn's sm_75-only containers have nothing for 9.0; compressed, they show
+    no kernels, so they are reported; --strict counts them and fails the file."""
+    code, doc = _check(libraries["libcudnn_cnn.so.9"], capsys, "--sm", "9.0")
+    assert code == 0
+    specialised = doc["targets"][0]["specialised"]
+    assert len(specialised) == 2
+    assert all("(sm_75)" in s for s in specialised)
+    code, doc = _check(libraries["libcudnn_cnn.so.9"], capsys, "--sm", "9.0", "--strict")
+    assert code == 1
+
+
+def test_cufft_keeps_its_kernels_as_data(
+    libraries: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """cuobjdump and a section reader see one 592-byte sm_75 container in libcufft
+    (compressed: a link stub, by its size); its kernels are fatbinaries in its data,
+    loaded by cuFFT itself."""
+    path = libraries["libcufft.so.12"]
+    shallow = inspect_file(path, deep=False)
+    assert shallow is not None
+    assert [e.arch_name for e in shallow.entries] == ["sm_75"]
+    report = inspect_file(path)
+    assert report is not None
+    assert len(report.units()) > 10_000
+    assert sum(not e.embedded for e in report.entries) == 1
+    assert {"sm_80", "sm_90", "sm_100", "sm_120"} <= set(report.sass)
+    for sm in GPUS:
+        code, doc = _check(path, capsys, "--sm", sm)
+        assert code == 0, (sm, doc["problems"])
+        assert doc["targets"][0]["verdict"] == "native"
+
+
+def test_cublaslt_blackwell_kernels_kept_as_data_are_reported(
+    libraries: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = libraries["libcublasLt.so.13"]
+    deep, shallow = inspect_file(path), inspect_file(path, deep=False)
+    assert deep is not None
+    assert shallow is not None
+    extra = [e for e in deep.entries if e.embedded]
+    assert len(deep.entries) - len(shallow.entries) == len(extra) > 0
+    assert {str(e.arch) for e in extra} <= {"sm_100a", "sm_100f", "sm_103f", "sm_120f"}
+    code, doc = _check(path, capsys, "--sm", "9.0")
+    assert code == 0
+    assert any("kept as data" in s for s in doc["targets"][0]["specialised"])
