@@ -11,6 +11,7 @@ deadline. A longer run: ``BUILDMATRIX_FUZZ_EXAMPLES=20000 pytest tests/test_fuzz
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import struct
@@ -42,6 +43,7 @@ SEEDS = {
     "kernels.fatbin": fixture("kernels.fatbin"),
     "kernels_sm90a.cubin": fixture("kernels_sm90a.cubin"),
     "libcompressed.so": fixture("libcompressed.so"),
+    "libtwo_static.a": fixture("libtwo_static.a"),
 }
 FIELDS = [0, 1, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 2**31, 64, 16]
 
@@ -81,7 +83,12 @@ def test_binaries(name: str, data: st.DataObject) -> None:
 @FUZZ
 @given(st.binary(max_size=4096))
 def test_random_bytes_as_any_binary(blob: bytes) -> None:
-    for prefix in (b"", b"\x7fELF\x02\x01\x01", struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 64)):
+    for prefix in (
+        b"",
+        b"\x7fELF\x02\x01\x01",
+        struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 64),
+        b"!<arch>\n",
+    ):
         _inspect(prefix + blob, "random.so")
 
 
@@ -169,3 +176,28 @@ def test_a_real_tar_member_survives_the_fuzzer_setup() -> None:
     with tarfile.open(fileobj=io.BytesIO(LAYER)) as tar:
         assert "usr/lib/libsass_ptx.so" in tar.getnames()
     assert inspect_source(BytesSource(SEEDS["libtwo.so"], name="x"), path="x") is not None
+
+
+@functools.cache
+def _compat_seed() -> bytes:
+    import tempfile
+    from pathlib import Path
+
+    from tests.standins import compat_library
+
+    note = {"format": 1, "CUDA version": "13.1", "driver": [535, 580], "device": [2, 14]}
+    with tempfile.TemporaryDirectory() as tmp:
+        return compat_library(Path(tmp), "590.44.01", note).read_bytes()
+
+
+@FUZZ
+@given(st.data())
+def test_compat_driver_notes(data: st.DataObject) -> None:
+    """The cuda-compat note parser: a broken note is a problem on the library, never
+    an exception (the container toolkit ignores such a note too)."""
+    from buildmatrix.forward import read_compat_library
+
+    blob = data.draw(mutated(_compat_seed()))
+    path = "usr/local/cuda/compat/libcuda.so.590.44.01"
+    with contextlib.suppress(BuildmatrixError):
+        read_compat_library(BytesSource(blob, name=path), path=path)
