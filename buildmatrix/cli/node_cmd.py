@@ -197,6 +197,19 @@ def _print_report(snap: Snapshot, report: NodeReport, labels: dict[str, str]) ->
     metavar="PATH",
     help="Write the labels as an NFD feature file (features.d/), atomically.",
 )
+@click.option(
+    "--apply",
+    "apply_to_node",
+    is_flag=True,
+    help="Write the verdict onto the Node through the Kubernetes API: labels and the "
+    "admission taint buildmatrix.io/unverified (removed on pass, kept on fail).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Credentials for --apply (default: in-cluster ServiceAccount, else ~/.kube/config).",
+)
 @node_option
 @platform_option
 @profiles_option
@@ -212,6 +225,8 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     require_sass: bool,
     load_test: bool,
     nfd_file: Path | None,
+    apply_to_node: bool,
+    kubeconfig: Path | None,
     node: str | None,
     platform: str,
     profiles_dir: str | None,
@@ -220,8 +235,9 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     """Admit a GPU node: read its GPUs, check driver floors, health and image fit, label it.
 
     Fails closed: any NVML error, unknown GPU or failed check is FAIL, and then the
-    labels hold only buildmatrix.io/smoke=failed. Exit 0 pass, 1 fail, 2 bad input,
-    3 NVML unavailable (the report is printed all the same).
+    labels hold only buildmatrix.io/smoke=failed. With --apply the Node object is
+    updated too (docs/kubernetes.md). Exit 0 pass, 1 fail, 2 bad input, 3 NVML or
+    the Kubernetes API unavailable (the report is printed all the same).
     """
     from buildmatrix.cuda import load_cuda_facts
     from buildmatrix.image.ref import parse_ref
@@ -232,16 +248,29 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     pool_map = _pools(pools, profiles)
     for ref in images:
         parse_ref(ref)  # a malformed reference is bad input, before any NVML or I/O
+    api = _node_api(node, kubeconfig) if apply_to_node else None
     try:
         snap = _snapshot(snapshot, record, node)
     except EnvironmentUnavailable as exc:
         doc = _unavailable_report(exc)
         if nfd_file is not None:
             _write_nfd(nfd_file, doc["labels"])
+        if api is not None and node is not None:
+            failures = [f"nvml: {exc}"]
+            doc["applied"] = _apply(
+                api,
+                node,
+                passed=False,
+                labels=doc["labels"],
+                failures=failures,
+                no_gfd_keys=no_gfd_keys,
+            )
         if as_json:
             echo_json(doc)
         else:
             click.echo(f"FAIL: {exc}")
+            if "applied" in doc:
+                click.echo(f"applied  node {node}: admission taint {doc['applied']['taint']}")
         return exc.exit_code
     outcomes = _check_images(
         images,
@@ -265,25 +294,72 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     )
     if nfd_file is not None:
         _write_nfd(nfd_file, labels)
-    if as_json:
-        echo_json(
-            {
-                "verdict": "pass" if report.passed else "fail",
-                "node": node or snap.hostname,
-                "checks": [c.to_json() for c in report.checks],
-                "labels": labels,
-                "load_test": [
-                    {"image": x.image, "model": x.model, "files": list(x.files)}
-                    for o in outcomes
-                    for x in o.loads
-                ],
-            }
+    applied = None
+    if api is not None and node is not None:
+        failures = [f"{c.name}: {c.message}" for c in report.checks if not c.ok]
+        applied = _apply(
+            api,
+            node,
+            passed=report.passed,
+            labels=labels,
+            failures=failures,
+            no_gfd_keys=no_gfd_keys,
         )
+    if as_json:
+        doc = {
+            "verdict": "pass" if report.passed else "fail",
+            "node": node or snap.hostname,
+            "checks": [c.to_json() for c in report.checks],
+            "labels": labels,
+            "load_test": [
+                {"image": x.image, "model": x.model, "files": list(x.files)}
+                for o in outcomes
+                for x in o.loads
+            ],
+        }
+        if applied is not None:
+            doc["applied"] = applied
+        echo_json(doc)
     else:
         _print_report(snap, report, labels)
+        if applied is not None:
+            click.echo(
+                f"applied  node {node}: {len(applied['labels_set'])} label(s) set, "
+                f"{len(applied['labels_removed'])} removed, admission taint {applied['taint']}"
+            )
     if report.passed:
         return 0
     return max([1, *(o.error.exit_code for o in outcomes if o.error is not None)])
+
+
+def _node_api(node: str | None, kubeconfig: Path | None) -> Any:
+    """The API client for --apply, made before any NVML or image work: a missing node
+    name or unusable credentials is found before the node is judged."""
+    from buildmatrix.node.apply import NodeApi
+
+    if not node:
+        raise InputError(
+            "--apply needs the Node's name: pass --node NAME or set NODE_NAME (a "
+            "DaemonSet sets it from spec.nodeName)."
+        )
+    return NodeApi(kubeconfig)
+
+
+def _apply(
+    api: Any,
+    node: str,
+    *,
+    passed: bool,
+    labels: dict[str, str],
+    failures: list[str],
+    no_gfd_keys: bool,
+) -> dict[str, Any]:
+    from buildmatrix.node.apply import apply
+
+    result = apply(
+        api, node, passed=passed, labels=labels, failures=failures, gfd_keys=not no_gfd_keys
+    )
+    return result.to_json()
 
 
 @click.command("labels")

@@ -1,0 +1,258 @@
+"""``smoke --apply``: write the verdict onto the Node object through the API server.
+
+The only Kubernetes API I/O. With the official ``kubernetes`` client, in-cluster
+credentials (the DaemonSet's ServiceAccount) or a kubeconfig:
+
+- on pass: the labels are set, buildmatrix-owned labels an earlier run left (a pool
+  that changed) are removed, and the admission taint
+  ``buildmatrix.io/unverified:NoSchedule`` is removed;
+- on fail: the taint is kept (or added), the labels become ``buildmatrix.io/smoke=
+  failed`` alone, and the annotation ``buildmatrix.io/smoke-report`` says why;
+- nothing else is touched: not other taints, not other controllers' labels, not GPU
+  Feature Discovery's keys when ``--no-gfd-keys`` is given.
+
+Labels and annotations are map keys, merged one by one by a strategic merge patch.
+``spec.taints`` is one list, replaced whole by a patch, so a read-modify-write could
+drop a taint another controller added in between: the patch carries the
+``metadata.resourceVersion`` it was computed from, the API server refuses it with 409
+Conflict if the node changed, and the change is recomputed from a fresh read, a few
+times at most (as Kubernetes' own taint helpers do: ``PatchNodeTaints``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from buildmatrix.errors import EnvironmentUnavailable, InputError
+from buildmatrix.node.labels import (
+    DRIVER_FLOOR,
+    GFD_KEYS,
+    MIXED,
+    POOL,
+    SEED_KEYS,
+    SMOKE,
+    VERIFIED_PREFIX,
+)
+
+TAINT_KEY = "buildmatrix.io/unverified"
+TAINT_EFFECT = "NoSchedule"
+REPORT_ANNOTATION = "buildmatrix.io/smoke-report"
+MAX_REPORT = 4096  # bytes of the annotation; an object's annotations share 256 KiB
+MAX_ATTEMPTS = 5
+SMP = "application/strategic-merge-patch+json"
+_TIMEOUT = 15  # seconds per request
+
+
+def owned(key: str, *, gfd_keys: bool) -> bool:
+    """Whether buildmatrix writes (and so may remove) this label."""
+    return (
+        key.startswith(("buildmatrix.io/", VERIFIED_PREFIX))
+        or key in (POOL, SMOKE, DRIVER_FLOOR, MIXED, *SEED_KEYS)
+        or (gfd_keys and key in GFD_KEYS)
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Applied:
+    node: str
+    labels_set: tuple[str, ...]
+    labels_removed: tuple[str, ...]
+    taint: str  # removed | kept | added | absent
+    attempts: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "labels_set": list(self.labels_set),
+            "labels_removed": list(self.labels_removed),
+            "taint": self.taint,
+            "attempts": self.attempts,
+        }
+
+    def describe(self) -> str:
+        return (
+            f"node {self.node}: {len(self.labels_set)} label(s) set, "
+            f"{len(self.labels_removed)} removed, admission taint {self.taint}"
+        )
+
+
+def report_text(failures: Sequence[str]) -> str:
+    """The failed checks, one per line, cut to MAX_REPORT bytes."""
+    text = "\n".join(failures)
+    data = text.encode("utf-8")
+    if len(data) <= MAX_REPORT:
+        return text
+    return data[: MAX_REPORT - 3].decode("utf-8", "ignore") + "..."
+
+
+def plan(
+    node: Mapping[str, Any],
+    *,
+    passed: bool,
+    labels: Mapping[str, str],
+    report: str,
+    gfd_keys: bool,
+) -> tuple[dict[str, Any], Applied]:
+    """The strategic merge patch that brings ``node`` to the verdict (pure)."""
+    meta = node.get("metadata") or {}
+    current: dict[str, str] = dict(meta.get("labels") or {})
+    taints: list[dict[str, Any]] = list((node.get("spec") or {}).get("taints") or [])
+    label_patch: dict[str, str | None] = {k: v for k, v in labels.items() if current.get(k) != v}
+    removed = sorted(k for k in current if owned(k, gfd_keys=gfd_keys) and k not in labels)
+    label_patch.update(dict.fromkeys(removed))
+    ours = [t for t in taints if t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT]
+    if passed:
+        new_taints = [t for t in taints if t not in ours]
+        taint = "removed" if ours else "absent"
+    elif ours:
+        new_taints, taint = taints, "kept"
+    else:
+        new_taints, taint = [*taints, {"key": TAINT_KEY, "effect": TAINT_EFFECT}], "added"
+    annotations = dict((meta.get("annotations") or {}).items())
+    metadata: dict[str, Any] = {}
+    if label_patch:
+        metadata["labels"] = label_patch
+    if passed and REPORT_ANNOTATION in annotations:
+        metadata["annotations"] = {REPORT_ANNOTATION: None}
+    elif not passed and annotations.get(REPORT_ANNOTATION) != report:
+        metadata["annotations"] = {REPORT_ANNOTATION: report}
+    body: dict[str, Any] = {}
+    if new_taints != taints:
+        # the precondition that makes replacing the list safe against a concurrent write
+        metadata["resourceVersion"] = meta.get("resourceVersion")
+        body["spec"] = {"taints": new_taints}
+    if metadata:
+        body["metadata"] = metadata
+    applied = Applied(
+        node=str(meta.get("name", "")),
+        labels_set=tuple(sorted(k for k, v in label_patch.items() if v is not None)),
+        labels_removed=tuple(removed),
+        taint=taint,
+        attempts=0,
+    )
+    return body, applied
+
+
+class NodeApi:
+    """GET and PATCH of one Node through the official client."""
+
+    def __init__(self, kubeconfig: Path | None) -> None:
+        try:
+            from kubernetes import client, config
+        except ImportError:  # pragma: no cover - a dependency of buildmatrix
+            raise EnvironmentUnavailable(
+                "the kubernetes client is not installed: pip install kubernetes."
+            ) from None
+        cfg = client.Configuration()
+        try:
+            if kubeconfig is None and _in_cluster():
+                config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+                self.where = "in-cluster ServiceAccount"
+            else:
+                if kubeconfig is not None and not kubeconfig.is_file():
+                    raise InputError(f"--kubeconfig {kubeconfig}: no such file.")
+                config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
+                )
+                self.where = f"kubeconfig {kubeconfig or '~/.kube/config'}"
+        except config.ConfigException as exc:
+            raise EnvironmentUnavailable(
+                f"no Kubernetes credentials ({exc}): run in the cluster with a "
+                "ServiceAccount, or pass --kubeconfig FILE."
+            ) from None
+        cfg.retries = 1  # a down API server is reported, not waited for
+        self._api = client.CoreV1Api(client.ApiClient(cfg))
+        self._exception = client.ApiException
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self._call("get", name, lambda: self._api.read_node(name, **_raw()))
+
+    def patch(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(
+            "patch", name, lambda: self._api.patch_node(name, body, _content_type=SMP, **_raw())
+        )
+
+    def _call(self, verb: str, name: str, request: Any) -> dict[str, Any]:
+        import urllib3
+
+        try:
+            response = request()
+        except self._exception as exc:
+            if exc.status == 409:
+                raise Conflict from None
+            raise EnvironmentUnavailable(_api_error(verb, name, exc.status, exc.body)) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise EnvironmentUnavailable(
+                f"the Kubernetes API server cannot be reached ({self.where}): {exc}."
+            ) from None
+        doc: dict[str, Any] = json.loads(response.data)
+        return doc
+
+
+class Conflict(Exception):
+    """409: the node changed since it was read."""
+
+
+def _raw() -> dict[str, Any]:
+    return {"_preload_content": False, "_request_timeout": _TIMEOUT}
+
+
+def _in_cluster() -> bool:
+    import os
+
+    return "KUBERNETES_SERVICE_HOST" in os.environ
+
+
+def _api_error(verb: str, name: str, status: int | None, body: Any) -> str:
+    message = ""
+    try:
+        message = json.loads(body).get("message", "")
+    except (TypeError, ValueError, AttributeError):
+        message = str(body or "")[:300]
+    if status == 401:
+        return f"the Kubernetes API server refused the credentials (401): {message}"
+    if status == 403:
+        return (
+            f"not allowed to {verb} nodes (403): {message}. The ServiceAccount needs a "
+            "ClusterRole with verbs get and patch on nodes (buildmatrix k8s manifests "
+            "writes it); the node stays as it was"
+        )
+    if status == 404:
+        return f"node {name!r} does not exist (404); pass --node with the Node's name"
+    return f"the Kubernetes API server answered {status} to {verb} node {name!r}: {message}"
+
+
+def apply(
+    api: NodeApi,
+    name: str,
+    *,
+    passed: bool,
+    labels: Mapping[str, str],
+    failures: Sequence[str],
+    gfd_keys: bool,
+) -> Applied:
+    """Bring the Node to the verdict; retried on 409 Conflict, MAX_ATTEMPTS at most."""
+    report = report_text(failures)
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        node = api.get(name)
+        body, applied = plan(node, passed=passed, labels=labels, report=report, gfd_keys=gfd_keys)
+        if body:
+            try:
+                api.patch(name, body)
+            except Conflict:
+                continue
+        return Applied(
+            node=name,
+            labels_set=applied.labels_set,
+            labels_removed=applied.labels_removed,
+            taint=applied.taint,
+            attempts=attempt,
+        )
+    raise EnvironmentUnavailable(
+        f"node {name!r} changed under every one of {MAX_ATTEMPTS} attempts to update it "
+        "(409 Conflict each time); nothing was written. Run smoke again."
+    )
