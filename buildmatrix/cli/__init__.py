@@ -16,6 +16,7 @@ from buildmatrix import __version__
 from buildmatrix.cli.check_cmd import check
 from buildmatrix.cli.generate_cmd import generate, matrix
 from buildmatrix.cli.inspect_cmd import inspect
+from buildmatrix.cli.k8s_cmd import affinity, k8s
 from buildmatrix.cli.node_cmd import labels, smoke
 from buildmatrix.cli.profiles_cmd import profiles
 from buildmatrix.errors import BuildmatrixError
@@ -38,6 +39,8 @@ cli.add_command(generate)
 cli.add_command(matrix)
 cli.add_command(smoke)
 cli.add_command(labels)
+cli.add_command(affinity)
+cli.add_command(k8s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,185 @@
+"""``buildmatrix affinity`` and ``buildmatrix k8s manifests``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from buildmatrix.cli._common import load, platform_option, profiles_option
+from buildmatrix.cli.check_cmd import ByteProgress
+from buildmatrix.errors import InputError
+
+_FORMATS = click.Choice(["yaml", "json"])
+
+
+def _dump(obj: Any, fmt: str) -> str:
+    import yaml
+
+    class Plain(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True  # no &anchors: kubectl reads them, people and diffs less well
+
+    if fmt == "json":
+        return json.dumps(obj, indent=2) + "\n"
+    if isinstance(obj, list):
+        return yaml.dump_all(obj, Dumper=Plain, sort_keys=False)
+    return yaml.dump(obj, Dumper=Plain, sort_keys=False)
+
+
+@click.command("affinity")
+@click.argument("ref")
+@click.option(
+    "--require",
+    "features",
+    multiple=True,
+    metavar="FEATURE",
+    help="A feature the GPU must have, as the profiles name them (fp8, bf16, ...; repeatable).",
+)
+@click.option(
+    "--min-memory",
+    type=click.IntRange(min=1),
+    metavar="MIB",
+    help="GPU memory the job needs, in MiB (nvidia.com/gpu.memory).",
+)
+@click.option("--require-sass", is_flag=True, help="Leave out GPUs that run the image only by JIT.")
+@click.option("--format", "fmt", type=_FORMATS, default="yaml", show_default=True)
+@click.option(
+    "--into",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="A Pod, Job, CronJob, Deployment, StatefulSet or DaemonSet manifest to merge the "
+    "affinity into (printed whole; every workload of a multi-document file).",
+)
+@platform_option
+@profiles_option
+def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
+    ref: str,
+    features: tuple[str, ...],
+    min_memory: int | None,
+    require_sass: bool,
+    fmt: str,
+    into: Path | None,
+    platform: str,
+    profiles_dir: str | None,
+) -> int:
+    """Print the nodeAffinity that sends a Pod only to GPUs its image runs on.
+
+    The image's device code is checked against every arch profile; the GPUs that run
+    it and have every --require'd feature give nvidia.com/gpu.family (or, where a
+    family is only partly covered, nvidia.com/gpu.compute-capability) In [...], and
+    --min-memory adds nvidia.com/gpu.memory Gt. Exit 1 when no GPU qualifies.
+    """
+    import yaml
+
+    from buildmatrix.affinity import (
+        Needs,
+        affinity_block,
+        choose,
+        expressions,
+        merge_into,
+        validate_needs,
+    )
+    from buildmatrix.check import Options, run_check
+    from buildmatrix.cuda import load_cuda_facts
+    from buildmatrix.image.open import scan_image
+
+    profiles = load(profiles_dir)
+    needs = Needs(features=features, min_memory_mib=min_memory, require_sass=require_sass)
+    validate_needs(needs)
+    documents: list[Any] = []
+    if into is not None:
+        try:
+            documents = [d for d in yaml.safe_load_all(into.read_text(encoding="utf-8")) if d]
+        except OSError as exc:
+            raise InputError(f"--into {into}: cannot read: {exc.strerror}.") from None
+        except yaml.YAMLError as exc:
+            raise InputError(f"--into {into}: not valid YAML ({exc}).") from None
+        if not documents:
+            raise InputError(f"--into {into}: holds no manifest.")
+    progress = ByteProgress()
+    try:
+        image = scan_image(ref, platform=platform, progress=progress)
+    finally:
+        progress.done()
+    opts = Options(sms=[p.sm for p in profiles], allow_empty=True)
+    result = run_check(image, profiles, opts, load_cuda_facts())
+    choice = choose(result, profiles, needs)
+    if not choice.chosen:
+        click.echo(
+            f"buildmatrix: error: {ref} runs on none of the GPUs that meet the needs:", err=True
+        )
+        for p, why in choice.excluded:
+            click.echo(f"  - {p.sm} ({p.family.value}): {why}", err=True)
+        return 1
+    exprs = expressions(choice, profiles, needs)
+    if into is None:
+        click.echo(_dump(affinity_block(exprs), fmt), nl=False)
+        return 0
+    merged = [merge_into(d, exprs, source=str(into)) for d in documents]
+    click.echo(_dump(merged if len(merged) > 1 else merged[0], fmt), nl=False)
+    return 0
+
+
+@click.group("k8s")
+def k8s() -> None:
+    """Kubernetes manifests for node admission."""
+
+
+@k8s.command("manifests")
+@click.option(
+    "--image",
+    "tool_image",
+    default="ghcr.io/buildmatrix/buildmatrix:latest",
+    show_default=True,
+    metavar="IMAGE",
+    help="The buildmatrix image the admission DaemonSet runs.",
+)
+@click.option(
+    "--pools",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="A pools file to ship in the ConfigMap (default: every SM's family as its pool).",
+)
+@click.option("--namespace", default="buildmatrix", show_default=True, metavar="NS")
+@click.option(
+    "--interval",
+    type=click.IntRange(min=60),
+    default=600,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often the DaemonSet re-runs smoke on each node.",
+)
+@click.option("--load-test", is_flag=True, help="Run smoke with --load-test.")
+@click.option("--format", "fmt", type=_FORMATS, default="yaml", show_default=True)
+@profiles_option
+def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
+    tool_image: str,
+    pools: Path | None,
+    namespace: str,
+    interval: int,
+    load_test: bool,
+    fmt: str,
+    profiles_dir: str | None,
+) -> int:
+    """Print ready-to-apply YAML: namespace, RBAC, pools ConfigMap, the admission
+    DaemonSet (smoke --apply on every GPU node), and an example FP8 training Job."""
+    from buildmatrix.k8s import Settings, render
+    from buildmatrix.node.pools import load_pools
+
+    profiles = load(profiles_dir)
+    pools_text = None
+    if pools is not None:
+        load_pools(pools, profiles)  # validated before it is shipped
+        pools_text = pools.read_text(encoding="utf-8")
+    settings = Settings(
+        image=tool_image,
+        namespace=namespace,
+        interval=interval,
+        load_test=load_test,
+        pools=pools_text,
+    )
+    click.echo(_dump(render(settings, profiles), fmt), nl=False)
+    return 0
