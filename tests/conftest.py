@@ -37,6 +37,15 @@ class CliRunner:
         return Result(code, captured.out, captured.err)
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """check's default layer cache goes under $XDG_CACHE_HOME: never the user's, and a
+    fresh one per test (a test that damages a blob must not be served from the cache)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     monkeypatch.delenv("BUILDMATRIX_PROFILES", raising=False)

@@ -358,7 +358,9 @@ def test_tampered_registry_content_exits_2(what: str, cli: CliRunner, tmp_path: 
         assert bytes(data) != stored.read_bytes()
         stored.write_bytes(bytes(data))
         for ref in (dest, f"docker://{host}/bmtest/tampered@{digest}"):
-            result = cli("check", ref, "--family", "hopper")
+            # --no-cache: the untouched check above cached the layer by its digest, and
+            # a cached layer is not fetched again (docs/check.md)
+            result = cli("check", ref, "--family", "hopper", "--no-cache")
             assert result.code == 2, (ref, result.out)
             assert "digest" in result.err, result.err
             assert "PASS" not in result.out

@@ -62,7 +62,7 @@ def _markdown(result: object) -> str:
 
 
 @click.command("check")
-@click.argument("ref")
+@click.argument("refs", nargs=-1, required=True, metavar="REF...")
 @click.option(
     "--family",
     "families",
@@ -101,6 +101,15 @@ def _markdown(result: object) -> str:
 )
 @platform_option
 @click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Layer summaries by digest, reused across images and runs "
+    "(default: $XDG_CACHE_HOME/buildmatrix/layers).",
+)
+@click.option("--no-cache", is_flag=True, help="Read every layer; keep no summaries.")
+@click.option(
     "--summary",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="FILE",
@@ -109,7 +118,7 @@ def _markdown(result: object) -> str:
 @profiles_option
 @json_option
 def check(  # noqa: PLR0917 - one parameter per option, as click passes them
-    ref: str,
+    refs: tuple[str, ...],
     families: tuple[str, ...],
     sms: tuple[str, ...],
     driver: str | None,
@@ -119,16 +128,19 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     allow_empty: bool,
     strict: bool,
     platform: str,
+    cache_dir: Path | None,
+    no_cache: bool,
     summary: Path | None,
     profiles_dir: str | None,
     as_json: bool,
 ) -> int:
-    """Check which GPUs an image can run on, from the binaries inside it.
+    """Check which GPUs images can run on, from the binaries inside them.
 
     REF: docker-daemon:NAME[:TAG], docker://HOST/NAME[:TAG|@DIGEST], oci:PATH[:TAG],
     docker-archive:PATH, dir:PATH, an existing path, or a bare NAME[:TAG] (the local
-    engine if it has it, else the registry). Without --family/--sm the image's
-    io.buildmatrix.family label sets the targets. Exit 0 pass, 1 fail.
+    engine if it has it, else the registry). Without --family/--sm each image's
+    io.buildmatrix.family label sets its targets. Several REFs are checked in one
+    run, sharing the layers they share (the layer cache). Exit 0 all pass, 1 any fails.
     """
     from buildmatrix.check import Options, run_check, validate_targets
     from buildmatrix.cuda import load_cuda_facts, parse_driver_version
@@ -139,11 +151,6 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     drv = parse_driver_version(driver, what="--driver") if driver else None
     snap = load_snapshot(snapshot) if snapshot else None
     validate_targets(profiles, Options(families=families, sms=sms))  # before any I/O
-    progress = ByteProgress()
-    try:
-        image = scan_image(ref, platform=platform, progress=progress)
-    finally:
-        progress.done()
     opts = Options(
         families=families,
         sms=sms,
@@ -154,18 +161,66 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
         allow_empty=allow_empty,
         strict=strict,
     )
-    result = run_check(image, profiles, opts, load_cuda_facts())
+    from buildmatrix.image.cache import LayerCache, default_folder, use
+
+    cache = None if no_cache else LayerCache(cache_dir or default_folder())
+    facts = load_cuda_facts()
+    results = []
+    with use(cache):
+        for ref in refs:
+            progress = ByteProgress()
+            try:
+                image = scan_image(ref, platform=platform, progress=progress)
+            finally:
+                progress.done()
+            results.append(run_check(image, profiles, opts, facts))
     if summary is not None:
         try:
             with summary.open("a", encoding="utf-8") as f:
-                f.write(_markdown(result))
+                f.writelines(_markdown(r) for r in results)
         except OSError as exc:
             from buildmatrix.errors import InputError
 
             raise InputError(f"--summary {summary}: cannot write: {exc.strerror}.") from None
+    passed = all(r.passed for r in results)
     if as_json:
-        echo_json(result.to_json())
-        return 0 if result.passed else 1
+        if len(results) == 1:
+            echo_json(results[0].to_json())
+        else:
+            echo_json(
+                {
+                    "verdict": "pass" if passed else "fail",
+                    "images": [r.to_json() for r in results],
+                    "cache": _cache_json(cache),
+                }
+            )
+        return 0 if passed else 1
+    for i, result in enumerate(results):
+        if i:
+            click.echo("")
+        _print_result(result)
+    if len(results) > 1:
+        failed = [r.image.ref for r in results if not r.passed]
+        click.echo(
+            f"\n{len(results)} images: "
+            + ("all pass" if passed else f"{len(failed)} fail ({', '.join(failed)})")
+            + (f"; {cache.hits} layer(s) from the cache" if cache is not None else "")
+        )
+    return 0 if passed else 1
+
+
+def _cache_json(cache: object) -> dict[str, object] | None:
+    from buildmatrix.image.cache import LayerCache
+
+    if not isinstance(cache, LayerCache):
+        return None
+    return {"folder": str(cache.root), "hits": cache.hits, "misses": cache.misses}
+
+
+def _print_result(result: object) -> None:
+    from buildmatrix.check import CheckResult
+
+    assert isinstance(result, CheckResult)
     runtime = result.cuda_runtime
     click.echo(
         f"image    {result.image.ref}"
@@ -220,8 +275,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
             click.echo(f"  ... and {len(notes) - 20} more (--json lists them)")
     if result.passed:
         click.echo("\nPASS")
-        return 0
+        return
     click.echo("\nFAIL")
     for problem in result.problems:
         click.echo(f"  - {problem}")
-    return 1

@@ -175,11 +175,30 @@ def scan_blobs(
     workers: int = 2,
     keep: Path | None = None,
 ) -> list[LayerSummary]:
-    """Summarise layers in parallel (decompression and reads release the GIL)."""
-    if len(blobs) <= 1 or workers <= 1:
-        return [scan_blob(b, progress, keep) for b in blobs]
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda b: scan_blob(b, progress, keep), blobs))
+    """Summarise layers in parallel (decompression and reads release the GIL).
+
+    With a layer cache in use (buildmatrix.image.cache) a blob whose digest is known
+    and cached is not read at all, and each one read and verified is cached.
+    """
+    from buildmatrix.image.cache import active
+
+    cache = active() if keep is None else None  # the load test needs the bytes
+    found: dict[int, LayerSummary] = {}
+    if cache is not None:
+        for i, blob in enumerate(blobs):
+            if blob.digest is not None and (hit := cache.get(blob.digest)) is not None:
+                found[i] = hit
+    todo = [(i, b) for i, b in enumerate(blobs) if i not in found]
+    if len(todo) <= 1 or workers <= 1:
+        scanned = [scan_blob(b, progress, keep) for _, b in todo]
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            scanned = list(pool.map(lambda ib: scan_blob(ib[1], progress, keep), todo))
+    for (i, blob), summary in zip(todo, scanned, strict=True):
+        found[i] = summary
+        if cache is not None and blob.digest is not None:
+            cache.put(blob.digest, summary)  # its digest was verified as it was read
+    return [found[i] for i in range(len(blobs))]
 
 
 def finish(
