@@ -268,7 +268,13 @@ def judge_units(
     common = frozenset().union(*(s for s, n in counts.items() if n == top))
     judged: list[tuple[int, Judgement]] = []
     specialised: list[str] = []
-    results = [judge_codes(u.codes, cc, driver=driver, facts=facts) for u in units]
+    # Libraries repeat a few target sets over thousands of containers: judge each once.
+    judged_sets: dict[tuple[CodeTarget, ...], Judgement] = {}
+    results = [
+        judged_sets.get(u.codes)
+        or judged_sets.setdefault(u.codes, judge_codes(u.codes, cc, driver=driver, facts=facts))
+        for u in units
+    ]
     for i, unit in enumerate(units):
         j = results[i]
         if unit.embedded and not strict:

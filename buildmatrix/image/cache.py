@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import gzip
 import hashlib
 import json
@@ -32,7 +33,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from buildmatrix import __version__
-from buildmatrix.arch import parse_arch
+from buildmatrix.arch import Arch, parse_arch
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
 from buildmatrix.binary.scan import FileReport, ScanProblem
 from buildmatrix.cuda import parse_driver_version
@@ -60,6 +61,9 @@ class LayerCache:
         self.hits = 0
         self.misses = 0
         self.discarded = 0
+        # Summaries read or written in this process: images of one run that share a
+        # layer share its summary (summaries are never changed once made).
+        self._memory: dict[str, LayerSummary] = {}
 
     def _path(self, digest: str) -> Path | None:
         algo, _, hexdigest = digest.partition(":")
@@ -71,6 +75,9 @@ class LayerCache:
         path = self._path(digest)
         if path is None:
             return None
+        if digest in self._memory:
+            self.hits += 1
+            return self._memory[digest]
         try:
             data = path.read_bytes()
         except OSError:
@@ -86,12 +93,14 @@ class LayerCache:
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used
         self.hits += 1
+        self._memory[digest] = summary
         return summary
 
     def put(self, digest: str, summary: LayerSummary) -> None:
         path = self._path(digest)
         if path is None:
             return
+        self._memory[digest] = summary
         payload = gzip.compress(
             json.dumps({"digest": digest, "root": _dump_dir(summary.root)}).encode(), mtime=0
         )
@@ -246,16 +255,26 @@ def _load_result(doc: Any) -> Any:
     )
 
 
+@functools.cache
+def _arch(text: str) -> Arch:
+    return parse_arch(text)
+
+
+@functools.cache
+def _version(text: str) -> Version:
+    return Version(text)
+
+
 def _load_fatbin_entry(d: dict[str, Any]) -> FatbinEntry:
     return FatbinEntry(
         kind=EntryKind(d["kind"]),
-        arch=parse_arch(d["arch"]),
-        ptx_isa=Version(d["ptx_isa"]) if d["ptx_isa"] is not None else None,
+        arch=_arch(d["arch"]),
+        ptx_isa=_version(d["ptx_isa"]) if d["ptx_isa"] is not None else None,
         compressed=bool(d["compressed"]),
         size=int(d["size"]),
         offset=int(d["offset"]),
         container=int(d["container"]),
         kernels=tuple(d["kernels"]) if d["kernels"] is not None else None,
-        toolkit=Version(d["toolkit"]) if d["toolkit"] is not None else None,
+        toolkit=_version(d["toolkit"]) if d["toolkit"] is not None else None,
         embedded=bool(d["embedded"]),
     )
