@@ -128,6 +128,7 @@ class CheckResult:
             "driver": str(self.driver) if self.driver else None,
             "ignored": self.ignored,
             "forward_compat": self._forward_json(),
+            "read_from": self.image.read_from,
         }
 
     def _forward_json(self) -> dict[str, Any] | None:

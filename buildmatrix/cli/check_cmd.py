@@ -236,6 +236,8 @@ def _print_result(result: object) -> None:
         if runtime
         else "runtime  no CUDA runtime found"
     )
+    if result.image.read_from:
+        click.echo(f"read     {result.image.read_from}")
     click.echo(f"driver   {result.driver}" if result.driver else "driver   not given")
     forward = result.to_json()["forward_compat"]
     if forward is not None:

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import json
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from buildmatrix import schema
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.image.layers import TAR_BUFSIZE, LayerSummary, scan_layer
+from buildmatrix.image.layers import (
+    TAR_BUFSIZE,
+    LayerSummary,
+    UnreadableLayer,
+    scan_layer,
+    scan_layer_dir,
+)
 from buildmatrix.image.model import (
     MAX_JSON,
     ImageConfig,
@@ -70,13 +77,94 @@ def scan_daemon_image(
     progress: Progress | None = None,
     keep: Path | None = None,
 ) -> ScannedImage:
-    import docker
-
     attrs = image.attrs
     config = ImageConfig.from_json(attrs, image_id=attrs.get("Id"))
     repo = ref.name.rsplit(":", 1)[0] if not ref.digest else ref.name.split("@")[0]
     digests = [d for d in attrs.get("RepoDigests") or [] if d.split("@")[0] == repo]
     digest = digests[0].split("@", 1)[1] if digests else None
+    folders, why = storage_folders(client, attrs) if keep is None else (None, "--load-test")
+    if folders is not None:
+        try:
+            layers = [
+                scan_layer_dir(folder, name=f"{ref.given} layer {i} ({folder})")
+                for i, folder in enumerate(folders)
+            ]
+        except UnreadableLayer as exc:
+            why = str(exc)
+        else:
+            image_ = finish(ref=ref.given, digest=digest, config=config, layers=layers)
+            return replace(image_, read_from=f"engine storage (overlay2, {len(folders)} layers)")
+    saved = _scan_saved(client, attrs, ref, progress=progress, keep=keep)
+    image_ = finish(ref=ref.given, digest=digest, config=config, layers=saved)
+    return replace(image_, read_from=f"docker save stream ({why})")
+
+
+def storage_folders(
+    client: docker.DockerClient, attrs: dict[str, Any]
+) -> tuple[list[Path] | None, str]:
+    """The image's layers as the overlay2 driver stores them, bottom first, or None
+    and why not. The folders come from the image's own layer chain (the config's
+    diff_ids, chained as the engine's layer store names them), each checked to be
+    one the engine's overlay2 driver reports for this image."""
+    import hashlib
+    import os
+
+    driver = (attrs.get("GraphDriver") or {}).get("Name")
+    if driver != "overlay2":
+        return None, f"the engine's storage driver is {driver or 'unknown'}, not overlay2"
+    host = os.environ.get("DOCKER_HOST", "unix://")
+    if not host.startswith("unix://"):
+        return None, "the engine is not on this host"
+    import docker
+
+    try:
+        root = Path(client.info()["DockerRootDir"])
+    except (docker.errors.DockerException, KeyError, TypeError) as exc:
+        return None, f"the engine's data root is unknown ({exc})"
+    diff_ids = ((attrs.get("RootFS") or {}).get("Layers")) or []
+    layerdb = root / "image" / "overlay2" / "layerdb"
+    reported = _reported(attrs)
+    folders: list[Path] = []
+    chain = ""
+    for diff_id in diff_ids:
+        chain = (
+            diff_id
+            if not chain
+            else "sha256:" + hashlib.sha256(f"{chain} {diff_id}".encode()).hexdigest()
+        )
+        algo, _, hexdigest = chain.partition(":")
+        try:
+            cache_id = (layerdb / algo / hexdigest / "cache-id").read_text().strip()
+        except OSError as exc:
+            return None, f"the layer store is not readable here ({exc.strerror}; run as root)"
+        folder = root / "overlay2" / cache_id / "diff"
+        if folder not in reported:
+            return None, f"layer {diff_id[:19]} is not where the engine reports it"
+        if not os.access(folder, os.R_OK | os.X_OK):
+            return None, f"{folder} is not readable (run as root)"
+        folders.append(folder)
+    if not folders:
+        return None, "the image has no layers"
+    return folders, ""
+
+
+def _reported(attrs: dict[str, Any]) -> set[Path]:
+    data = (attrs.get("GraphDriver") or {}).get("Data") or {}
+    lower = [p for p in str(data.get("LowerDir") or "").split(":") if p]
+    upper = [str(data["UpperDir"])] if data.get("UpperDir") else []
+    return {Path(p) for p in [*lower, *upper]}
+
+
+def _scan_saved(
+    client: docker.DockerClient,
+    attrs: dict[str, Any],
+    ref: ImageRef,
+    *,
+    progress: Progress | None,
+    keep: Path | None,
+) -> list[LayerSummary]:
+    import docker
+
     chunks = client.api.get_image(attrs["Id"], chunk_size=_CHUNK)
     stream = iter_chunks_reader(iter(chunks))
     counter = VerifyingReader(stream, digest=None, name=ref.given, progress=progress)
@@ -93,12 +181,11 @@ def scan_daemon_image(
     try:
         manifest = json.loads(documents["manifest.json"])
         schema.validate(manifest, "docker-archive-manifest", source=f"{ref.given} manifest.json")
-        layers = [summaries[name] for name in manifest[0]["Layers"]]
+        return [summaries[name] for name in manifest[0]["Layers"]]
     except (KeyError, ValueError) as exc:
         raise InputError(
             f"'{ref.given}': the engine's save stream has no usable manifest ({exc})."
         ) from None
-    return finish(ref=ref.given, digest=digest, config=config, layers=layers)
 
 
 def scan_save_stream(

@@ -431,6 +431,95 @@ def _file_result(
     return _inspect_member(data, member.size, path, head, keep)
 
 
+# ------------------------------------------------------- layers as the engine stores them
+
+# overlayfs features the overlay2 driver can leave in a layer folder that change what
+# a name means; a layer that uses them is not read directly (the caller falls back
+# to the engine's own export).
+_UNREAD_XATTRS = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
+_OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
+
+
+class UnreadableLayer(Exception):
+    """A layer folder that cannot be read as the engine would export it."""
+
+
+def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
+    """One layer from its overlay2 ``diff`` folder, as :func:`scan_layer` reads it
+    from a tar: whiteouts are 0/0 character devices, an opaque folder carries the
+    ``trusted.overlay.opaque`` (or ``user.overlay.opaque``) attribute ``y``; files
+    are inspected in place. Raises :class:`UnreadableLayer` where the folder uses
+    overlayfs features this reader does not model."""
+    import os
+    import stat
+
+    summary = LayerSummary(name=name)
+    stack = [(str(root), "")]
+    while stack:  # iterative: layers may nest folders thousands deep
+        folder, rel = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            raise UnreadableLayer(f"{folder}: cannot list: {exc.strerror}") from None
+        subfolders = []
+        for entry in entries:
+            path = f"{rel}{entry.name}"
+            st = entry.stat(follow_symlinks=False)
+            _refuse_unmodelled(entry.path)
+            if stat.S_ISDIR(st.st_mode):
+                summary.add(path, Node("dir"))
+                if _xattr(entry.path, _OPAQUE_XATTRS) == b"y":
+                    summary.make_opaque(path)
+                subfolders.append((entry.path, f"{path}/"))
+            elif stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                summary.whiteout(path)
+            elif stat.S_ISLNK(st.st_mode):
+                summary.add(path, Node("symlink", str(Path(entry.path).readlink())))
+            elif stat.S_ISREG(st.st_mode):
+                summary.add(path, Node("file", result=_stored_file_result(entry.path, path)))
+            else:
+                summary.add(path, Node("other"))
+        stack.extend(reversed(subfolders))
+    return summary
+
+
+def _xattr(path: str, names: tuple[str, ...]) -> bytes | None:
+    import os
+
+    for attr in names:
+        try:
+            return os.getxattr(path, attr, follow_symlinks=False)
+        except OSError:
+            continue
+    return None
+
+
+def _refuse_unmodelled(path: str) -> None:
+    if _xattr(path, _UNREAD_XATTRS) is not None:
+        raise UnreadableLayer(f"{path}: uses overlayfs redirect or metacopy")
+
+
+def _stored_file_result(full: str, path: str) -> Result:
+    import os
+
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise UnreadableLayer(f"{full}: cannot open: {exc.strerror}") from None
+    try:
+        src = FileSource(fd, name=path)
+        head = src.read_at(0, 64)
+        if len(head) < 4 or not _might_hold_code(head, path):
+            return None
+        if is_elf(head) and COMPAT_NAME.search(path):
+            return read_compat_library(src, path=path)
+        return inspect_source(src, path=path, head=head)
+    except CorruptBinary as exc:
+        return ScanProblem(path=path, message=str(exc))
+    finally:
+        os.close(fd)
+
+
 # ---------------------------------------------------------------- the merged view
 
 

@@ -68,6 +68,8 @@ class ScannedImage:
     # compatibility driver the NVIDIA container toolkit would find (buildmatrix.forward).
     symlinks: dict[str, str] = field(default_factory=dict)
     compat: CompatSetup | None = None
+    # How the layers were read, where there was a choice (the local engine).
+    read_from: str | None = None
 
 
 Progress = Callable[[int], None]  # called with bytes read since the last call

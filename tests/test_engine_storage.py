@@ -1,0 +1,128 @@
+"""check reading the local engine's overlay2 storage directly: the same result as
+reading the same image as a tar (whose reading tests/test_layer_semantics.py holds to
+the engine's own export), on the layer cases that matter (whiteouts, opaque folders,
+symlinked folders, hard links, replacements; the review's and generated ones).
+And the fallback, with its reason, where the storage cannot be read."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CliRunner
+from tests.images import Image, Layer, fixture, write_docker_archive
+from tests.test_layer_semantics import CASES, _ours
+
+pytestmark = pytest.mark.integration
+
+# The cases the engine accepts (the refused ones never reach its storage), plus a
+# layered image with every kind of device-code file.
+STORAGE_CASES: dict[str, list[Layer]] = {
+    **CASES,
+    "opaque-folder": [
+        {"d/x.so": fixture("libsass_sm80.so"), "d/y": b"text\n", "d/e/f": b"text\n"},
+        {"d/.wh..wh..opq": b"", "d/z.so": fixture("libhopper_a.so")},
+    ],
+    "whiteout-of-folder": [{"d/x.so": fixture("libsass_sm80.so")}, {".wh.d": b""}],
+}
+READABLE = [c for c in sorted(STORAGE_CASES) if _ours(STORAGE_CASES[c]) != "refused"]
+
+
+def _result(cli: CliRunner, ref: str) -> tuple[int, Any]:
+    r = cli("check", ref, "--sm", "9.0", "--allow-empty", "--json", "--no-cache")
+    assert r.code in (0, 1), r.err
+    doc = r.json()
+    return r.code, doc
+
+
+def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: doc[k] for k in ("files", "targets", "problems", "verdict", "cuda_runtime")}
+
+
+@pytest.mark.parametrize("case", READABLE)
+def test_storage_reads_as_the_export_does(
+    case: str, overlay2_host: str, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from buildmatrix.image.open import scan_image
+
+    archive = tmp_path / "image.tar"
+    tag = f"bmtest/storage-{case}:v1"
+    write_docker_archive(archive, Image(layers=STORAGE_CASES[case]), tag=tag)
+    subprocess.run(
+        ["docker", "-H", overlay2_host, "load", "-i", str(archive)], check=True, capture_output=True
+    )
+    monkeypatch.setenv("DOCKER_HOST", overlay2_host)
+    try:
+        _, direct = _result(cli, f"docker-daemon:{tag}")
+        _, from_tar = _result(cli, f"docker-archive:{archive}")
+        # the whole final view too: every path, every symlink and its target
+        view, tar_view = scan_image(f"docker-daemon:{tag}"), scan_image(f"docker-archive:{archive}")
+    finally:
+        subprocess.run(
+            ["docker", "-H", overlay2_host, "rmi", "-f", tag], capture_output=True, check=False
+        )
+    assert direct["read_from"].startswith("engine storage (overlay2"), direct["read_from"]
+    assert _comparable(direct) == _comparable(from_tar)
+    assert (view.paths, view.symlinks) == (tar_view.paths, tar_view.symlinks)
+
+
+def test_a_layered_image_with_every_kind_of_code(
+    overlay2_host: str, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image = Image(
+        layers=[
+            {
+                "usr/lib/libsass_ptx.so": fixture("libsass_ptx.so"),
+                "usr/lib/libtwo.so": fixture("libtwo.so"),
+                "usr/lib/libtwo_static.a": fixture("libtwo_static.a"),
+                "opt/k.ptx": fixture("kernels_sm90a.ptx"),
+                "opt/k.cubin": fixture("kernels_sm90a.cubin"),
+                "opt/old/lib.so": fixture("libsass_sm80.so"),
+            },
+            {"opt/.wh.old": b"", "usr/lib/libhopper_a.so": fixture("libhopper_a.so")},
+        ],
+        env={"CUDA_VERSION": "12.4.1"},
+    )
+    archive = write_docker_archive(tmp_path / "image.tar", image, tag="bmtest/storage-all:v1")
+    subprocess.run(
+        ["docker", "-H", overlay2_host, "load", "-i", str(archive)], check=True, capture_output=True
+    )
+    monkeypatch.setenv("DOCKER_HOST", overlay2_host)
+    try:
+        code, direct = _result(cli, "docker-daemon:bmtest/storage-all:v1")
+        _, from_tar = _result(cli, f"docker-archive:{archive}")
+    finally:
+        subprocess.run(
+            ["docker", "-H", overlay2_host, "rmi", "-f", "bmtest/storage-all:v1"],
+            capture_output=True,
+            check=False,
+        )
+    assert direct["read_from"] == "engine storage (overlay2, 2 layers)"
+    assert _comparable(direct) == _comparable(from_tar)
+    assert code == 1  # libtwo's second unit has nothing for 9.0
+    assert "opt/old/lib.so" not in {f["path"] for f in direct["files"]}
+
+
+def test_other_drivers_fall_back_to_the_stream_and_say_why(
+    docker_host: str, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image = Image(layers=[{"usr/lib/libhopper_a.so": fixture("libhopper_a.so")}])
+    archive = write_docker_archive(tmp_path / "image.tar", image, tag="bmtest/storage-vfs:v1")
+    subprocess.run(
+        ["docker", "-H", docker_host, "load", "-i", str(archive)], check=True, capture_output=True
+    )
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    try:
+        _, doc = _result(cli, "docker-daemon:bmtest/storage-vfs:v1")
+    finally:
+        subprocess.run(
+            ["docker", "-H", docker_host, "rmi", "-f", "bmtest/storage-vfs:v1"],
+            capture_output=True,
+            check=False,
+        )
+    assert doc["read_from"].startswith("docker save stream (")
+    assert "storage driver is vfs" in doc["read_from"]
+    assert doc["verdict"] == "pass"
