@@ -27,13 +27,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.check_matrix import _base_tar, _digest  # noqa: E402
+from benchmarks.embedded_scan import best  # noqa: E402
 from benchmarks.inspect_vs_cuobjdump import fetch  # noqa: E402
 from tests.services import start_dockerd  # noqa: E402
 
@@ -59,15 +59,6 @@ def _archive(base: Path, digest: str, out: Path) -> None:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
         tar.add(base, arcname=layer_name)
-
-
-def _best(fn: object, runs: int = 2) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()  # type: ignore[operator]
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> int:
@@ -129,10 +120,10 @@ def main() -> int:
 
         cat()  # warm the page cache
         results = [
-            ("check, engine storage (direct)", _best(direct)),
-            ("check, docker save stream (fallback)", _best(stream)),
-            ("docker save > /dev/null", _best(save)),
-            ("read every file of the layer folder (floor)", _best(cat)),
+            ("check, engine storage (direct)", best(direct, runs=2)),
+            ("check, docker save stream (fallback)", best(stream, runs=2)),
+            ("docker save > /dev/null", best(save, runs=2)),
+            ("read every file of the layer folder (floor)", best(cat, runs=2)),
         ]
         floor = results[-1][1]
         save_t = results[2][1]

@@ -30,7 +30,8 @@ from benchmarks.inspect_vs_cuobjdump import fetch  # noqa: E402
 from buildmatrix.binary.scan import inspect_file  # noqa: E402
 
 
-def _best(fn: object, runs: int = 3) -> float:
+def best(fn: object, runs: int = 3) -> float:
+    """The best of ``runs`` timings of ``fn()``, in seconds."""
     times = []
     for _ in range(runs):
         start = time.perf_counter()
@@ -61,9 +62,9 @@ def main() -> int:
         for p, s, d in zip(libs, shallow, deep, strict=True)
         if d is not None and (s is None or len(d.entries) != len(s.entries))  # type: ignore[attr-defined]
     ]
-    t_shallow = _best(lambda: scan(False))
-    t_deep = _best(lambda: scan(True))
-    t_read = _best(read_all)
+    t_shallow = best(lambda: scan(False))
+    t_deep = best(lambda: scan(True))
+    t_read = best(read_all)
     print(f"{len(libs)} libraries, {total / 2**30:.2f} GiB\n")
     print("| inspect | time (s) | vs sections only | vs reading every byte |")
     print("| --- | ---: | ---: | ---: |")

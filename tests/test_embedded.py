@@ -36,6 +36,23 @@ def _incbin(tmp_path: Path, name: str, blob: bytes, *, section: str = ".rodata")
     return out
 
 
+def _renamed(library: Path, out: Path) -> Path:
+    """``library`` with both fatbinary sections renamed by objcopy (headers kept)."""
+    subprocess.run(
+        [
+            "objcopy",
+            "--rename-section",
+            ".nv_fatbin=.kdata",
+            "--rename-section",
+            ".nvFatBinSegment=.kwrap",
+            str(library),
+            str(out),
+        ],
+        check=True,
+    )
+    return out
+
+
 def _unit_codes(report: FileReport) -> list[tuple[str, ...]]:
     return [tuple(sorted(str(c.arch) for c in u.codes)) for u in report.units()]
 
@@ -60,19 +77,7 @@ def test_both_fatbin_sections_renamed(tmp_path: Path) -> None:
     """.nv_fatbin and .nvFatBinSegment renamed, headers kept: the runtime's wrappers
     still lead to the code, the rest is found by its magic, and nothing twice."""
     for name in ("libtwo.so", "libsass_ptx.so", "libmulti.so"):
-        out = tmp_path / name
-        subprocess.run(
-            [
-                "objcopy",
-                "--rename-section",
-                ".nv_fatbin=.kdata",
-                "--rename-section",
-                ".nvFatBinSegment=.kwrap",
-                str(BIN / name),
-                str(out),
-            ],
-            check=True,
-        )
+        out = _renamed(BIN / name, tmp_path / name)
         original = inspect_file(BIN / name)
         renamed = inspect_file(out)
         assert original is not None
@@ -127,18 +132,7 @@ def test_renaming_both_sections_hides_no_short_translation_unit(
 ) -> None:
     out = tmp_path / "rootfs" / "usr" / "lib" / "libtwo.so"
     out.parent.mkdir(parents=True)
-    subprocess.run(
-        [
-            "objcopy",
-            "--rename-section",
-            ".nv_fatbin=.kdata",
-            "--rename-section",
-            ".nvFatBinSegment=.kwrap",
-            str(BIN / "libtwo.so"),
-            str(out),
-        ],
-        check=True,
-    )
+    _renamed(BIN / "libtwo.so", out)
     r = cli("check", f"dir:{tmp_path / 'rootfs'}", "--sm", "9.0", "--json")
     assert r.code == 1
     assert "_Z2kbPfPKfi" in " ".join(r.json()["problems"])
