@@ -12,8 +12,9 @@ process, page cache warm:
 - the same call again, the cache filled by the previous one (a later CI run);
 - ``check`` of each variant on its own with ``--no-cache`` (what it cost before).
 
-Prints a Markdown table with each time as a multiple of the single check. Nothing
-here asserts on time.
+Prints a Markdown table with each time as a multiple of the single check and each
+run's peak RSS (the largest process for the separate runs). Nothing here asserts on
+time.
 """
 
 from __future__ import annotations
@@ -89,14 +90,18 @@ def _layout(folder: Path, base: Path, digest: str, index: int) -> Path:
     return folder
 
 
-def _time(args: list[str]) -> float:
+def _time(args: list[str]) -> tuple[float, float]:
+    """Wall time and peak RSS (MiB) of one ``buildmatrix check`` process."""
+    import os
+
     start = time.perf_counter()
-    subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "buildmatrix", "check", *args],
-        check=False,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    return time.perf_counter() - start
+    _, _, usage = os.wait4(proc.pid, 0)
+    return time.perf_counter() - start, usage.ru_maxrss / 1024
 
 
 def main() -> int:
@@ -117,17 +122,18 @@ def main() -> int:
         one = _time([refs[0], "--cache", str(work / "cache-one")])
         matrix = _time([*refs, "--cache", str(cache)])
         again = _time([*refs, "--cache", str(cache)])
-        separate = sum(_time([r, "--no-cache"]) for r in refs)
+        alone = [_time([r, "--no-cache"]) for r in refs]
+        separate = (sum(t for t, _ in alone), max(m for _, m in alone))
         print(f"{args.variants} variants sharing a {size:.2f} GiB base layer\n")
-        print("| run | time (s) | vs one image |")
-        print("| --- | ---: | ---: |")
-        for name, t in (
+        print("| run | time (s) | vs one image | peak RSS (MiB) |")
+        print("| --- | ---: | ---: | ---: |")
+        for name, (t, rss) in (
             ("one variant, empty cache", one),
             (f"all {args.variants} in one call, empty cache", matrix),
             (f"all {args.variants} in one call, cache filled", again),
             (f"each of the {args.variants} on its own, --no-cache", separate),
         ):
-            print(f"| {name} | {t:.1f} | {t / one:.2f}x |")
+            print(f"| {name} | {t:.1f} | {t / one[0]:.2f}x | {rss:.0f} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
