@@ -184,6 +184,19 @@ def inspect_source(
     return None
 
 
+def inspect_image_file(
+    src: ByteSource, *, path: str, head: bytes, deep: bool = True
+) -> FileReport | CompatLibrary | None:
+    """A file of an image's filesystem: a CUDA forward-compatibility driver
+    (``…/compat/libcuda.so.X.Y``) is read for its note, being the driver and not code
+    of the image's own; anything else for its device code."""
+    from buildmatrix.forward import COMPAT_NAME, read_compat_library
+
+    if is_elf(head) and COMPAT_NAME.search(path):
+        return read_compat_library(src, path=path)
+    return inspect_source(src, path=path, head=head, deep=deep) if len(head) >= 4 else None
+
+
 def _archive(src: ByteSource, path: str) -> FileReport | None:
     """A static archive: the device code of every member object, as cuobjdump lists
     it. The containers of each member keep their own numbers after the previous
@@ -283,8 +296,6 @@ def scan_tree(
 
     ``on_file(path, has_code)`` is called for every regular file (for progress).
     """
-    from buildmatrix.forward import COMPAT_NAME, read_compat_library
-
     for full, rel, unlisted in _walk(root):
         result: FileReport | CompatLibrary | ScanProblem | None
         if unlisted is not None:
@@ -298,8 +309,8 @@ def scan_tree(
             try:
                 src = FileSource(fd, name=rel)
                 head = src.read_at(0, _HEAD)
-                if compat and is_elf(head) and COMPAT_NAME.search(rel):
-                    result = read_compat_library(src, path=rel)
+                if compat:
+                    result = inspect_image_file(src, path=rel, head=head, deep=deep)
                 else:
                     result = (
                         inspect_source(src, path=rel, head=head, deep=deep)

@@ -39,10 +39,10 @@ from buildmatrix.binary.archive import is_archive
 from buildmatrix.binary.elf import is_elf
 from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES
 from buildmatrix.binary.ptx import looks_like_ptx
-from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_source
+from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_image_file
 from buildmatrix.binary.source import BytesSource, CorruptBinary, FileSource
 from buildmatrix.errors import InputError
-from buildmatrix.forward import COMPAT_NAME, CompatLibrary, read_compat_library
+from buildmatrix.forward import COMPAT_NAME, CompatLibrary
 
 # Files up to this size are inspected in memory; larger candidates are spooled to a
 # private temporary file (deleted at once), so memory stays bounded per worker.
@@ -297,16 +297,12 @@ def _inspect_member(
     A CUDA forward-compatibility driver (``…/compat/libcuda.so.X.Y``) is read for its
     note instead: it is the driver, not code of the image's own.
     """
-    compat = is_elf(head) and COMPAT_NAME.search(path) is not None
-    if compat:
-        keep = None
+    if is_elf(head) and COMPAT_NAME.search(path):
+        keep = None  # the driver is not loaded by the load test
     try:
         if size <= SPOOL_LIMIT and keep is None:
             blob = head + data.read(size - len(head))
-            source = BytesSource(blob, name=path)
-            if compat:
-                return read_compat_library(source, path=path)
-            return inspect_source(source, path=path)
+            return inspect_image_file(BytesSource(blob, name=path), path=path, head=head)
         with tempfile.NamedTemporaryFile(
             prefix="buildmatrix-", dir=keep, delete=keep is None
         ) as spool:
@@ -314,14 +310,12 @@ def _inspect_member(
             while chunk := data.read(_CHUNK):
                 spool.write(chunk)
             spool.flush()
-            if compat:
-                return read_compat_library(FileSource(spool.fileno(), name=path), path=path)
-            report = inspect_source(FileSource(spool.fileno(), name=path), path=path)
+            report = inspect_image_file(FileSource(spool.fileno(), name=path), path=path, head=head)
         if keep is None:
             return report
-        if report is None:
+        if not isinstance(report, FileReport):  # no device code: nothing to keep
             Path(spool.name).unlink()
-            return None
+            return report
         return replace(report, stored=spool.name)
     except CorruptBinary as exc:
         return ScanProblem(path=path, message=str(exc))
@@ -511,9 +505,7 @@ def _stored_file_result(full: str, path: str) -> Result:
         head = src.read_at(0, 64)
         if len(head) < 4 or not _might_hold_code(head, path):
             return None
-        if is_elf(head) and COMPAT_NAME.search(path):
-            return read_compat_library(src, path=path)
-        return inspect_source(src, path=path, head=head)
+        return inspect_image_file(src, path=path, head=head)
     except CorruptBinary as exc:
         return ScanProblem(path=path, message=str(exc))
     finally:
