@@ -136,3 +136,16 @@ def test_renaming_both_sections_hides_no_short_translation_unit(
     r = cli("check", f"dir:{tmp_path / 'rootfs'}", "--sm", "9.0", "--json")
     assert r.code == 1
     assert "_Z2kbPfPKfi" in " ".join(r.json()["problems"])
+
+
+def test_the_search_finds_magics_cut_by_a_chunk_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
+    from buildmatrix.binary import source
+    from buildmatrix.binary.source import BytesSource, find_all
+
+    monkeypatch.setattr(source, "SEARCH_CHUNK", 8)
+    data = b"......\x7fELF" + b"P\xedU\xba" + b".." + b"\x7fELF" + b"..."
+    found = list(find_all(BytesSource(data, name="x"), 0, len(data), [b"\x7fELF", b"P\xedU\xba"]))
+    # at 6 the needle crosses the first chunk's end; at 16 it starts a chunk
+    assert found == [(6, b"\x7fELF"), (10, b"P\xedU\xba"), (16, b"\x7fELF")]
+    # the end of the range is a hard stop: a needle running past it is not there
+    assert list(find_all(BytesSource(data, name="x"), 0, 18, [b"\x7fELF"])) == [(6, b"\x7fELF")]

@@ -26,10 +26,8 @@ from buildmatrix.binary.elf import (
     read_layout,
 )
 from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES, FatbinEntry, container_header
-from buildmatrix.binary.source import ByteSource, CorruptBinary, SliceSource
+from buildmatrix.binary.source import ByteSource, CorruptBinary, SliceSource, find_all
 
-_CHUNK = 8 << 20
-_OVERLAP = 64  # a header cut by a chunk boundary is read whole from the next chunk
 _EHDR = {1: struct.Struct("<16xHHIIIIIHHHHHH"), 2: struct.Struct("<16xHHIQQQIHHHHHH")}
 
 
@@ -120,19 +118,10 @@ def _renumber(e: FatbinEntry, container: int, offset: int) -> FatbinEntry:
 
 
 def _hits(src: ByteSource, start: int, end: int) -> Iterator[tuple[int, str]]:
-    """Offsets of either magic in ``[start, end)``, in order, read in bounded chunks."""
-    pos = start
-    while pos < end:
-        size = min(_CHUNK, end - pos)
-        chunk = src.read_at(pos, size + _OVERLAP if pos + size < end else size)
-        found = []
-        for magic, kind in ((FATBIN_MAGIC_BYTES, "fatbin"), (ELF_MAGIC, "cubin")):
-            at = chunk.find(magic)
-            while 0 <= at < size:
-                found.append((pos + at, kind))
-                at = chunk.find(magic, at + 1)
-        yield from sorted(found)
-        pos += size
+    """Offsets of either magic in ``[start, end)``, in order."""
+    kinds = {FATBIN_MAGIC_BYTES: "fatbin", ELF_MAGIC: "cubin"}
+    for at, magic in find_all(src, start, end, list(kinds)):
+        yield at, kinds[magic]
 
 
 def _cubin_size(src: ByteSource, at: int, end: int) -> int | None:

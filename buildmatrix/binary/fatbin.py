@@ -26,7 +26,13 @@ from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
 from buildmatrix.binary.elf import Layout
-from buildmatrix.binary.source import ByteSource, CorruptBinary, SliceSource, read_exact
+from buildmatrix.binary.source import (
+    ByteSource,
+    CorruptBinary,
+    SliceSource,
+    find_all,
+    read_exact,
+)
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
@@ -261,7 +267,6 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
 
 
 WRAPPER_MAGIC = 0x466243B1  # __fatBinC_Wrapper_t.magic (clang CGCUDANV.cpp; ZLUDA fatbin.rs)
-_SEARCH_CHUNK = 8 << 20  # wrappers are searched chunk by chunk: memory stays bounded
 
 
 def wrapped_containers(
@@ -280,19 +285,15 @@ def wrapped_containers(
     spans: list[tuple[int, int]] = []
     seen: set[tuple[int, int]] = set()
     for offset, size in regions:
-        # In bounded chunks; a wrapper cut by a chunk's end is read from the next one.
-        for base in range(offset, offset + size, _SEARCH_CHUNK):
-            length = min(_SEARCH_CHUNK, offset + size - base)
-            data = src.read_at(base, length + wrapper.size)
-            at = data.find(magic)
-            while 0 <= at < length:
-                if (base + at - offset) % width == 0 and at + wrapper.size <= len(data):
-                    _magic, version, pointer, _name = wrapper.unpack_from(data, at)
-                    span = _wrapped(src, layout, pointer) if version in (1, 2) else None
-                    if span is not None and span not in seen:
-                        seen.add(span)
-                        spans.append(span)
-                at = data.find(magic, at + 1)
+        for at, _ in find_all(src, offset, offset + size, [magic]):
+            record = src.read_at(at, wrapper.size)
+            if (at - offset) % width or len(record) < wrapper.size:
+                continue
+            _magic, version, pointer, _name = wrapper.unpack(record)
+            span = _wrapped(src, layout, pointer) if version in (1, 2) else None
+            if span is not None and span not in seen:
+                seen.add(span)
+                spans.append(span)
     return spans
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from buildmatrix.errors import InputError
@@ -100,3 +101,26 @@ def read_exact(src: ByteSource, offset: int, size: int, *, what: str) -> bytes:
     if len(data) != size:
         raise CorruptBinary(f"{src.name}: short read of {what} at offset {offset:#x}.")
     return data
+
+
+SEARCH_CHUNK = 8 << 20  # searches read in chunks of this size: memory stays bounded
+
+
+def find_all(
+    src: ByteSource, start: int, end: int, needles: Sequence[bytes]
+) -> Iterator[tuple[int, bytes]]:
+    """(offset, needle) of every occurrence of the needles in ``[start, end)``, in
+    offset order, read chunk by chunk; a needle cut by a chunk's end is found whole."""
+    overlap = max(len(n) for n in needles) - 1
+    pos = start
+    while pos < end:
+        size = min(SEARCH_CHUNK, end - pos)
+        chunk = src.read_at(pos, min(size + overlap, end - pos))
+        found = []
+        for needle in needles:
+            at = chunk.find(needle)
+            while 0 <= at < size:
+                found.append((pos + at, needle))
+                at = chunk.find(needle, at + 1)
+        yield from sorted(found)
+        pos += size
