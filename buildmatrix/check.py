@@ -28,7 +28,6 @@ from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
 from buildmatrix.forward import (
     CompatLibrary,
-    CompatSetup,
     CompatUse,
     compat_use,
     device_refusal,
@@ -106,7 +105,6 @@ class CheckResult:
     driver: DriverVersion | None
     problems: list[str] = field(default_factory=list)
     forward: CompatUse | None = None  # the image's cuda-compat driver on this driver
-    compat_note: str | None = None  # a compat library present but never used, and why
 
     @property
     def passed(self) -> bool:
@@ -136,12 +134,12 @@ class CheckResult:
         if self.forward is not None:
             return _compat_json(self.forward.library, self.forward.in_use, self.forward.why)
         setup = self.image.compat
-        if setup is not None and setup.library is not None:  # no driver given
-            why = "whether a node uses it depends on its driver (--driver or --snapshot)"
-            return _compat_json(setup.library, False, f"{setup.library.describe()}: {why}")
-        if self.compat_note is not None:
-            return {"path": None, "in_use": False, "why": self.compat_note}
-        return None
+        if setup is None:
+            return None
+        if setup.library is None:  # a compat folder the container toolkit would not use
+            return {"path": None, "in_use": False, "why": setup.why}
+        why = "whether a node uses it depends on its driver (--driver or --snapshot)"
+        return _compat_json(setup.library, False, f"{setup.library.describe()}: {why}")
 
 
 def _compat_json(lib: CompatLibrary, in_use: bool, why: str) -> dict[str, Any]:
@@ -334,12 +332,7 @@ def run_check(
         driver=driver,
         problems=problems,
         forward=forward,
-        compat_note=_unused_compat(image.compat),
     )
-
-
-def _unused_compat(setup: CompatSetup | None) -> str | None:
-    return setup.why if setup is not None and setup.library is None else None
 
 
 def _ignored(path: str, patterns: Sequence[str]) -> bool:
