@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,3 +98,25 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         cells = [str(c).ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
         lines.append("  ".join([*cells, str(row[-1])]).rstrip())
     return "\n".join(lines)
+
+
+class ByteProgress:
+    """Bytes read so far, on stderr, only when stderr is a terminal (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self.total = 0
+        self._last = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, n: int) -> None:
+        with self._lock:
+            self.total += n
+            now = time.monotonic()
+            if self.enabled and now - self._last > 0.2:
+                self._last = now
+                click.echo(f"\rread {self.total / 2**20:,.0f} MiB", err=True, nl=False)
+
+    def done(self) -> None:
+        if self.enabled and self.total:
+            click.echo("\r\033[K", err=True, nl=False)

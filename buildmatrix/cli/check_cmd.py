@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
 from pathlib import Path
 
 import click
 
 from buildmatrix.cli._common import (
+    ByteProgress,
     echo_json,
     json_option,
     load,
@@ -17,28 +15,6 @@ from buildmatrix.cli._common import (
     profiles_option,
     table,
 )
-
-
-class ByteProgress:
-    """Bytes read so far, on stderr, only when stderr is a terminal (thread-safe)."""
-
-    def __init__(self) -> None:
-        self.enabled = sys.stderr.isatty()
-        self.total = 0
-        self._last = 0.0
-        self._lock = threading.Lock()
-
-    def __call__(self, n: int) -> None:
-        with self._lock:
-            self.total += n
-            now = time.monotonic()
-            if self.enabled and now - self._last > 0.2:
-                self._last = now
-                click.echo(f"\rread {self.total / 2**20:,.0f} MiB", err=True, nl=False)
-
-    def done(self) -> None:
-        if self.enabled and self.total:
-            click.echo("\r\033[K", err=True, nl=False)
 
 
 def _markdown(result: object) -> str:

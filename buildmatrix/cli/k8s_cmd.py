@@ -8,8 +8,7 @@ from typing import Any
 
 import click
 
-from buildmatrix.cli._common import load, platform_option, profiles_option
-from buildmatrix.cli.check_cmd import ByteProgress
+from buildmatrix.cli._common import ByteProgress, load, platform_option, profiles_option
 from buildmatrix.errors import InputError
 
 _FORMATS = click.Choice(["yaml", "json"])
