@@ -138,14 +138,40 @@ def test_renaming_both_sections_hides_no_short_translation_unit(
     assert "_Z2kbPfPKfi" in " ".join(r.json()["problems"])
 
 
-def test_the_search_finds_magics_cut_by_a_chunk_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_search_finds_magics_cut_by_a_window_end(monkeypatch: pytest.MonkeyPatch) -> None:
     from buildmatrix.binary import source
-    from buildmatrix.binary.source import BytesSource, find_all
+    from buildmatrix.binary.source import BytesSource, Searcher, find_each
 
     monkeypatch.setattr(source, "SEARCH_CHUNK", 8)
     data = b"......\x7fELF" + b"P\xedU\xba" + b".." + b"\x7fELF" + b"..."
-    found = list(find_all(BytesSource(data, name="x"), 0, len(data), [b"\x7fELF", b"P\xedU\xba"]))
-    # at 6 the needle crosses the first chunk's end; at 16 it starts a chunk
-    assert found == [(6, b"\x7fELF"), (10, b"P\xedU\xba"), (16, b"\x7fELF")]
+    src = BytesSource(data, name="x")
+    # at 6 the needle crosses the first window's end; at 16 it starts a window
+    assert list(find_each(src, 0, len(data), b"\x7fELF")) == [6, 16]
+    assert list(find_each(src, 0, len(data), b"P\xedU\xba")) == [10]
     # the end of the range is a hard stop: a needle running past it is not there
-    assert list(find_all(BytesSource(data, name="x"), 0, 18, [b"\x7fELF"])) == [(6, b"\x7fELF")]
+    assert list(find_each(src, 0, 18, b"\x7fELF")) == [6]
+    searcher = Searcher(src, len(data))
+    assert searcher.find(b"\x7fELF", 0, 9) == -1  # must end by the stop
+    assert searcher.find(b"\x7fELF", 0, 10) == 6
+    assert searcher.find(b"\x7fELF", 7, len(data)) == 16
+
+
+def test_the_search_does_not_read_what_it_skips() -> None:
+    """Bytes the caller jumps over (a blob already read) are never read."""
+    from buildmatrix.binary.source import BytesSource, Searcher
+
+    class Counting(BytesSource):
+        def __init__(self, data: bytes) -> None:
+            super().__init__(data, name="x")
+            self.reads: list[tuple[int, int]] = []
+
+        def read_at(self, offset: int, size: int) -> bytes:
+            self.reads.append((offset, size))
+            return super().read_at(offset, size)
+
+    data = b"\x7fELF" + b"\0" * (64 << 20) + b"\x7fELF"
+    src = Counting(data)
+    searcher = Searcher(src, len(data))
+    assert searcher.find(b"\x7fELF", 0, len(data)) == 0
+    assert searcher.find(b"\x7fELF", len(data) - 100, len(data)) == len(data) - 4
+    assert sum(size for _, size in src.reads) < 16 << 20, src.reads

@@ -14,7 +14,8 @@ number inside other data, which cannot be read as either, is skipped.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from dataclasses import replace
 
 from buildmatrix.binary.elf import (
     ELF_MAGIC,
@@ -25,8 +26,13 @@ from buildmatrix.binary.elf import (
     ElfInfo,
     read_layout,
 )
-from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES, FatbinEntry, container_header
-from buildmatrix.binary.source import ByteSource, CorruptBinary, SliceSource, find_all
+from buildmatrix.binary.fatbin import (
+    FATBIN_MAGIC_BYTES,
+    FatbinEntry,
+    container_entries,
+    container_header,
+)
+from buildmatrix.binary.source import ByteSource, CorruptBinary, Searcher, SliceSource
 
 _EHDR = {1: struct.Struct("<16xHHIIIIIHHHHHH"), 2: struct.Struct("<16xHHIQQQIHHHHHH")}
 
@@ -76,52 +82,73 @@ def embedded_code(
     container = first_container
     for start, size in regions:
         end = start + size
-        pos = start
-        for hit, kind in _hits(src, start, end):
-            if hit < pos:
-                continue  # inside a blob already read
-            found, length = _read_blob(src, hit, end, kind)
-            if not found:
-                continue
-            for e in found:
-                offset = e.offset + hit if kind == "cubin" else e.offset
-                entries.append(_renumber(e, container + e.container, offset))
-            container += 1 + max(e.container for e in found)
-            pos = hit + length
+        hits = _Hits(src, end)
+        found_at = hits.next(start)
+        while found_at is not None:
+            hit, kind = found_at
+            found, length = _read_blob(hits.source(kind), hit, end, kind, container)
+            entries += found
+            if found:
+                container = 1 + max(e.container for e in found)
+            # the bytes of a blob just read are not searched again
+            found_at = hits.next(hit + length if found else hit + 1)
     return entries
 
 
-def _read_blob(src: ByteSource, hit: int, end: int, kind: str) -> tuple[list[FatbinEntry], int]:
-    """The entries of the container or cubin at ``hit`` and its length; none when the
-    bytes there are not one."""
-    from buildmatrix.binary.fatbin import parse_fatbin
+def _read_blob(
+    src: ByteSource, hit: int, end: int, kind: str, container: int
+) -> tuple[list[FatbinEntry], int]:
+    """The entries of the container or cubin at ``hit``, numbered from ``container``,
+    and its length; none when the bytes there are not one."""
     from buildmatrix.binary.scan import inspect_source
 
     if kind == "fatbin":
-        span = container_header(src, hit, end)
-        if span is None:
+        header = container_header(src, hit, end)
+        if header is None:
             return [], 0
-        where = f"fatbinary at {hit:#x}, found by its magic"
-        return parse_fatbin(src, hit, span, where=where), span
+        hsize, span = header
+        name = f"{src.name} (fatbinary at {hit:#x}, found by its magic)"
+        found = container_entries(
+            src, hit, hsize, span, container=container, name=name, embedded=True
+        )
+        return found, span
     length = _cubin_size(src, hit, end)
     if length is None:
         return [], 0
     where = f"{src.name} (cubin at {hit:#x}, found by its ELF header)"
     report = inspect_source(SliceSource(src, hit, length, name=where), path=src.name)
-    return (list(report.entries) if report is not None else []), length
+    if report is None:
+        return [], length
+    return [
+        replace(e, container=container + e.container, offset=e.offset + hit, embedded=True)
+        for e in report.entries
+    ], length
 
 
-def _renumber(e: FatbinEntry, container: int, offset: int) -> FatbinEntry:
-    from dataclasses import replace
+class _Hits:
+    """Either magic, found in order from positions that only move forward."""
 
-    return replace(e, container=container, offset=offset, embedded=True)
+    def __init__(self, src: ByteSource, end: int) -> None:
+        self._containers = Searcher(src, end)
+        self._cubins = Searcher(src, end)
+        self._end = end
+        self._fatbin = -1  # the next container magic at or after the last position
 
+    def source(self, kind: str) -> ByteSource:
+        """The file, read through the window where that kind's hit was found."""
+        return self._containers if kind == "fatbin" else self._cubins
 
-def _hits(src: ByteSource, start: int, end: int) -> Iterator[tuple[int, str]]:
-    """Offsets of either magic in ``[start, end)``, in order."""
-    kinds = {FATBIN_MAGIC_BYTES: "fatbin", ELF_MAGIC: "cubin"}
-    for at, magic in find_all(src, start, end, list(kinds)):
-        yield at, kinds[magic]
+    def next(self, pos: int) -> tuple[int, str] | None:
+        """(offset, kind) of the first magic at or after ``pos``, or None."""
+        if self._fatbin < pos:
+            found = self._containers.find(FATBIN_MAGIC_BYTES, pos, self._end)
+            self._fatbin = self._end if found < 0 else found
+        # An ELF header is looked for only before the next container, so no search
+        # runs through the containers the caller then skips.
+        cubin = self._cubins.find(ELF_MAGIC, pos, self._fatbin + len(ELF_MAGIC) - 1)
+        if cubin >= 0:
+            return cubin, "cubin"
+        return (self._fatbin, "fatbin") if self._fatbin < self._end else None
 
 
 def _cubin_size(src: ByteSource, at: int, end: int) -> int | None:

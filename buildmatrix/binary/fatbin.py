@@ -30,7 +30,7 @@ from buildmatrix.binary.source import (
     ByteSource,
     CorruptBinary,
     SliceSource,
-    find_all,
+    find_each,
     read_exact,
 )
 
@@ -167,7 +167,14 @@ def container_spans(
     registers, and what ``cuModuleLoadFatBinary`` loads as one module. Sizes are
     checked against the region before use, and each step moves forward.
     """
-    name = f"{src.name} ({where})"
+    for pos, _hsize, size in _containers(src, start, length, f"{src.name} ({where})"):
+        yield pos, size
+
+
+def _containers(
+    src: ByteSource, start: int, length: int, name: str
+) -> Iterator[tuple[int, int, int]]:
+    """(offset, header size, size) of each container; see :func:`container_spans`."""
     if length <= 0:
         raise CorruptBinary(f"{name}: the fatbinary is empty (0 bytes).")
     end = start + length
@@ -196,24 +203,28 @@ def container_spans(
                 f"{name}: fatbin container at {pos:#x} claims {fat_size} bytes "
                 f"of entries but only {end - pos - hsize} remain."
             )
-        yield pos, hsize + fat_size
+        yield pos, hsize, hsize + fat_size
         pos += hsize + fat_size
 
 
-def container_header(src: ByteSource, at: int, end: int) -> int | None:
-    """The size of a fatbinary container whose header is at ``at``, or None when the
-    bytes there cannot be one that ends by ``end`` (a magic number in other data)."""
+def container_header(src: ByteSource, at: int, end: int) -> tuple[int, int] | None:
+    """(header size, size) of a fatbinary container whose header is at ``at``, or
+    None when the bytes there cannot be one that ends by ``end`` (a magic number in
+    other data)."""
     head = src.read_at(at, _CONTAINER.size)
     if len(head) != _CONTAINER.size:
         return None
     magic, _version, hsize, fat_size = _CONTAINER.unpack(head)
     if magic != FATBIN_MAGIC or not _CONTAINER.size <= hsize <= _MAX_HEADER or fat_size == 0:
         return None
-    return hsize + fat_size if at + hsize + fat_size <= end else None
+    return (hsize, hsize + fat_size) if at + hsize + fat_size <= end else None
 
 
-def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> list[FatbinEntry]:
-    """List every entry of the fatbinary containers in ``[start, start + length)``.
+def parse_fatbin(
+    src: ByteSource, start: int, length: int, *, where: str, first_container: int = 0
+) -> list[FatbinEntry]:
+    """List every entry of the fatbinary containers in ``[start, start + length)``,
+    numbered from ``first_container``.
 
     ``where`` names the region in messages (``section .nv_fatbin``). Every size is
     checked against the region before use, and every step moves forward by at least
@@ -221,48 +232,68 @@ def parse_fatbin(src: ByteSource, start: int, length: int, *, where: str) -> lis
     """
     name = f"{src.name} ({where})"
     entries: list[FatbinEntry] = []
-    for index, (pos, size) in enumerate(container_spans(src, start, length, where=where)):
-        hsize = _CONTAINER.unpack(read_exact(src, pos, _CONTAINER.size, what="header"))[2]
-        body_end = pos + size
-        p = pos + hsize
-        while p < body_end:
-            if body_end - p < _MIN_ENTRY_HEADER:
-                raise CorruptBinary(
-                    f"{name}: {body_end - p} stray bytes at {p:#x} inside a fatbin container."
-                )
-            raw = read_exact(src, p, _ENTRY.size, what="fatbin entry header")
-            kind_id, _, ehsize, payload, minor, major, number, flags, _unc = _ENTRY.unpack(raw)
-            if not _MIN_ENTRY_HEADER <= ehsize <= _MAX_HEADER:
-                raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has header size {ehsize}.")
-            if p + ehsize + payload > body_end:
-                raise CorruptBinary(
-                    f"{name}: fatbin entry at {p:#x} claims a {payload}-byte "
-                    f"payload that runs past its container."
-                )
-            kind = _KINDS.get(kind_id)
-            if kind is None:
-                raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has unknown kind {kind_id}.")
-            if not 10 <= number <= 999:
-                raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has arch {number}.")
-            compressed = bool(flags & (FLAG_COMPRESSED | FLAG_COMPRESSED_LZ4))
-            facts: tuple[tuple[str, ...] | None, Version | None] = (None, None)
-            if kind is EntryKind.SASS and not compressed:
-                where_cubin = f"{name} cubin at {p + ehsize:#x}"
-                facts = cubin_facts(SliceSource(src, p + ehsize, payload, name=where_cubin))
-            entries.append(
-                FatbinEntry(
-                    kind=kind,
-                    arch=_entry_arch(kind, number, flags),
-                    ptx_isa=Version(f"{major}.{minor}") if kind is EntryKind.PTX else None,
-                    compressed=compressed,
-                    size=payload,
-                    offset=p,
-                    container=index,
-                    kernels=facts[0],
-                    toolkit=facts[1],
-                )
+    for index, (pos, hsize, size) in enumerate(_containers(src, start, length, name)):
+        entries += container_entries(
+            src, pos, hsize, size, container=first_container + index, name=name
+        )
+    return entries
+
+
+def container_entries(
+    src: ByteSource,
+    pos: int,
+    hsize: int,
+    size: int,
+    *,
+    container: int,
+    name: str,
+    embedded: bool = False,
+) -> list[FatbinEntry]:
+    """The entries of the container at ``pos``, whose header (``hsize`` bytes of its
+    ``size``) was already checked; ``name`` names it in messages, ``embedded`` marks
+    code found in the file's data."""
+    entries: list[FatbinEntry] = []
+    body_end = pos + size
+    p = pos + hsize
+    while p < body_end:
+        if body_end - p < _MIN_ENTRY_HEADER:
+            raise CorruptBinary(
+                f"{name}: {body_end - p} stray bytes at {p:#x} inside a fatbin container."
             )
-            p += ehsize + payload
+        raw = read_exact(src, p, _ENTRY.size, what="fatbin entry header")
+        kind_id, _, ehsize, payload, minor, major, number, flags, _unc = _ENTRY.unpack(raw)
+        if not _MIN_ENTRY_HEADER <= ehsize <= _MAX_HEADER:
+            raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has header size {ehsize}.")
+        if p + ehsize + payload > body_end:
+            raise CorruptBinary(
+                f"{name}: fatbin entry at {p:#x} claims a {payload}-byte "
+                f"payload that runs past its container."
+            )
+        kind = _KINDS.get(kind_id)
+        if kind is None:
+            raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has unknown kind {kind_id}.")
+        if not 10 <= number <= 999:
+            raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has arch {number}.")
+        compressed = bool(flags & (FLAG_COMPRESSED | FLAG_COMPRESSED_LZ4))
+        facts: tuple[tuple[str, ...] | None, Version | None] = (None, None)
+        if kind is EntryKind.SASS and not compressed:
+            where_cubin = f"{name} cubin at {p + ehsize:#x}"
+            facts = cubin_facts(SliceSource(src, p + ehsize, payload, name=where_cubin))
+        entries.append(
+            FatbinEntry(
+                kind=kind,
+                arch=_entry_arch(kind, number, flags),
+                ptx_isa=_isa(major, minor) if kind is EntryKind.PTX else None,
+                compressed=compressed,
+                size=payload,
+                offset=p,
+                container=container,
+                kernels=facts[0],
+                toolkit=facts[1],
+                embedded=embedded,
+            )
+        )
+        p += ehsize + payload
     return entries
 
 
@@ -285,7 +316,7 @@ def wrapped_containers(
     spans: list[tuple[int, int]] = []
     seen: set[tuple[int, int]] = set()
     for offset, size in regions:
-        for at, _ in find_all(src, offset, offset + size, [magic]):
+        for at in find_each(src, offset, offset + size, magic):
             record = src.read_at(at, wrapper.size)
             if (at - offset) % width or len(record) < wrapper.size:
                 continue

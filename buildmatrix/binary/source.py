@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Protocol
 
 from buildmatrix.errors import InputError
@@ -103,24 +103,63 @@ def read_exact(src: ByteSource, offset: int, size: int, *, what: str) -> bytes:
     return data
 
 
-SEARCH_CHUNK = 8 << 20  # searches read in chunks of this size: memory stays bounded
+SEARCH_CHUNK = 8 << 20  # searches read in windows of this size: memory stays bounded
 
 
-def find_all(
-    src: ByteSource, start: int, end: int, needles: Sequence[bytes]
-) -> Iterator[tuple[int, bytes]]:
-    """(offset, needle) of every occurrence of the needles in ``[start, end)``, in
-    offset order, read chunk by chunk; a needle cut by a chunk's end is found whole."""
-    overlap = max(len(n) for n in needles) - 1
-    pos = start
-    while pos < end:
-        size = min(SEARCH_CHUNK, end - pos)
-        chunk = src.read_at(pos, min(size + overlap, end - pos))
-        found = []
-        for needle in needles:
-            at = chunk.find(needle)
-            while 0 <= at < size:
-                found.append((pos + at, needle))
-                at = chunk.find(needle, at + 1)
-        yield from sorted(found)
-        pos += size
+class Searcher:
+    """Searches one source for byte strings from positions that only move forward,
+    reading it a window of :data:`SEARCH_CHUNK` bytes at a time. A window is read
+    when a search starts past the current one, so bytes a caller skips (a blob already
+    read as device code) are never read at all. It is a source too: reads inside the
+    window are served from it, so what a search found is read without another call.
+    """
+
+    def __init__(self, src: ByteSource, end: int) -> None:
+        self._src = src
+        self._end = end
+        self._base = 0
+        self._data = b""
+
+    @property
+    def name(self) -> str:
+        return self._src.name
+
+    @property
+    def size(self) -> int:
+        return self._src.size
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        start = offset - self._base
+        if start >= 0 and start + size <= len(self._data):
+            return self._data[start : start + size]
+        return self._src.read_at(offset, size)
+
+    def find(self, needle: bytes, start: int, stop: int) -> int:
+        """Offset of the first ``needle`` that starts at or after ``start`` and ends
+        by ``stop`` (and the searcher's end), or -1; a needle cut by a window's end
+        is found whole."""
+        stop = min(stop, self._end)
+        pos = start
+        while pos + len(needle) <= stop:
+            if not self._base <= pos or pos + len(needle) > self._base + len(self._data):
+                self._base = pos
+                self._data = self._src.read_at(pos, min(SEARCH_CHUNK, self._end - pos))
+                if len(self._data) < len(needle):
+                    return -1  # short read: the source ends here
+            limit = min(stop, self._base + len(self._data))
+            at = self._data.find(needle, pos - self._base, limit - self._base)
+            if at >= 0:
+                return self._base + at
+            if limit == stop:
+                return -1
+            pos = limit - len(needle) + 1
+        return -1
+
+
+def find_each(src: ByteSource, start: int, end: int, needle: bytes) -> Iterator[int]:
+    """The offset of every occurrence of ``needle`` in ``[start, end)``, in order."""
+    searcher = Searcher(src, end)
+    at = searcher.find(needle, start, end)
+    while at >= 0:
+        yield at
+        at = searcher.find(needle, at + 1, end)
