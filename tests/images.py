@@ -13,8 +13,12 @@ import json
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.fixtures.build import BIN
+
+if TYPE_CHECKING:
+    from buildmatrix.image.layers import LayerSummary
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,19 @@ Layer = dict[str, Entry] | list[tuple[str, Entry]]
 
 def fixture(name: str) -> bytes:
     return (BIN / name).read_bytes()
+
+
+def scan_in_place(raw: bytes, *, name: str = "layer") -> LayerSummary:
+    """``scan_layer_at`` over ``raw`` written into a file between other bytes, as a
+    layer lies inside a ``docker save`` archive."""
+    import tempfile
+
+    from buildmatrix.image.layers import scan_layer_at
+
+    with tempfile.NamedTemporaryFile(prefix="bm-layer-") as f:
+        f.write(b"\xa5" * 1536 + raw + b"\x5a" * 1536)
+        f.flush()
+        return scan_layer_at(Path(f.name), 1536, len(raw), name=name)
 
 
 def layer_tar(entries: Layer) -> bytes:

@@ -31,6 +31,7 @@ from tests.images import (
     Symlink,
     fixture,
     layer_tar,
+    scan_in_place,
     write_docker_archive,
 )
 
@@ -97,15 +98,18 @@ for i in range(int(os.environ.get("BUILDMATRIX_LAYER_CASES", "64"))):
     CASES[f"generated-{i:02d}"] = [_random_layer(rng) for _ in range(rng.randint(1, 3))]
 
 
-def _ours(layers: list[Layer]) -> dict[str, str] | str:
-    """buildmatrix's final view: path -> content name or '-> target'; or 'refused'."""
+def _ours(layers: list[Layer], *, in_place: bool = False) -> dict[str, str] | str:
+    """buildmatrix's final view: path -> content name or '-> target'; or 'refused'.
+    ``in_place``: each layer read where it lies in a file, as in a docker-archive."""
     try:
         summaries = [
-            scan_layer(io.BytesIO(layer_tar(layer)), name=f"layer {i}")
+            scan_in_place(layer_tar(layer), name=f"layer {i}")
+            if in_place
+            else scan_layer(io.BytesIO(layer_tar(layer)), name=f"layer {i}")
             for i, layer in enumerate(layers)
         ]
-    except InputError:
-        return "refused"
+    except InputError as exc:
+        return f"refused: {exc}" if in_place else "refused"
     view: dict[str, str] = {}
     for path, node in merge(summaries).files():
         if node.kind == "symlink":
@@ -160,3 +164,20 @@ def test_final_view_matches_the_overlay2_engine(
 def test_generated_cases_cover_both_outcomes(overlay2_host: str) -> None:
     outcomes = {_ours(CASES[c]) == "refused" for c in CASES if c.startswith("generated-")}
     assert outcomes == {True, False}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_reading_in_place_matches_the_stream(case: str) -> None:
+    """A docker-archive's layers are read in place (headers, then each file where it
+    lies); the final view and every refusal must be the stream reader's, which the
+    test above holds to the engine."""
+    streamed, in_place = _ours(CASES[case]), _ours(CASES[case], in_place=True)
+    if streamed == "refused":
+        assert str(in_place).startswith("refused: ")
+        try:
+            for i, layer in enumerate(CASES[case]):
+                scan_layer(io.BytesIO(layer_tar(layer)), name=f"layer {i}")
+        except InputError as exc:
+            assert in_place == f"refused: {exc}"
+    else:
+        assert in_place == streamed

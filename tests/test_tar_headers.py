@@ -14,8 +14,8 @@ from collections.abc import Callable
 import pytest
 
 from buildmatrix.errors import InputError
-from buildmatrix.image.layers import merge, scan_layer
-from tests.images import fixture
+from buildmatrix.image.layers import LayerSummary, merge, scan_layer
+from tests.images import fixture, scan_in_place
 
 SM80 = fixture("libsass_sm80.so")
 HOPPER = fixture("libhopper_a.so")
@@ -46,11 +46,31 @@ def _fix_checksum(raw: bytearray, at: int) -> None:
 
 
 def _read(raw: bytes) -> dict[str, list[str]]:
-    summary = scan_layer(io.BytesIO(raw), name="layer")
-    return {
-        path: node.result.sass  # type: ignore[union-attr]
-        for path, node in merge([summary]).files()
-    }
+    """The layer read as a stream and in place (as in a docker-archive file): both
+    readers must refuse it with the same message, or read the same."""
+    views: list[dict[str, list[str]] | InputError] = []
+    readers: list[Callable[[], LayerSummary]] = [
+        lambda: scan_layer(io.BytesIO(raw), name="layer"),
+        lambda: scan_in_place(raw),
+    ]
+    for read in readers:
+        try:
+            summary = read()
+        except InputError as exc:
+            views.append(exc)
+            continue
+        views.append(
+            {
+                path: node.result.sass  # type: ignore[union-attr]
+                for path, node in merge([summary]).files()
+            }
+        )
+    streamed, in_place = views
+    if isinstance(streamed, InputError):
+        assert str(in_place) == str(streamed)
+        raise streamed
+    assert in_place == streamed
+    return streamed
 
 
 def test_an_ordinary_tar_reads() -> None:

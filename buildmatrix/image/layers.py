@@ -30,17 +30,18 @@ import re
 import tarfile
 import tempfile
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Literal, NoReturn, Self, cast
+from typing import IO, Any, Literal, NoReturn, Self, cast
 
 from buildmatrix.binary.archive import is_archive
 from buildmatrix.binary.elf import is_elf
 from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES
 from buildmatrix.binary.ptx import looks_like_ptx
 from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_image_file
-from buildmatrix.binary.source import BytesSource, CorruptBinary, FileSource
+from buildmatrix.binary.source import BytesSource, CorruptBinary, FileSource, SliceSource
 from buildmatrix.errors import InputError
 from buildmatrix.forward import COMPAT_NAME, CompatLibrary
 
@@ -362,31 +363,116 @@ def scan_layer(stream: IO[bytes], *, name: str, keep: Path | None = None) -> Lay
     With ``keep`` (a private folder), every file with device code is kept there and
     its report says where (``FileReport.stored``).
     """
-    summary = LayerSummary(name=name)
+    with _read_as_layer(name), open_tar_stream(stream, name=name) as tar:
+        return _summarise(tar, name, lambda member, path: _file_result(tar, member, path, keep))
+
+
+def scan_layer_at(file: Path, offset: int, size: int, *, name: str) -> LayerSummary:
+    """One layer whose tar lies in ``[offset, offset + size)`` of a regular file (a
+    ``docker save`` archive): as :func:`scan_layer` reads it, but an uncompressed tar
+    is read in place — headers only, each file that may hold device code inspected
+    where it lies, the rest skipped — instead of streamed and spooled. A compressed
+    layer is streamed."""
+    import os
+
+    fd = os.open(file, os.O_RDONLY)
     try:
-        with open_tar_stream(stream, name=name) as tar:
-            for member in tar:
-                path = clean_member_name(member.name, layer=name)
-                if not path:
-                    continue
-                summary.claim(path)
-                folder, base = posixpath.split(path)
-                if base == OPAQUE:
-                    summary.make_opaque(folder)
-                elif base.startswith(WHITEOUT):
-                    summary.whiteout(posixpath.join(folder, base[len(WHITEOUT) :]))
-                elif member.isdir():
-                    summary.add(path, Node("dir"))
-                elif member.issym():
-                    summary.add(path, Node("symlink", member.linkname))
-                elif member.islnk():
-                    summary.add_hardlink(path, clean_member_name(member.linkname, layer=name))
-                elif member.isreg():
-                    result = _file_result(tar, member, path, keep)
-                    summary.add(path, Node("file", result=result))
-                else:
-                    summary.add(path, Node("other"))
-            _check_end(tar)
+        window = _Window(fd, offset, size)
+        head = os.pread(fd, min(4, size), offset)
+        if head[:2] == b"\x1f\x8b" or head == b"\x28\xb5\x2f\xfd":
+            return scan_layer(cast(IO[bytes], window), name=name)
+        archive = FileSource(fd, name=str(file))
+        with _read_as_layer(name):
+            buffered = io.BufferedReader(window, buffer_size=TAR_BUFSIZE)
+            with tarfile.open(fileobj=buffered, mode="r:", tarinfo=StrictTarInfo) as tar:
+
+                def in_place(member: tarfile.TarInfo, path: str) -> Result:
+                    if member.size < 4:
+                        return None
+                    if member.issparse():  # its bytes are not one run of the file
+                        return _file_result(tar, member, path, None)
+                    start = offset + member.offset_data
+                    length = min(member.size, offset + size - start)
+                    src = SliceSource(archive, start, length, name=path)
+                    head = src.read_at(0, 64)
+                    if not _might_hold_code(head, path):
+                        return None
+                    try:
+                        return inspect_image_file(src, path=path, head=head)
+                    except CorruptBinary as exc:
+                        return ScanProblem(path=path, message=str(exc))
+
+                return _summarise(tar, name, in_place)
+    finally:
+        os.close(fd)
+
+
+class _Window(io.RawIOBase):
+    """``[offset, offset + size)`` of an open file, read as a file of its own."""
+
+    def __init__(self, fd: int, offset: int, size: int) -> None:
+        super().__init__()
+        self._fd, self._offset, self._size, self._pos = fd, offset, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        import os
+
+        n = max(0, min(len(buffer), self._size - self._pos))
+        got = os.preadv(self._fd, [memoryview(buffer)[:n]], self._offset + self._pos) if n else 0
+        self._pos += got
+        return got
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _summarise(
+    tar: tarfile.TarFile, name: str, file_result: Callable[[tarfile.TarInfo, str], Result]
+) -> LayerSummary:
+    """The summary the members of a layer tar make; ``file_result`` reads a regular
+    file's device code."""
+    summary = LayerSummary(name=name)
+    for member in tar:
+        path = clean_member_name(member.name, layer=name)
+        if not path:
+            continue
+        summary.claim(path)
+        folder, base = posixpath.split(path)
+        if base == OPAQUE:
+            summary.make_opaque(folder)
+        elif base.startswith(WHITEOUT):
+            summary.whiteout(posixpath.join(folder, base[len(WHITEOUT) :]))
+        elif member.isdir():
+            summary.add(path, Node("dir"))
+        elif member.issym():
+            summary.add(path, Node("symlink", member.linkname))
+        elif member.islnk():
+            summary.add_hardlink(path, clean_member_name(member.linkname, layer=name))
+        elif member.isreg():
+            summary.add(path, Node("file", result=file_result(member, path)))
+        else:
+            summary.add(path, Node("other"))
+    _check_end(tar)
+    return summary
+
+
+@contextmanager
+def _read_as_layer(name: str) -> Iterator[None]:
+    """Turn what the tar and decompression readers raise into input errors naming
+    the layer."""
+    try:
+        yield
     except TarHeaderError as exc:
         raise InputError(
             f"{name}: {exc}; tar readers (Python's, and Go's that Docker and containerd "
@@ -397,7 +483,6 @@ def scan_layer(stream: IO[bytes], *, name: str, keep: Path | None = None) -> Lay
         raise InputError(
             f"{name}: not a readable layer tar ({exc}); the blob is truncated or corrupt."
         ) from None
-    return summary
 
 
 def _unreadable() -> tuple[type[Exception], ...]:

@@ -124,6 +124,19 @@ def _member(archive: Path, member: str) -> Iterator[IO[bytes]]:
         yield data
 
 
+def _place(archive: Path, member: str) -> tuple[Path, int, int] | None:
+    """Where a member's bytes lie in the archive, if in one run (a regular, not
+    sparse, file); else None and it is read through the tar reader."""
+    with tarfile.open(archive, mode="r:") as tar:
+        try:
+            info = tar.getmember(member)
+        except KeyError:
+            return None  # reported when it is opened
+        if not info.isreg() or info.issparse():
+            return None
+        return archive, info.offset_data, info.size
+
+
 def scan_docker_archive(
     ref: ImageRef, *, progress: Progress | None = None, keep: Path | None = None
 ) -> ScannedImage:
@@ -158,7 +171,11 @@ def scan_docker_archive(
         config_doc, image_id=image_id, source=f"{archive}:{entry['Config']}"
     )
     blobs = [
-        LayerBlob(name=f"{archive}:{member}", open=partial(_member, archive, member))
+        LayerBlob(
+            name=f"{archive}:{member}",
+            open=partial(_member, archive, member),
+            place=_place(archive, member),
+        )
         for member in entry.get("Layers") or []
     ]
     layers = scan_blobs(blobs, progress, keep=keep)

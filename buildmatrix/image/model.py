@@ -15,7 +15,7 @@ from typing import IO, Any
 from buildmatrix.binary.scan import FileReport, ScanProblem
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, CompatSetup, find_compat
-from buildmatrix.image.layers import ImageTree, LayerSummary, merge, scan_layer
+from buildmatrix.image.layers import ImageTree, LayerSummary, merge, scan_layer, scan_layer_at
 
 DEFAULT_PLATFORM = "linux/amd64"
 MAX_JSON = 16 << 20  # manifests and configs are small; refuse to buffer more
@@ -82,6 +82,9 @@ class LayerBlob:
     name: str
     open: Callable[[], AbstractContextManager[IO[bytes]]]
     digest: str | None = None
+    # Where the blob lies whole in a regular file (file, offset, size): a blob with
+    # no digest to verify is then read in place (layers.scan_layer_at).
+    place: tuple[Path, int, int] | None = None
 
 
 class VerifyingReader(io.RawIOBase):
@@ -164,6 +167,12 @@ def read_json_blob(stream: IO[bytes], *, name: str, digest: str | None) -> dict[
 
 
 def scan_blob(blob: LayerBlob, progress: Progress | None, keep: Path | None = None) -> LayerSummary:
+    if blob.place is not None and blob.digest is None and keep is None:
+        file, offset, size = blob.place
+        summary = scan_layer_at(file, offset, size, name=blob.name)
+        if progress is not None:
+            progress(size)
+        return summary
     with blob.open() as raw:
         reader = VerifyingReader(raw, digest=blob.digest, name=blob.name, progress=progress)
         summary = scan_layer(reader, name=blob.name, keep=keep)  # type: ignore[arg-type]

@@ -1,0 +1,146 @@
+"""Layers read in place: a ``docker-archive`` file's uncompressed layers are read
+where they lie (tar headers, then each file that may hold device code inspected in
+the archive), not streamed through the tar reader and spooled. Whatever the reader,
+the result must be the stream reader's (tests/test_layer_semantics.py holds that one
+to the engine; test_tar_headers.py and test_fuzz.py compare the two on hostile
+headers and mutated layers)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from buildmatrix.image.layers import merge, scan_layer
+from tests.conftest import CliRunner
+from tests.fixtures.build import BIN
+from tests.images import Entry, Image, fixture, layer_tar, scan_in_place
+
+EVERY_FIXTURE: dict[str, Entry] = {
+    f"usr/lib/{p.name}": p.read_bytes() for p in sorted(BIN.iterdir()) if p.is_file()
+}
+
+
+def _view(summary: object) -> list[tuple[str, object]]:
+    return list(merge([summary]).files())  # type: ignore[list-item]
+
+
+def test_every_kind_of_file_reads_as_the_stream_reads_it() -> None:
+    raw = layer_tar(EVERY_FIXTURE)
+    streamed = _view(scan_layer(io.BytesIO(raw), name="layer"))
+    in_place = _view(scan_in_place(raw))
+    assert in_place == streamed
+    with_code = [path for path, node in in_place if node.result is not None]  # type: ignore[attr-defined]
+    assert len(with_code) >= 15, with_code  # ELF, fatbin, cubin, PTX, archive, object
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="GNU tar writes the sparse member")
+def test_a_sparse_member_is_read_through_its_map(tmp_path: Path) -> None:
+    """A PAX sparse member's bytes are not one run of the archive: it is read through
+    the tar reader's sparse map, as the engine (Go's archive/tar) expands it. The
+    fatbinary has a hole between its two containers and a file follows it, so
+    reading the stored bytes as one run would find that file's header where the
+    second container's padding ends."""
+    root = tmp_path / "root" / "usr" / "lib"
+    root.mkdir(parents=True)
+    container = fixture("kernels.fatbin")
+    with (root / "k.fatbin").open("wb") as f:
+        f.write(container)
+        f.seek(1 << 20)  # a hole: zeros between containers, as padding
+        f.write(container)
+    (root / "z.txt").write_bytes(b"text after the sparse member\n" * 100)
+    layer = tmp_path / "layer.tar"
+    subprocess.run(
+        [
+            "tar",
+            "--sparse",
+            "--format=pax",
+            "--sort=name",
+            "-cf",
+            str(layer),
+            "-C",
+            root.parent.parent,
+            "usr",
+        ],
+        check=True,
+    )
+    with tarfile.open(layer) as t:
+        assert t.getmember("usr/lib/k.fatbin").issparse()
+    raw = layer.read_bytes()
+    streamed = _view(scan_layer(io.BytesIO(raw), name="layer"))
+    in_place = _view(scan_in_place(raw))
+    assert in_place == streamed
+    (report,) = [n.result for p, n in in_place if p.endswith(".fatbin")]  # type: ignore[attr-defined]
+    assert len({e.container for e in report.entries}) == 2, report
+
+
+def _archive_with(tmp_path: Path, layer: bytes, name: str = "layer.tar") -> Path:
+    """A docker-archive whose single layer member holds ``layer`` as given."""
+    config = Image(layers=[], labels={"io.buildmatrix.family": "hopper"}).config(
+        ["sha256:" + "0" * 64]
+    )
+    manifest = [{"Config": "config.json", "RepoTags": ["bmtest/x:v1"], "Layers": [name]}]
+    path = tmp_path / "image.tar"
+    with tarfile.open(path, "w") as out:
+        for member, data in (
+            ("config.json", config),
+            (name, layer),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ):
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_compressed_layer_in_an_archive_is_streamed(cli: CliRunner, tmp_path: Path) -> None:
+    raw = layer_tar({"usr/lib/libsass_sm80.so": fixture("libsass_sm80.so")})
+    plain = cli("check", f"docker-archive:{_archive_with(tmp_path, raw)}", "--json")
+    squeezed = _archive_with(tmp_path, gzip.compress(raw, mtime=0), "layer.tar.gz")
+    packed = cli("check", f"docker-archive:{squeezed}", "--json")
+    assert plain.code == packed.code == 1  # hopper claimed, sm_80 inside
+    assert plain.json()["files"] == packed.json()["files"]
+
+
+def test_a_truncated_layer_is_refused(cli: CliRunner, tmp_path: Path) -> None:
+    """The layer tar ends inside its last file: refused, nothing judged — never a
+    verdict from the part that was there, nor bytes read past the layer's end."""
+    raw = layer_tar(
+        {"usr/lib/libhopper_a.so": fixture("libhopper_a.so"), "usr/lib/b.so": fixture("libtwo.so")}
+    )
+    cut = raw[: raw.index(fixture("libtwo.so")[:4096]) + 2048]  # inside the second file
+    r = cli("check", f"docker-archive:{_archive_with(tmp_path, cut)}", "--sm", "9.0")
+    assert r.code == 2, r.out + r.err
+    assert "not a readable layer tar" in r.err and "truncated or corrupt" in r.err
+
+
+def test_the_archive_reader_reads_only_what_it_needs(
+    cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No spool, no member copied: a large file with no device code is never read,
+    only its header (the tar reader skips it by seeking)."""
+    from buildmatrix.image import layers
+
+    filler = b"\0" * (8 << 20)
+    raw = layer_tar({"usr/share/big.bin": filler, "usr/lib/l.so": fixture("libhopper_a.so")})
+    archive = _archive_with(tmp_path, raw)
+    read: list[int] = []
+    original = layers._Window.readinto
+
+    def counting(self: object, buffer: object) -> int:
+        n = original(self, buffer)  # type: ignore[arg-type]
+        read.append(n)
+        return n
+
+    monkeypatch.setattr(layers._Window, "readinto", counting)
+    monkeypatch.setattr(layers, "_inspect_member", None)  # the spooling reader is not used
+    r = cli("check", f"docker-archive:{archive}", "--sm", "9.0", "--json", "--no-cache")
+    assert r.code == 0, r.out + r.err
+    assert sum(read) < 1 << 20, sum(read)  # tar headers; the library is read in place
+    assert r.json()["files"][0]["path"] == "usr/lib/l.so"
