@@ -17,9 +17,10 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from buildmatrix import schema
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.layers import (
-    TAR_BUFSIZE,
     LayerSummary,
     UnreadableLayer,
+    member_data,
+    open_forward,
     scan_layer,
     scan_layer_dir,
 )
@@ -178,6 +179,8 @@ def _scan_saved(
         raise EnvironmentUnavailable(
             f"the Docker engine could not export {ref.given} ({exc})."
         ) from None
+    finally:
+        stream.close()
     try:
         manifest = json.loads(documents["manifest.json"])
         schema.validate(manifest, "docker-archive-manifest", source=f"{ref.given} manifest.json")
@@ -195,13 +198,11 @@ def scan_save_stream(
     member name (the manifest says which layer is which)."""
     summaries: dict[str, LayerSummary] = {}
     documents: dict[str, bytes] = {}
-    with tarfile.open(fileobj=stream, mode="r|", bufsize=TAR_BUFSIZE) as outer:
+    with open_forward(stream) as outer:
         for member in outer:
             if not member.isreg():
                 continue
-            data = outer.extractfile(member)
-            if data is None:  # pragma: no cover
-                continue
+            data = member_data(outer, member)
             head = data.read(512)
             if head[:1] in (b"{", b"[") and member.size <= MAX_JSON:  # manifest, config
                 documents[member.name] = head + data.read()
@@ -231,6 +232,8 @@ class _Prefixed:
         return bytes(self._rest.read(size))
 
     def readinto(self, buffer: Any) -> int:
+        if not self._head:
+            return int(self._rest.readinto(buffer))
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
