@@ -126,3 +126,48 @@ def test_other_drivers_fall_back_to_the_stream_and_say_why(
     assert doc["read_from"].startswith("docker save stream (")
     assert "storage driver is vfs" in doc["read_from"]
     assert doc["verdict"] == "pass"
+
+
+def test_variants_sharing_a_base_read_its_folder_once(
+    overlay2_host: str, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build matrix on the local engine: variants that share a base layer, checked
+    in one call, read the base folder once; each still gets its own verdict."""
+    from buildmatrix.image import daemon
+
+    base = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so")}
+    tags = {
+        "bmtest/storage-variant:hopper": {"opt/lib.so": fixture("libhopper_a.so")},
+        "bmtest/storage-variant:ampere": {"opt/lib.so": fixture("libsass_sm80.so")},
+    }
+    for i, (tag, top) in enumerate(tags.items()):
+        archive = write_docker_archive(tmp_path / f"{i}.tar", Image(layers=[base, top]), tag=tag)
+        subprocess.run(
+            ["docker", "-H", overlay2_host, "load", "-i", str(archive)],
+            check=True,
+            capture_output=True,
+        )
+    read: list[Path] = []
+    original = daemon.scan_layer_dir
+
+    def counting(folder: Path, *, name: str) -> Any:
+        read.append(folder)
+        return original(folder, name=name)
+
+    monkeypatch.setattr(daemon, "scan_layer_dir", counting)
+    monkeypatch.setenv("DOCKER_HOST", overlay2_host)
+    try:
+        refs = [f"docker-daemon:{tag}" for tag in tags]
+        r = cli("check", *refs, "--sm", "9.0", "--json", "--cache", str(tmp_path / "cache"))
+    finally:
+        subprocess.run(
+            ["docker", "-H", overlay2_host, "rmi", "-f", *tags],
+            capture_output=True,
+            check=False,
+        )
+    assert r.code == 1, r.err  # the ampere variant fails 9.0
+    hopper, ampere = r.json()["images"]
+    assert (hopper["verdict"], ampere["verdict"]) == ("pass", "fail")
+    assert all(doc["read_from"].startswith("engine storage") for doc in (hopper, ampere))
+    assert len(read) == 3 and len(set(read)) == 3  # base once, each top layer once
+    assert not list((tmp_path / "cache").rglob("*.json.gz"))  # nothing unverified written

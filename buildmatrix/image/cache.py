@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,16 @@ class LayerCache:
         except OSError:
             return  # a cache that cannot be written only costs time
         self._evict()
+
+    def shared(self, key: str, make: Callable[[], LayerSummary]) -> LayerSummary:
+        """The summary ``make`` gives for ``key``, made once per run and kept in memory
+        only: for layers read where the engine stores them, which carry no digest
+        this process verified, so nothing is written to the cache folder."""
+        if key in self._memory:
+            self.hits += 1
+            return self._memory[key]
+        summary = self._memory[key] = make()
+        return summary
 
     def _evict(self) -> None:
         entries = []

@@ -87,7 +87,7 @@ def scan_daemon_image(
     if folders is not None:
         try:
             layers = [
-                scan_layer_dir(folder, name=f"{ref.given} layer {i} ({folder})")
+                _read_folder(folder, name=f"{ref.given} layer {i} ({folder})")
                 for i, folder in enumerate(folders)
             ]
         except UnreadableLayer as exc:
@@ -98,6 +98,17 @@ def scan_daemon_image(
     saved = _scan_saved(client, attrs, ref, progress=progress, keep=keep)
     image_ = finish(ref=ref.given, digest=digest, config=config, layers=saved)
     return replace(image_, read_from=f"docker save stream ({why})")
+
+
+def _read_folder(folder: Path, *, name: str) -> LayerSummary:
+    """One layer folder of the engine's storage; read once per run when a layer cache
+    is in use (images of a build matrix share their base layers' folders)."""
+    from buildmatrix.image.cache import active
+
+    cache = active()
+    if cache is None:
+        return scan_layer_dir(folder, name=name)
+    return cache.shared(f"overlay2:{folder}", lambda: scan_layer_dir(folder, name=name))
 
 
 def storage_folders(
