@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import CliRunner
+from tests.fixtures.build import BIN
 from tests.images import Image, Layer, fixture, write_docker_archive
 from tests.test_layer_semantics import CASES, _ours
 
@@ -134,9 +135,10 @@ def test_variants_sharing_a_base_read_its_folder_once(
     """A build matrix on the local engine: variants that share a base layer, checked
     in one call, read the base folder once; each still gets its own verdict."""
     from buildmatrix.image import daemon
+    from buildmatrix.image.layers import scan_layer_dir
 
-    base = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so")}
-    tags = {
+    base: Layer = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so")}
+    tags: dict[str, Layer] = {
         "bmtest/storage-variant:hopper": {"opt/lib.so": fixture("libhopper_a.so")},
         "bmtest/storage-variant:ampere": {"opt/lib.so": fixture("libsass_sm80.so")},
     }
@@ -148,11 +150,10 @@ def test_variants_sharing_a_base_read_its_folder_once(
             capture_output=True,
         )
     read: list[Path] = []
-    original = daemon.scan_layer_dir
 
     def counting(folder: Path, *, name: str) -> Any:
         read.append(folder)
-        return original(folder, name=name)
+        return scan_layer_dir(folder, name=name)
 
     monkeypatch.setattr(daemon, "scan_layer_dir", counting)
     monkeypatch.setenv("DOCKER_HOST", overlay2_host)
@@ -171,3 +172,31 @@ def test_variants_sharing_a_base_read_its_folder_once(
     assert all(doc["read_from"].startswith("engine storage") for doc in (hopper, ampere))
     assert len(read) == 3 and len(set(read)) == 3  # base once, each top layer once
     assert not list((tmp_path / "cache").rglob("*.json.gz"))  # nothing unverified written
+
+
+def test_workers_read_a_layer_folder_as_one_process_does(
+    overlay2_host: str, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large layer folders are read by worker processes (buildmatrix.image.workers):
+    files, verdicts and problems are those of one process."""
+    from buildmatrix.image import workers
+
+    layer: Layer = {f"usr/lib/{p.name}": p.read_bytes() for p in sorted(BIN.iterdir())}
+    tag = "bmtest/storage-workers:v1"
+    archive = write_docker_archive(tmp_path / "image.tar", Image(layers=[layer]), tag=tag)
+    subprocess.run(
+        ["docker", "-H", overlay2_host, "load", "-i", str(archive)], check=True, capture_output=True
+    )
+    monkeypatch.setenv("DOCKER_HOST", overlay2_host)
+    try:
+        _, serial = _result(cli, f"docker-daemon:{tag}")
+        monkeypatch.setattr(workers, "PARALLEL_BYTES", 0)
+        monkeypatch.setattr(workers, "workers", lambda: 2)
+        _, pooled = _result(cli, f"docker-daemon:{tag}")
+    finally:
+        subprocess.run(
+            ["docker", "-H", overlay2_host, "rmi", "-f", tag], capture_output=True, check=False
+        )
+    assert pooled["read_from"].startswith("engine storage")
+    assert _comparable(pooled) == _comparable(serial)
+    assert len(serial["files"]) >= 15

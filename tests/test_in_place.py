@@ -14,9 +14,11 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from buildmatrix.errors import InputError
 from buildmatrix.image.layers import merge, scan_layer
 from tests.conftest import CliRunner
 from tests.fixtures.build import BIN
@@ -144,3 +146,47 @@ def test_the_archive_reader_reads_only_what_it_needs(
     assert r.code == 0, r.out + r.err
     assert sum(read) < 1 << 20, sum(read)  # tar headers; the library is read in place
     assert r.json()["files"][0]["path"] == "usr/lib/l.so"
+
+
+def test_workers_read_what_one_process_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large layers are read by worker processes (buildmatrix.image.workers): the
+    same view as one process, file by file; refusals still come in archive order."""
+    from buildmatrix.image import workers
+
+    raw = layer_tar(EVERY_FIXTURE)
+    serial = _view(scan_in_place(raw))
+    monkeypatch.setattr(workers, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(workers, "workers", lambda: 2)
+    ran: list[int] = []
+    original = workers.run_all
+
+    def counting(inspect: Any, jobs: Any, sizes: Any) -> Any:
+        ran.append(len(jobs))
+        return original(inspect, jobs, sizes)
+
+    monkeypatch.setattr("buildmatrix.image.layers.run_all", counting)
+    assert _view(scan_in_place(raw)) == serial
+    assert ran and ran[0] >= 15
+    # a name that escapes the root, after the files: refused as one process refuses it
+    bad = layer_tar({**EVERY_FIXTURE, "../escape": b"x"})
+    with pytest.raises(InputError, match="escapes the image root"):
+        scan_in_place(bad)
+
+
+def test_workers_that_cannot_start_leave_the_work_to_this_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No writable temporary folder for the worker server's socket: the layer is
+    read in this process, with the same result."""
+    from buildmatrix.image import workers
+
+    raw = layer_tar(EVERY_FIXTURE)
+    serial = _view(scan_in_place(raw))
+    monkeypatch.setattr(workers, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(workers, "workers", lambda: 2)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr("concurrent.futures.ProcessPoolExecutor", refuse)
+    assert _view(scan_in_place(raw)) == serial

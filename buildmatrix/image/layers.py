@@ -44,6 +44,7 @@ from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_image_file
 from buildmatrix.binary.source import BytesSource, CorruptBinary, FileSource, SliceSource
 from buildmatrix.errors import InputError
 from buildmatrix.forward import COMPAT_NAME, CompatLibrary
+from buildmatrix.image.workers import run_all
 
 # Files up to this size are inspected in memory; larger candidates are spooled to a
 # private temporary file (deleted at once), so memory stays bounded per worker.
@@ -480,26 +481,85 @@ def scan_layer_at(file: Path, offset: int, size: int, *, name: str) -> LayerSumm
         with _read_as_layer(name):
             buffered = io.BufferedReader(window, buffer_size=TAR_BUFSIZE)
             with tarfile.open(fileobj=buffered, mode="r:", tarinfo=StrictTarInfo) as tar:
+                ahead = _read_ahead(tar, archive, file, offset, size)
+                end = buffered.tell()
 
                 def in_place(member: tarfile.TarInfo, path: str) -> Result:
+                    if member.offset in ahead:
+                        return ahead[member.offset]
                     if member.size < 4:
                         return None
                     if member.issparse():  # its bytes are not one run of the file
-                        return _file_result(tar, member, path, None)
+                        result = _file_result(tar, member, path, None)
+                        if ahead:
+                            buffered.seek(end)  # where the end-of-archive check reads
+                        return result
                     start = offset + member.offset_data
-                    length = min(member.size, offset + size - start)
-                    src = SliceSource(archive, start, length, name=path)
-                    head = src.read_at(0, 64)
-                    if not _might_hold_code(head, path):
-                        return None
-                    try:
-                        return inspect_image_file(src, path=path, head=head)
-                    except CorruptBinary as exc:
-                        return ScanProblem(path=path, message=str(exc))
+                    job = (str(file), start, min(member.size, offset + size - start), path)
+                    return _inspect_in_archive(job, archive)
 
                 return _summarise(tar, name, in_place)
     finally:
         os.close(fd)
+
+
+def _read_ahead(
+    tar: tarfile.TarFile, archive: FileSource, file: Path, offset: int, size: int
+) -> dict[int, Result]:
+    """The device code of a layer's candidate files (regular, not sparse, whose first
+    bytes may be code) by member offset, read by workers (buildmatrix.image.workers);
+    none when the layer is small or its headers do not all read — the summary then
+    reads each file as it comes, and refuses the layer where the reader does."""
+    from buildmatrix.image.workers import PARALLEL_BYTES
+
+    if size < PARALLEL_BYTES:
+        return {}
+    ahead: dict[int, Result] = {}
+    refused: tuple[type[Exception], ...] = (TarHeaderError, InputError, *_unreadable())
+    try:
+        members = tar.getmembers()
+        jobs = []
+        for m in members:
+            if not m.isreg() or m.issparse() or m.size < 4:
+                continue
+            path = clean_member_name(m.name, layer=str(file))
+            start = offset + m.offset_data
+            length = min(m.size, offset + size - start)
+            head = archive.read_at(start, min(64, length))
+            if len(head) >= 4 and _might_hold_code(head, path):
+                jobs.append((m.offset, (str(file), start, length, path)))
+            else:
+                ahead[m.offset] = None  # no device code: nothing to read again
+    except refused:
+        return {}
+    results = run_all(_inspect_archived, [job for _, job in jobs], [job[2] for _, job in jobs])
+    ahead.update((at, result) for (at, _), result in zip(jobs, results, strict=True))
+    return ahead
+
+
+def _inspect_archived(job: tuple[str, int, int, str]) -> Result:
+    """A worker's :func:`_inspect_in_archive`: it opens the archive itself."""
+    import os
+
+    fd = os.open(job[0], os.O_RDONLY)
+    try:
+        return _inspect_in_archive(job, FileSource(fd, name=job[0]))
+    finally:
+        os.close(fd)
+
+
+def _inspect_in_archive(job: tuple[str, int, int, str], archive: FileSource) -> Result:
+    """The device code of a file that lies in ``[start, start + length)`` of an
+    archive (job: archive, start, length, path in the layer), or None."""
+    _, start, length, path = job
+    src = SliceSource(archive, start, length, name=path)
+    head = src.read_at(0, 64)
+    if len(head) < 4 or not _might_hold_code(head, path):
+        return None
+    try:
+        return inspect_image_file(src, path=path, head=head)
+    except CorruptBinary as exc:
+        return ScanProblem(path=path, message=str(exc))
 
 
 class _Window(io.RawIOBase):
@@ -626,6 +686,8 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
     import stat
 
     summary = LayerSummary(name=name)
+    candidates: list[tuple[str, str]] = []  # (full path, path in the layer)
+    sizes: list[int] = []
     stack = [(str(root), "")]
     while stack:  # iterative: layers may nest folders thousands deep
         folder, rel = stack.pop()
@@ -648,10 +710,19 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
             elif stat.S_ISLNK(st.st_mode):
                 summary.add(path, Node("symlink", str(Path(entry.path).readlink())))
             elif stat.S_ISREG(st.st_mode):
-                summary.add(path, Node("file", result=_stored_file_result(entry.path, path)))
+                summary.add(path, Node("file"))
+                if _stored_candidate(entry.path, path):
+                    candidates.append((entry.path, path))
+                    sizes.append(st.st_size)
             else:
                 summary.add(path, Node("other"))
         stack.extend(reversed(subfolders))
+    # Files that may hold device code are read once the folder is listed, several at
+    # a time where they are many (buildmatrix.image.workers).
+    for (_, path), result in zip(
+        candidates, run_all(_inspect_stored, candidates, sizes), strict=True
+    ):
+        summary.add(path, Node("file", result=result))
     return summary
 
 
@@ -671,21 +742,43 @@ def _refuse_unmodelled(path: str) -> None:
         raise UnreadableLayer(f"{path}: uses overlayfs redirect or metacopy")
 
 
-def _stored_file_result(full: str, path: str) -> Result:
+def _open_stored(full: str) -> int:
     import os
 
     try:
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+        return os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         raise UnreadableLayer(f"{full}: cannot open: {exc.strerror}") from None
+
+
+def _stored_candidate(full: str, path: str) -> bool:
+    """Whether a file of a layer folder may hold device code (by its first bytes)."""
+    import os
+
+    fd = _open_stored(full)
+    try:
+        head = os.pread(fd, 64, 0)
+    except OSError as exc:
+        raise UnreadableLayer(f"{full}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    return len(head) >= 4 and _might_hold_code(head, path)
+
+
+def _inspect_stored(job: tuple[str, str]) -> Result:
+    """The device code of a file of a layer folder (full path, path in the layer)."""
+    import os
+
+    full, path = job
+    fd = _open_stored(full)
     try:
         src = FileSource(fd, name=path)
         head = src.read_at(0, 64)
-        if len(head) < 4 or not _might_hold_code(head, path):
-            return None
         return inspect_image_file(src, path=path, head=head)
     except CorruptBinary as exc:
         return ScanProblem(path=path, message=str(exc))
+    except OSError as exc:
+        raise UnreadableLayer(f"{full}: cannot read: {exc.strerror}") from None
     finally:
         os.close(fd)
 
