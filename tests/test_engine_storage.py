@@ -6,6 +6,7 @@ And the fallback, with its reason, where the storage cannot be read."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from tests.conftest import CliRunner
 from tests.fixtures.build import BIN
 from tests.images import Image, Layer, fixture, write_docker_archive
+from tests.test_in_place import _in_a_fresh_process
 from tests.test_layer_semantics import CASES, _ours
 
 pytestmark = pytest.mark.integration
@@ -179,8 +181,6 @@ def test_workers_read_a_layer_folder_as_one_process_does(
 ) -> None:
     """Large layer folders are read by worker processes (buildmatrix.image.workers):
     files, verdicts and problems are those of one process."""
-    from buildmatrix.image import workers
-
     layer: Layer = {f"usr/lib/{p.name}": p.read_bytes() for p in sorted(BIN.iterdir())}
     tag = "bmtest/storage-workers:v1"
     archive = write_docker_archive(tmp_path / "image.tar", Image(layers=[layer]), tag=tag)
@@ -190,9 +190,7 @@ def test_workers_read_a_layer_folder_as_one_process_does(
     monkeypatch.setenv("DOCKER_HOST", overlay2_host)
     try:
         _, serial = _result(cli, f"docker-daemon:{tag}")
-        monkeypatch.setattr(workers, "PARALLEL_BYTES", 0)
-        monkeypatch.setattr(workers, "workers", lambda: 2)
-        _, pooled = _result(cli, f"docker-daemon:{tag}")
+        pooled = json.loads(_in_a_fresh_process(POOLED_CHECK, f"docker-daemon:{tag}"))
     finally:
         subprocess.run(
             ["docker", "-H", overlay2_host, "rmi", "-f", tag], capture_output=True, check=False
@@ -200,3 +198,25 @@ def test_workers_read_a_layer_folder_as_one_process_does(
     assert pooled["read_from"].startswith("engine storage")
     assert _comparable(pooled) == _comparable(serial)
     assert len(serial["files"]) >= 15
+
+
+# check with every layer read by two workers, which must run elsewhere
+POOLED_CHECK = """
+import os, sys
+from buildmatrix.image import layers, workers
+from tests.test_in_place import _where
+
+workers.PARALLEL_BYTES = 0
+workers.workers = lambda: 2
+pids = set()
+
+def run_all(fn, jobs, sizes):
+    both = workers.run_all(_where, [(fn, job) for job in jobs], sizes)
+    pids.update(pid for pid, _ in both)
+    return [result for _, result in both]
+
+layers.run_all = run_all
+from buildmatrix.cli import main
+code = main(["check", sys.argv[1], "--sm", "9.0", "--allow-empty", "--json", "--no-cache"])
+assert code in (0, 1) and pids and os.getpid() not in pids, (code, pids)
+"""

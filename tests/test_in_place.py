@@ -13,12 +13,12 @@ import json
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from buildmatrix.errors import InputError
 from buildmatrix.image.layers import merge, scan_layer
 from tests.conftest import CliRunner
 from tests.fixtures.build import BIN
@@ -148,29 +148,65 @@ def test_the_archive_reader_reads_only_what_it_needs(
     assert r.json()["files"][0]["path"] == "usr/lib/l.so"
 
 
-def test_workers_read_what_one_process_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+def _in_a_fresh_process(code: str, *args: str) -> str:
+    """Run ``code`` in a new Python, which runs no thread but its main one (this
+    test process may run servers in threads, and then no worker is forked)."""
+    import sys
+    import textwrap
+
+    repo = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_workers_read_what_one_process_reads() -> None:
     """Large layers are read by worker processes (buildmatrix.image.workers): the
-    same view as one process, file by file; refusals still come in archive order."""
-    from buildmatrix.image import workers
+    same view as one process, file by file, in processes other than this one;
+    refusals still come in archive order."""
+    out = _in_a_fresh_process(
+        """
+        import os
+        from buildmatrix.errors import InputError
+        from buildmatrix.image import layers, workers
+        from buildmatrix.image.layers import merge
+        from tests.images import layer_tar, scan_in_place
+        from tests.test_in_place import EVERY_FIXTURE, _where
 
-    raw = layer_tar(EVERY_FIXTURE)
-    serial = _view(scan_in_place(raw))
-    monkeypatch.setattr(workers, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(workers, "workers", lambda: 2)
-    ran: list[int] = []
-    original = workers.run_all
+        raw = layer_tar(EVERY_FIXTURE)
+        serial = list(merge([scan_in_place(raw)]).files())
+        workers.PARALLEL_BYTES = 0
+        workers.workers = lambda: 2
+        pids = set()
 
-    def counting(inspect: Any, jobs: Any, sizes: Any) -> Any:
-        ran.append(len(jobs))
-        return original(inspect, jobs, sizes)
+        def run_all(fn, jobs, sizes):
+            # each result with the pid of the process that made it
+            both = workers.run_all(_where, [(fn, job) for job in jobs], sizes)
+            pids.update(pid for pid, _ in both)
+            return [result for _, result in both]
 
-    monkeypatch.setattr("buildmatrix.image.layers.run_all", counting)
-    assert _view(scan_in_place(raw)) == serial
-    assert ran and ran[0] >= 15
-    # a name that escapes the root, after the files: refused as one process refuses it
-    bad = layer_tar({**EVERY_FIXTURE, "../escape": b"x"})
-    with pytest.raises(InputError, match="escapes the image root"):
-        scan_in_place(bad)
+        layers.run_all = run_all
+        pooled = list(merge([scan_in_place(raw)]).files())
+        assert pooled == serial
+        assert pids and os.getpid() not in pids, pids
+        assert sum(1 for _, n in pooled if n.result is not None) >= 15
+        bad = layer_tar({**EVERY_FIXTURE, "../escape": b"x"})
+        try:
+            scan_in_place(bad)
+        except InputError as exc:
+            assert "escapes the image root" in str(exc)
+        else:
+            raise AssertionError("not refused")
+        print("same")
+        """
+    )
+    assert out.strip() == "same"
 
 
 def test_workers_that_cannot_start_leave_the_work_to_this_process(
@@ -190,3 +226,47 @@ def test_workers_that_cannot_start_leave_the_work_to_this_process(
 
     monkeypatch.setattr("concurrent.futures.ProcessPoolExecutor", refuse)
     assert _view(scan_in_place(raw)) == serial
+
+
+def test_the_jobs_run_in_other_processes() -> None:
+    """The pool is real: jobs run in forked workers, results come back in job order;
+    with another thread running, they run in the one process instead."""
+    out = _in_a_fresh_process(
+        """
+        import os, threading
+        from buildmatrix.image import workers
+        from tests.test_in_place import _pid_and_job
+
+        workers.PARALLEL_BYTES = 0
+        workers.workers = lambda: 2
+        jobs = list(range(8))
+        results = workers.run_all(_pid_and_job, jobs, [1] * len(jobs))
+        assert [job for _, job in results] == jobs
+        assert os.getpid() not in {pid for pid, _ in results}
+        stop = threading.Event()
+        other = threading.Thread(target=stop.wait)
+        other.start()
+        try:
+            results = workers.run_all(_pid_and_job, jobs, [1] * len(jobs))
+        finally:
+            stop.set()
+            other.join()
+        assert {pid for pid, _ in results} == {os.getpid()}
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def _pid_and_job(job: int) -> tuple[int, int]:
+    import os
+
+    return os.getpid(), job
+
+
+def _where(job: tuple[Callable[[Any], Any], Any]) -> tuple[int, Any]:
+    """``fn(arg)`` beside the pid of the process that ran it."""
+    import os
+
+    fn, arg = job
+    return os.getpid(), fn(arg)

@@ -8,11 +8,13 @@ in place — are inspected by a pool of processes, one per CPU, biggest file fir
 Small layers are read in this process: starting workers costs more than it saves.
 Each worker runs the same function the serial path runs, so the results are the
 same by construction (tests/test_in_place.py and test_engine_storage.py compare).
+Workers are forked, and only from a process that runs no other thread.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -38,23 +40,24 @@ def run_all(inspect: Callable[[Job], Out], jobs: Sequence[Job], sizes: Sequence[
     function (it runs in worker processes) and ``sizes`` says how many bytes each job
     reads. Exceptions raised by a job are raised here, as in a loop."""
     count = min(workers(), len(jobs))
-    if count < 2 or sum(sizes) < PARALLEL_BYTES:
+    if count < 2 or sum(sizes) < PARALLEL_BYTES or threading.active_count() > 1:
+        # One process: little to read, or threads running here (layers read two at a
+        # time), which a forked worker would not have (their locks could stay held).
         return [inspect(job) for job in jobs]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    # forkserver: workers start from a clean process, never from a copy of this one
-    # (which may run threads: layers are summarised two at a time).
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["buildmatrix.image.layers"])
+    # fork: the workers are copies of this single-threaded process (the pool forks
+    # them all before it starts its own thread); unlike spawn or forkserver, nothing
+    # re-imports the program's main module in them.
+    context = multiprocessing.get_context("fork")
     order = sorted(range(len(jobs)), key=lambda i: -sizes[i])  # the biggest first
     try:
         with ProcessPoolExecutor(count, mp_context=context) as pool:
             futures = {i: pool.submit(inspect, jobs[i]) for i in order}
             return [futures[i].result() for i in range(len(jobs))]
     except (BrokenProcessPool, OSError):
-        # Workers that cannot start (no writable temporary folder for the server's
-        # socket, a process limit) or that died: the same work, in this process (a
-        # job's own error is raised again there, as without workers).
+        # Workers that cannot start (a process limit) or that died: the same work, in
+        # this process (a job's own error is raised again there, as without workers).
         return [inspect(job) for job in jobs]
