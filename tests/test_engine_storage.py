@@ -203,19 +203,9 @@ def test_workers_read_a_layer_folder_as_one_process_does(
 # check with every layer read by two workers, which must run elsewhere
 POOLED_CHECK = """
 import os, sys
-from buildmatrix.image import layers, workers
-from tests.test_in_place import _where
+from tests.test_in_place import pool_everything
 
-workers.PARALLEL_BYTES = 0
-workers.workers = lambda: 2
-pids = set()
-
-def run_all(fn, jobs, sizes):
-    both = workers.run_all(_where, [(fn, job) for job in jobs], sizes)
-    pids.update(pid for pid, _ in both)
-    return [result for _, result in both]
-
-layers.run_all = run_all
+pids = pool_everything()
 from buildmatrix.cli import main
 code = main(["check", sys.argv[1], "--sm", "9.0", "--allow-empty", "--json", "--no-cache"])
 assert code in (0, 1) and pids and os.getpid() not in pids, (code, pids)

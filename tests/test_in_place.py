@@ -174,24 +174,13 @@ def test_workers_read_what_one_process_reads() -> None:
         """
         import os
         from buildmatrix.errors import InputError
-        from buildmatrix.image import layers, workers
         from buildmatrix.image.layers import merge
         from tests.images import layer_tar, scan_in_place
-        from tests.test_in_place import EVERY_FIXTURE, _where
+        from tests.test_in_place import EVERY_FIXTURE, pool_everything
 
         raw = layer_tar(EVERY_FIXTURE)
         serial = list(merge([scan_in_place(raw)]).files())
-        workers.PARALLEL_BYTES = 0
-        workers.workers = lambda: 2
-        pids = set()
-
-        def run_all(fn, jobs, sizes):
-            # each result with the pid of the process that made it
-            both = workers.run_all(_where, [(fn, job) for job in jobs], sizes)
-            pids.update(pid for pid, _ in both)
-            return [result for _, result in both]
-
-        layers.run_all = run_all
+        pids = pool_everything()
         pooled = list(merge([scan_in_place(raw)]).files())
         assert pooled == serial
         assert pids and os.getpid() not in pids, pids
@@ -270,3 +259,21 @@ def _where(job: tuple[Callable[[Any], Any], Any]) -> tuple[int, Any]:
 
     fn, arg = job
     return os.getpid(), fn(arg)
+
+
+def pool_everything() -> set[int]:
+    """For a fresh process: every layer from now on is read by two workers; the set
+    returned fills with the pids of the processes that made the results."""
+    from buildmatrix.image import layers, workers
+
+    pids: set[int] = set()
+
+    def run_all(fn: Callable[[Any], Any], jobs: list[Any], sizes: list[int]) -> list[Any]:
+        both = workers.run_all(_where, [(fn, job) for job in jobs], sizes)
+        pids.update(pid for pid, _ in both)
+        return [result for _, result in both]
+
+    workers.PARALLEL_BYTES = 0
+    setattr(workers, "workers", lambda: 2)  # noqa: B010 - mypy: no assigning to a function
+    setattr(layers, "run_all", run_all)  # noqa: B010
+    return pids
