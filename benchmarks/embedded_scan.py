@@ -9,7 +9,9 @@ times each, best time kept:
 - inspect without the data search (sections and the runtime's wrapper only);
 - inspect with it (every allocated, non-executable section searched for fatbinary
   and cubin headers: buildmatrix/binary/embedded.py);
-- reading every byte of the same files (the I/O floor).
+- reading every byte of the same files (the I/O floor);
+- searching every byte for both magic numbers: what a scan of a stream, which
+  cannot go back to the section table at a file's end, would have to do.
 
 Prints a Markdown table and checks that the search finds nothing the sections do not
 already show in these libraries (their device code is all in .nv_fatbin). Nothing
@@ -27,6 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.inspect_vs_cuobjdump import fetch  # noqa: E402
+from buildmatrix.binary.elf import ELF_MAGIC  # noqa: E402
+from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES  # noqa: E402
 from buildmatrix.binary.scan import inspect_file  # noqa: E402
 
 
@@ -62,9 +66,22 @@ def main() -> int:
         for p, s, d in zip(libs, shallow, deep, strict=True)
         if d is not None and (s is None or len(d.entries) != len(s.entries))  # type: ignore[attr-defined]
     ]
+
+    def search_every_byte() -> None:
+        # What a scan that cannot go back (a stream) would have to do: an ELF file
+        # names its sections at its end, so every byte may be data holding code.
+        for p in libs:
+            with p.open("rb") as f:
+                while chunk := f.read(8 << 20):
+                    for needle in (ELF_MAGIC, FATBIN_MAGIC_BYTES):
+                        at = chunk.find(needle)
+                        while at >= 0:
+                            at = chunk.find(needle, at + 1)
+
     t_shallow = best(lambda: scan(False))
     t_deep = best(lambda: scan(True))
     t_read = best(read_all)
+    t_every = best(search_every_byte)
     print(f"{len(libs)} libraries, {total / 2**30:.2f} GiB\n")
     print("| inspect | time (s) | vs sections only | vs reading every byte |")
     print("| --- | ---: | ---: | ---: |")
@@ -72,6 +89,7 @@ def main() -> int:
         ("sections and wrapper only", t_shallow),
         ("with the data search", t_deep),
         ("read every byte (floor)", t_read),
+        ("search every byte for both magic numbers (as a stream scan must)", t_every),
     ):
         print(f"| {name} | {t:.2f} | {t / t_shallow:.2f}x | {t / t_read:.2f}x |")
     print(f"\nentries found only by the data search: {extra or 'none'}")
