@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from buildmatrix.image.cache import LayerCache, _dump_dir
+from buildmatrix.image.cache import LayerCache, _dump_dir, use
 from buildmatrix.image.layers import LayerSummary
 from tests.conftest import CliRunner
 from tests.images import (
@@ -99,8 +99,10 @@ def test_a_damaged_entry_is_discarded_and_the_layer_read_again(
 
 def test_the_cache_is_bounded(tmp_path: Path) -> None:
     cache = LayerCache(tmp_path, max_bytes=1)  # smaller than any entry: keeps the newest only
-    for i in range(3):
-        cache.put(f"sha256:{i:064x}", LayerSummary(name=str(i)))
+    with use(cache):
+        for i in range(3):
+            cache.put(f"sha256:{i:064x}", LayerSummary(name=str(i)))
+        assert len(list(cache.root.rglob("*.json.gz"))) == 3  # bounded once the run ends
     assert len(list(cache.root.rglob("*.json.gz"))) <= 1
     later = LayerCache(tmp_path)  # another run: only what is on disk
     assert later.get("sha256:" + "0" * 64) is None

@@ -64,6 +64,7 @@ class LayerCache:
         # Summaries read or written in this process: images of one run that share a
         # layer share its summary (summaries are never changed once made).
         self._memory: dict[str, LayerSummary] = {}
+        self._written = False
 
     def _path(self, digest: str) -> Path | None:
         algo, _, hexdigest = digest.partition(":")
@@ -113,7 +114,7 @@ class LayerCache:
             Path(tmp).replace(path)
         except OSError:
             return  # a cache that cannot be written only costs time
-        self._evict()
+        self._written = True
 
     def shared(self, key: str, make: Callable[[], LayerSummary]) -> LayerSummary:
         """The summary ``make`` gives for ``key``, made once per run and kept in memory
@@ -125,7 +126,12 @@ class LayerCache:
         summary = self._memory[key] = make()
         return summary
 
-    def _evict(self) -> None:
+    def evict(self) -> None:
+        """Keep the folder within its bound, least recently used entries first; after
+        a run that wrote to it (once, not after every write: it lists the folder)."""
+        if not self._written:
+            return
+        self._written = False
         entries = []
         for p in self.root.glob("*/*.json.gz"):
             with contextlib.suppress(OSError):
@@ -142,12 +148,15 @@ class LayerCache:
 
 @contextlib.contextmanager
 def use(cache: LayerCache | None) -> Iterator[LayerCache | None]:
-    """Make ``cache`` the one layer scans consult in this context."""
+    """Make ``cache`` the one layer scans consult in this context; on leaving it, the
+    cache folder is brought back within its bound."""
     token = _ACTIVE.set(cache)
     try:
         yield cache
     finally:
         _ACTIVE.reset(token)
+        if cache is not None:
+            cache.evict()
 
 
 def active() -> LayerCache | None:
