@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.check_matrix import _base_tar, _digest  # noqa: E402
 from benchmarks.inspect_vs_cuobjdump import fetch  # noqa: E402
-from tests.services import start_dockerd  # noqa: E402
+from tests.services import start_dockerd, stop_dockerd  # noqa: E402
 
 TAG = "bmbench/corpus:overlay2"
 
@@ -240,8 +240,7 @@ def main() -> int:
     finally:
         if proc is not None:
             subprocess.run(["docker", "rmi", "-f", TAG], capture_output=True, check=False)
-            proc.terminate()
-            proc.wait(timeout=60)
+            stop_dockerd(proc, engine)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -100,6 +100,16 @@ def start_dockerd(
     return proc, host
 
 
+def stop_dockerd(proc: subprocess.Popen[bytes], root: Path) -> None:
+    """Stop an engine started by :func:`start_dockerd` and unmount the network
+    namespace it leaves under its exec root (else the folder cannot be removed)."""
+    proc.terminate()
+    proc.wait(timeout=30)
+    netns = root / "exec" / "netns" / "default"
+    if os.path.ismount(netns):
+        subprocess.run(["umount", str(netns)], check=False, capture_output=True)
+
+
 @pytest.fixture(scope="session")
 def docker_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Docker engine's address: an existing one, or one started here."""
@@ -115,12 +125,12 @@ def docker_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "no Docker engine: install docker.io (dockerd) and run as root, "
             "or set BUILDMATRIX_TEST_DOCKER_HOST"
         )
-    proc, host = start_dockerd(tmp_path_factory.mktemp("dockerd"))
+    root = tmp_path_factory.mktemp("dockerd")
+    proc, host = start_dockerd(root)
     try:
         yield host
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_dockerd(proc, root)
 
 
 @pytest.fixture(scope="session")
@@ -128,15 +138,15 @@ def overlay2_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A second engine with the overlay2 driver: the oracle for layer semantics."""
     if shutil.which("dockerd") is None or os.geteuid() != 0:
         pytest.skip("no Docker engine: install docker.io (dockerd) and run as root")
+    root = tmp_path_factory.mktemp("overlay2")
     try:
-        proc, host = start_dockerd(tmp_path_factory.mktemp("overlay2"), storage_driver="overlay2")
+        proc, host = start_dockerd(root, storage_driver="overlay2")
     except RuntimeError as exc:
         pytest.skip(f"dockerd with the overlay2 driver does not start here ({exc})")
     try:
         yield host
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_dockerd(proc, root)
 
 
 @dataclass(frozen=True)
