@@ -198,20 +198,29 @@ def test_workers_read_what_one_process_reads() -> None:
     assert out.strip() == "same"
 
 
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        PermissionError(13, "Permission denied"),  # a process limit, a policy
+        NotImplementedError("This Python lacks a functioning sem_open"),  # no /dev/shm
+    ],
+)
 def test_workers_that_cannot_start_leave_the_work_to_this_process(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    refusal: Exception, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No writable temporary folder for the worker server's socket: the layer is
-    read in this process, with the same result."""
+    """Worker processes that cannot start: the layer is read in this process, with
+    the same result, never a traceback."""
     from buildmatrix.image import workers
 
     raw = layer_tar(EVERY_FIXTURE)
     serial = _view(scan_in_place(raw))
     monkeypatch.setattr(workers, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(workers, "workers", lambda: 2)
+    # as in a fresh CLI process; the pool is refused before anything is forked
+    monkeypatch.setattr("buildmatrix.image.workers.threading.active_count", lambda: 1)
 
     def refuse(*args: object, **kwargs: object) -> None:
-        raise PermissionError(13, "Permission denied", str(tmp_path))
+        raise refusal
 
     monkeypatch.setattr("concurrent.futures.ProcessPoolExecutor", refuse)
     assert _view(scan_in_place(raw)) == serial

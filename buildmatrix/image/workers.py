@@ -57,7 +57,8 @@ def run_all(inspect: Callable[[Job], Out], jobs: Sequence[Job], sizes: Sequence[
         with ProcessPoolExecutor(count, mp_context=context) as pool:
             futures = {i: pool.submit(inspect, jobs[i]) for i in order}
             return [futures[i].result() for i in range(len(jobs))]
-    except (BrokenProcessPool, OSError):
-        # Workers that cannot start (a process limit) or that died: the same work, in
-        # this process (a job's own error is raised again there, as without workers).
+    except (BrokenProcessPool, OSError, NotImplementedError, ImportError):
+        # Workers that cannot start (a process limit, no working sem_open: no
+        # /dev/shm) or that died: the same work, in this process (a job's own error
+        # is raised again there, as without workers).
         return [inspect(job) for job in jobs]
