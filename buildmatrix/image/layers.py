@@ -325,6 +325,9 @@ def _inspect_member(
         return ScanProblem(path=path, message=str(exc))
 
 
+GZIP_MAGIC, ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"  # how compression is told
+
+
 def open_tar_stream(stream: IO[bytes], *, name: str) -> tarfile.TarFile:
     """A streaming tar reader over a plain, gzip or zstd layer (by magic bytes)."""
     buffered = (
@@ -333,13 +336,13 @@ def open_tar_stream(stream: IO[bytes], *, name: str) -> tarfile.TarFile:
         else io.BufferedReader(cast(io.RawIOBase, stream), buffer_size=_CHUNK)
     )
     magic = buffered.peek(4)[:4]
-    if magic[:2] == b"\x1f\x8b":
+    if magic[:2] == GZIP_MAGIC:
         # ISA-L's gzip reader decompresses ~1.7x faster than zlib's (docs/check.md).
         from isal import igzip
 
         gunzipped = igzip.IGzipFile(fileobj=buffered, mode="rb")  # type: ignore[no-untyped-call]
         return _open(cast(IO[bytes], gunzipped))
-    if magic == b"\x28\xb5\x2f\xfd":
+    if magic == ZSTD_MAGIC:
         import zstandard
 
         reader = zstandard.ZstdDecompressor().stream_reader(buffered, read_size=_CHUNK)
@@ -475,7 +478,7 @@ def scan_layer_at(file: Path, offset: int, size: int, *, name: str) -> LayerSumm
     try:
         window = _Window(fd, offset, size)
         head = os.pread(fd, min(4, size), offset)
-        if head[:2] == b"\x1f\x8b" or head == b"\x28\xb5\x2f\xfd":
+        if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
             return scan_layer(cast(IO[bytes], window), name=name)
         archive = FileSource(fd, name=str(file))
         with _read_as_layer(name):
@@ -494,9 +497,7 @@ def scan_layer_at(file: Path, offset: int, size: int, *, name: str) -> LayerSumm
                         if ahead:
                             buffered.seek(end)  # where the end-of-archive check reads
                         return result
-                    start = offset + member.offset_data
-                    job = (str(file), start, min(member.size, offset + size - start), path)
-                    return _inspect_in_archive(job, archive)
+                    return _inspect_in_archive(_job(file, offset, size, member, path), archive)
 
                 return _summarise(tar, name, in_place)
     finally:
@@ -522,12 +523,11 @@ def _read_ahead(
         for m in members:
             if not m.isreg() or m.issparse() or m.size < 4:
                 continue
-            path = clean_member_name(m.name, layer=str(file))
-            start = offset + m.offset_data
-            length = min(m.size, offset + size - start)
+            job = _job(file, offset, size, m, clean_member_name(m.name, layer=str(file)))
+            _, start, length, path = job
             head = archive.read_at(start, min(64, length))
             if len(head) >= 4 and _might_hold_code(head, path):
-                jobs.append((m.offset, (str(file), start, length, path)))
+                jobs.append((m.offset, job))
             else:
                 ahead[m.offset] = None  # no device code: nothing to read again
     except refused:
@@ -535,6 +535,15 @@ def _read_ahead(
     results = run_all(_inspect_archived, [job for _, job in jobs], [job[2] for _, job in jobs])
     ahead.update((at, result) for (at, _), result in zip(jobs, results, strict=True))
     return ahead
+
+
+def _job(
+    file: Path, offset: int, size: int, member: tarfile.TarInfo, path: str
+) -> tuple[str, int, int, str]:
+    """Where a member of a layer lying at ``[offset, offset + size)`` of ``file`` has
+    its bytes: (file, start, length within the layer, path in the layer)."""
+    start = offset + member.offset_data
+    return str(file), start, min(member.size, offset + size - start), path
 
 
 def _inspect_archived(job: tuple[str, int, int, str]) -> Result:
