@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,28 +47,43 @@ def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: doc[k] for k in ("files", "targets", "problems", "verdict", "cuda_runtime")}
 
 
+@contextmanager
+def _loaded(
+    host: str, folder: Path, images: dict[str, Image], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, Path]]:
+    """The images, by tag, loaded into the engine at ``host`` from docker-archives
+    written in ``folder`` (yielded by tag), with DOCKER_HOST set to it; removed after."""
+    archives: dict[str, Path] = {}
+    for i, (tag, image) in enumerate(images.items()):
+        archives[tag] = write_docker_archive(folder / f"image{i}.tar", image, tag=tag)
+        subprocess.run(
+            ["docker", "-H", host, "load", "-i", str(archives[tag])],
+            check=True,
+            capture_output=True,
+        )
+    monkeypatch.setenv("DOCKER_HOST", host)
+    try:
+        yield archives
+    finally:
+        subprocess.run(
+            ["docker", "-H", host, "rmi", "-f", *images], capture_output=True, check=False
+        )
+
+
 @pytest.mark.parametrize("case", READABLE)
 def test_storage_reads_as_the_export_does(
     case: str, overlay2_host: str, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from buildmatrix.image.open import scan_image
 
-    archive = tmp_path / "image.tar"
     tag = f"bmtest/storage-{case}:v1"
-    write_docker_archive(archive, Image(layers=STORAGE_CASES[case]), tag=tag)
-    subprocess.run(
-        ["docker", "-H", overlay2_host, "load", "-i", str(archive)], check=True, capture_output=True
-    )
-    monkeypatch.setenv("DOCKER_HOST", overlay2_host)
-    try:
+    image = Image(layers=STORAGE_CASES[case])
+    with _loaded(overlay2_host, tmp_path, {tag: image}, monkeypatch) as archives:
         _, direct = _result(cli, f"docker-daemon:{tag}")
-        _, from_tar = _result(cli, f"docker-archive:{archive}")
+        _, from_tar = _result(cli, f"docker-archive:{archives[tag]}")
         # the whole final view too: every path, every symlink and its target
-        view, tar_view = scan_image(f"docker-daemon:{tag}"), scan_image(f"docker-archive:{archive}")
-    finally:
-        subprocess.run(
-            ["docker", "-H", overlay2_host, "rmi", "-f", tag], capture_output=True, check=False
-        )
+        view = scan_image(f"docker-daemon:{tag}")
+        tar_view = scan_image(f"docker-archive:{archives[tag]}")
     assert direct["read_from"].startswith("engine storage (overlay2"), direct["read_from"]
     assert _comparable(direct) == _comparable(from_tar)
     assert (view.paths, view.symlinks) == (tar_view.paths, tar_view.symlinks)
@@ -89,20 +106,10 @@ def test_a_layered_image_with_every_kind_of_code(
         ],
         env={"CUDA_VERSION": "12.4.1"},
     )
-    archive = write_docker_archive(tmp_path / "image.tar", image, tag="bmtest/storage-all:v1")
-    subprocess.run(
-        ["docker", "-H", overlay2_host, "load", "-i", str(archive)], check=True, capture_output=True
-    )
-    monkeypatch.setenv("DOCKER_HOST", overlay2_host)
-    try:
-        code, direct = _result(cli, "docker-daemon:bmtest/storage-all:v1")
-        _, from_tar = _result(cli, f"docker-archive:{archive}")
-    finally:
-        subprocess.run(
-            ["docker", "-H", overlay2_host, "rmi", "-f", "bmtest/storage-all:v1"],
-            capture_output=True,
-            check=False,
-        )
+    tag = "bmtest/storage-all:v1"
+    with _loaded(overlay2_host, tmp_path, {tag: image}, monkeypatch) as archives:
+        code, direct = _result(cli, f"docker-daemon:{tag}")
+        _, from_tar = _result(cli, f"docker-archive:{archives[tag]}")
     assert direct["read_from"] == "engine storage (overlay2, 2 layers)"
     assert _comparable(direct) == _comparable(from_tar)
     assert code == 1  # libtwo's second unit has nothing for 9.0
@@ -113,19 +120,9 @@ def test_other_drivers_fall_back_to_the_stream_and_say_why(
     docker_host: str, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     image = Image(layers=[{"usr/lib/libhopper_a.so": fixture("libhopper_a.so")}])
-    archive = write_docker_archive(tmp_path / "image.tar", image, tag="bmtest/storage-vfs:v1")
-    subprocess.run(
-        ["docker", "-H", docker_host, "load", "-i", str(archive)], check=True, capture_output=True
-    )
-    monkeypatch.setenv("DOCKER_HOST", docker_host)
-    try:
-        _, doc = _result(cli, "docker-daemon:bmtest/storage-vfs:v1")
-    finally:
-        subprocess.run(
-            ["docker", "-H", docker_host, "rmi", "-f", "bmtest/storage-vfs:v1"],
-            capture_output=True,
-            check=False,
-        )
+    tag = "bmtest/storage-vfs:v1"
+    with _loaded(docker_host, tmp_path, {tag: image}, monkeypatch):
+        _, doc = _result(cli, f"docker-daemon:{tag}")
     assert doc["read_from"].startswith("docker save stream (")
     assert "storage driver is vfs" in doc["read_from"]
     assert doc["verdict"] == "pass"
@@ -140,17 +137,11 @@ def test_variants_sharing_a_base_read_its_folder_once(
     from buildmatrix.image.layers import scan_layer_dir
 
     base: Layer = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so")}
-    tags: dict[str, Layer] = {
+    tops: dict[str, Layer] = {
         "bmtest/storage-variant:hopper": {"opt/lib.so": fixture("libhopper_a.so")},
         "bmtest/storage-variant:ampere": {"opt/lib.so": fixture("libsass_sm80.so")},
     }
-    for i, (tag, top) in enumerate(tags.items()):
-        archive = write_docker_archive(tmp_path / f"{i}.tar", Image(layers=[base, top]), tag=tag)
-        subprocess.run(
-            ["docker", "-H", overlay2_host, "load", "-i", str(archive)],
-            check=True,
-            capture_output=True,
-        )
+    images = {tag: Image(layers=[base, top]) for tag, top in tops.items()}
     read: list[Path] = []
 
     def counting(folder: Path, *, name: str) -> Any:
@@ -158,16 +149,9 @@ def test_variants_sharing_a_base_read_its_folder_once(
         return scan_layer_dir(folder, name=name)
 
     monkeypatch.setattr(daemon, "scan_layer_dir", counting)
-    monkeypatch.setenv("DOCKER_HOST", overlay2_host)
-    try:
-        refs = [f"docker-daemon:{tag}" for tag in tags]
+    with _loaded(overlay2_host, tmp_path, images, monkeypatch):
+        refs = [f"docker-daemon:{tag}" for tag in images]
         r = cli("check", *refs, "--sm", "9.0", "--json", "--cache", str(tmp_path / "cache"))
-    finally:
-        subprocess.run(
-            ["docker", "-H", overlay2_host, "rmi", "-f", *tags],
-            capture_output=True,
-            check=False,
-        )
     assert r.code == 1, r.err  # the ampere variant fails 9.0
     hopper, ampere = r.json()["images"]
     assert (hopper["verdict"], ampere["verdict"]) == ("pass", "fail")
@@ -183,18 +167,9 @@ def test_workers_read_a_layer_folder_as_one_process_does(
     files, verdicts and problems are those of one process."""
     layer: Layer = {f"usr/lib/{p.name}": p.read_bytes() for p in sorted(BIN.iterdir())}
     tag = "bmtest/storage-workers:v1"
-    archive = write_docker_archive(tmp_path / "image.tar", Image(layers=[layer]), tag=tag)
-    subprocess.run(
-        ["docker", "-H", overlay2_host, "load", "-i", str(archive)], check=True, capture_output=True
-    )
-    monkeypatch.setenv("DOCKER_HOST", overlay2_host)
-    try:
+    with _loaded(overlay2_host, tmp_path, {tag: Image(layers=[layer])}, monkeypatch):
         _, serial = _result(cli, f"docker-daemon:{tag}")
         pooled = json.loads(_in_a_fresh_process(POOLED_CHECK, f"docker-daemon:{tag}"))
-    finally:
-        subprocess.run(
-            ["docker", "-H", overlay2_host, "rmi", "-f", tag], capture_output=True, check=False
-        )
     assert pooled["read_from"].startswith("engine storage")
     assert _comparable(pooled) == _comparable(serial)
     assert len(serial["files"]) >= 15
