@@ -107,14 +107,21 @@ def _sha(data: bytes) -> str:
 def write_docker_archive(path: Path, image: Image, *, tag: str = "bmtest/crafted:latest") -> Path:
     """A legacy ``docker save`` tar: manifest.json, <id>.json, <layer>/layer.tar."""
     tars = [layer_tar(layer) for layer in image.layers]
-    config = image.config([_sha(t) for t in tars])
+    layers = [(f"{_sha(t).split(':')[1]}/layer.tar", t) for t in tars]
+    return write_archive_blobs(path, image.config([_sha(t) for t in tars]), layers, tag=tag)
+
+
+def write_archive_blobs(
+    path: Path, config: bytes, layers: list[tuple[str, bytes]], *, tag: str
+) -> Path:
+    """A ``docker save`` tar of a config and layer members (name, blob) as given."""
     config_name = _sha(config).split(":")[1] + ".json"
-    names = [f"{_sha(t).split(':')[1]}/layer.tar" for t in tars]
+    names = [name for name, _ in layers]
     manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": names}]
     with tarfile.open(path, "w") as out:
         for name, data in [
             (config_name, config),
-            *zip(names, tars, strict=True),
+            *layers,
             ("manifest.json", json.dumps(manifest).encode()),
         ]:
             info = tarfile.TarInfo(name)

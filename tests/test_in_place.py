@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import shutil
 import subprocess
 import tarfile
@@ -22,7 +21,7 @@ import pytest
 from buildmatrix.image.layers import merge, scan_layer
 from tests.conftest import CliRunner
 from tests.fixtures.build import BIN
-from tests.images import Entry, Image, fixture, layer_tar, scan_in_place
+from tests.images import Entry, Image, fixture, layer_tar, scan_in_place, write_archive_blobs
 
 EVERY_FIXTURE: dict[str, Entry] = {
     f"usr/lib/{p.name}": p.read_bytes() for p in sorted(BIN.iterdir()) if p.is_file()
@@ -87,18 +86,7 @@ def _archive_with(tmp_path: Path, layer: bytes, name: str = "layer.tar") -> Path
     config = Image(layers=[], labels={"io.buildmatrix.family": "hopper"}).config(
         ["sha256:" + "0" * 64]
     )
-    manifest = [{"Config": "config.json", "RepoTags": ["bmtest/x:v1"], "Layers": [name]}]
-    path = tmp_path / "image.tar"
-    with tarfile.open(path, "w") as out:
-        for member, data in (
-            ("config.json", config),
-            (name, layer),
-            ("manifest.json", json.dumps(manifest).encode()),
-        ):
-            info = tarfile.TarInfo(member)
-            info.size = len(data)
-            out.addfile(info, io.BytesIO(data))
-    return path
+    return write_archive_blobs(tmp_path / "image.tar", config, [(name, layer)], tag="bmtest/x:v1")
 
 
 def test_a_compressed_layer_in_an_archive_is_streamed(cli: CliRunner, tmp_path: Path) -> None:
