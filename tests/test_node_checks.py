@@ -19,7 +19,7 @@ from buildmatrix.node.labels import (
     gfd_product,
     node_labels,
 )
-from buildmatrix.node.pools import Pools, load_pools, pools_from_data
+from buildmatrix.node.pools import Pools, PoolSpec, load_pools, pools_from_data
 from buildmatrix.node.snapshot import RemappedRows, Snapshot, load_snapshot
 from buildmatrix.node.values import is_label_key, is_label_value, label_value
 from buildmatrix.profiles import ProfileSet, load_profiles
@@ -283,7 +283,14 @@ def test_label_values_are_sanitised() -> None:
         ({"products": {"NVIDIA H100 80GB": "x"}}, "Did you mean 'NVIDIA H100 80GB HBM3'?"),
         ({"families": {"hopper": "training hopper"}}, "not a valid Kubernetes label value"),
         ({"families": {"hopper": "x" * 64}}, "not a valid Kubernetes label value"),
-        ({"pools": {"hopper": "x"}}, "unknown key 'pools'"),
+        ({"pool": {"hopper": "x"}}, "unknown key 'pool'"),
+        (
+            {"families": {"hopper": "train"}, "pools": {"trian": {"gpus": 8}}},
+            "Did you mean 'train'",
+        ),
+        ({"families": {"hopper": "h"}, "pools": {"x": {}}}, "no family, product or default"),
+        ({"families": {"hopper": "h"}, "pools": {"h": {"gpus": 0}}}, "pools.h.gpus"),
+        ({"families": {"hopper": "h"}, "pools": {"h": {"image": ["a"]}}}, "unknown key 'image'"),
         ({"families": ["hopper"]}, "expected object"),
         (None, "the pools file is empty"),
     ],
@@ -303,6 +310,22 @@ def test_product_wins_over_family_and_default_applies(profiles: ProfileSet) -> N
     assert pools.pool_for(product="NVIDIA A40", family="ampere") == "infer"
     assert pools.pool_for(product="NVIDIA A10", family="ampere") == "train"
     assert pools.pool_for(product="NVIDIA H200", family="hopper") == "misc"
+
+
+def test_pool_specs(profiles: ProfileSet) -> None:
+    pools = pools_from_data(
+        {
+            "families": {"hopper": "train"},
+            "default": "misc",
+            "pools": {"train": {"images": ["r/a:1", "r/b:2"], "gpus": 8}},
+        },
+        source="p",
+        profiles=profiles,
+    )
+    assert pools.spec("train").images == ("r/a:1", "r/b:2")
+    assert pools.spec("train").gpus == 8
+    assert pools.spec("misc") == PoolSpec()
+    assert pools.spec(None) == PoolSpec()
 
 
 def test_shipped_example_pools_load(profiles: ProfileSet) -> None:

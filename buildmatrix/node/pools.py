@@ -4,6 +4,10 @@
 families: {hopper: training-hopper, ampere: inference-ampere}
 products: {NVIDIA A40: inference-ampere}   # a product wins over its family
 default: general                           # optional: nodes no rule matches
+pools:                                     # optional: what each pool's nodes must do
+  training-hopper:
+    images: [registry.example.com/ml/train:1.4.0-cu128-hopper]  # smoke checks these
+    gpus: 8                                # every node shows 8 GPUs (NVML and PCI bus)
 ```
 
 Validated on load (schema ``pools``): families must be ones the profiles know,
@@ -25,11 +29,24 @@ from buildmatrix.profiles import ProfileSet
 
 
 @dataclass(frozen=True, kw_only=True)
+class PoolSpec:
+    """What every node of one pool must satisfy (the pools file's ``pools.<name>``)."""
+
+    images: tuple[str, ...] = ()
+    gpus: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Pools:
     families: Mapping[str, str] = field(default_factory=dict)
     products: Mapping[str, str] = field(default_factory=dict)
     default: str | None = None
+    specs: Mapping[str, PoolSpec] = field(default_factory=dict)
     source: str = ""
+
+    def spec(self, pool: str | None) -> PoolSpec:
+        """The pool's requirements; a pool the file says nothing more about has none."""
+        return self.specs.get(pool or "", PoolSpec())
 
     def pool_for(self, *, product: str, family: str) -> str | None:
         """The pool of a GPU model: its product's, else its family's, else the default."""
@@ -71,7 +88,25 @@ def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
                 "(at most 63 characters: letters, digits, '-', '_', '.', starting and "
                 "ending with a letter or digit)."
             )
-    return Pools(families=families, products=products, default=data.get("default"), source=source)
+    specs = {
+        name: PoolSpec(images=tuple(doc.get("images") or ()), gpus=doc.get("gpus"))
+        for name, doc in (data.get("pools") or {}).items()
+    }
+    for name in specs:
+        if name not in pools:
+            raise InputError(
+                f"{source}: key 'pools.{name}': no family, product or default maps a node "
+                f"to the pool '{name}', so its requirements would never apply."
+                f"{did_you_mean(name, sorted(set(pools)))} Map a family or product to it, "
+                "or correct the name."
+            )
+    return Pools(
+        families=families,
+        products=products,
+        default=data.get("default"),
+        specs=specs,
+        source=source,
+    )
 
 
 def load_pools(path: Path, profiles: ProfileSet) -> Pools:
