@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from tests.fixtures.build import BIN
 
 if TYPE_CHECKING:
-    from buildmatrix.image.layers import LayerSummary
+    from buildmatrix.image.tree import LayerSummary
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def scan_in_place(raw: bytes, *, name: str = "layer") -> LayerSummary:
     layer lies inside a ``docker save`` archive."""
     import tempfile
 
-    from buildmatrix.image.layers import scan_layer_at
+    from buildmatrix.image.inplace import scan_layer_at
 
     with tempfile.NamedTemporaryFile(prefix="bm-layer-") as f:
         f.write(b"\xa5" * 1536 + raw + b"\x5a" * 1536)

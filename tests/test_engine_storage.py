@@ -134,7 +134,7 @@ def test_variants_sharing_a_base_read_its_folder_once(
     """A build matrix on the local engine: variants that share a base layer, checked
     in one call, read the base folder once; each still gets its own verdict."""
     from buildmatrix.image import daemon
-    from buildmatrix.image.layers import scan_layer_dir
+    from buildmatrix.image.overlay2 import scan_layer_dir
 
     base: Layer = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so")}
     tops: dict[str, Layer] = {

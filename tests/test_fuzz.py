@@ -25,9 +25,10 @@ from buildmatrix.binary.ptx import ptx_target
 from buildmatrix.binary.scan import inspect_source
 from buildmatrix.binary.source import BytesSource
 from buildmatrix.errors import BuildmatrixError
-from buildmatrix.image.layers import LayerSummary, merge, scan_layer
+from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.model import ImageConfig, check_manifest
 from buildmatrix.image.ref import parse_ref
+from buildmatrix.image.tree import LayerSummary, merge
 from tests.images import Hardlink, Symlink, fixture, layer_tar, scan_in_place
 
 EXAMPLES = int(os.environ.get("BUILDMATRIX_FUZZ_EXAMPLES", "150"))

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from buildmatrix.image.layers import merge, scan_layer
+from buildmatrix.image.layers import scan_layer
+from buildmatrix.image.tree import merge
 from tests.conftest import CliRunner
 from tests.fixtures.build import BIN
 from tests.images import Entry, Image, fixture, layer_tar, scan_in_place, write_archive_blobs
@@ -115,21 +116,21 @@ def test_the_archive_reader_reads_only_what_it_needs(
 ) -> None:
     """No spool, no member copied: a large file with no device code is never read,
     only its header (the tar reader skips it by seeking)."""
-    from buildmatrix.image import layers
+    from buildmatrix.image import inplace, layers
 
     filler = b"\0" * (8 << 20)
     raw = layer_tar({"usr/share/big.bin": filler, "usr/lib/l.so": fixture("libhopper_a.so")})
     archive = _archive_with(tmp_path, raw)
     read: list[int] = []
-    original = layers._Window.readinto
+    original = inplace._Window.readinto
 
     def counting(self: object, buffer: object) -> int:
         n = original(self, buffer)  # type: ignore[arg-type]
         read.append(n)
         return n
 
-    monkeypatch.setattr(layers._Window, "readinto", counting)
-    monkeypatch.setattr(layers, "_inspect_member", None)  # the spooling reader is not used
+    monkeypatch.setattr(inplace._Window, "readinto", counting)
+    monkeypatch.setattr(layers, "inspect_member", None)  # the spooling reader is not used
     r = cli("check", f"docker-archive:{archive}", "--sm", "9.0", "--json", "--no-cache")
     assert r.code == 0, r.out + r.err
     assert sum(read) < 1 << 20, sum(read)  # tar headers; the library is read in place
@@ -162,7 +163,7 @@ def test_workers_read_what_one_process_reads() -> None:
         """
         import os
         from buildmatrix.errors import InputError
-        from buildmatrix.image.layers import merge
+        from buildmatrix.image.tree import merge
         from tests.images import layer_tar, scan_in_place
         from tests.test_in_place import EVERY_FIXTURE, pool_everything
 
@@ -261,7 +262,7 @@ def _where(job: tuple[Callable[[Any], Any], Any]) -> tuple[int, Any]:
 def pool_everything() -> set[int]:
     """For a fresh process: every layer from now on is read by two workers; the set
     returned fills with the pids of the processes that made the results."""
-    from buildmatrix.image import layers, workers
+    from buildmatrix.image import inplace, overlay2, workers
 
     pids: set[int] = set()
 
@@ -272,5 +273,6 @@ def pool_everything() -> set[int]:
 
     workers.PARALLEL_BYTES = 0
     setattr(workers, "workers", lambda: 2)  # noqa: B010 - mypy: no assigning to a function
-    setattr(layers, "run_all", run_all)  # noqa: B010
+    for reader in (inplace, overlay2):  # the two readers that hand work to workers
+        setattr(reader, "run_all", run_all)  # noqa: B010
     return pids

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from buildmatrix.image.cache import LayerCache, _dump_dir, use
-from buildmatrix.image.layers import LayerSummary
+from buildmatrix.image.tree import LayerSummary
 from tests.conftest import CliRunner
 from tests.images import (
     Dir,
@@ -123,7 +123,8 @@ def test_every_kind_of_entry_survives_the_cache(tmp_path: Path) -> None:
     and an opaque folder: the summary read back is the summary written."""
     import io
 
-    from buildmatrix.image.layers import merge, scan_layer
+    from buildmatrix.image.layers import scan_layer
+    from buildmatrix.image.tree import merge
     from tests.images import layer_tar
     from tests.standins import compat_library
 

@@ -21,7 +21,8 @@ import pytest
 
 from buildmatrix.binary.scan import FileReport
 from buildmatrix.errors import InputError
-from buildmatrix.image.layers import merge, scan_layer
+from buildmatrix.image.layers import scan_layer
+from buildmatrix.image.tree import merge
 from tests.images import (
     Dir,
     Entry,

@@ -8,7 +8,8 @@ import pytest
 
 from buildmatrix.binary.scan import FileReport, ScanProblem
 from buildmatrix.errors import InputError
-from buildmatrix.image.layers import merge, scan_layer
+from buildmatrix.image.layers import scan_layer
+from buildmatrix.image.tree import merge
 from tests.binaries import container, elf_with_section, entry
 from tests.images import Dir, Entry, Hardlink, Symlink, fixture, layer_tar
 
@@ -135,7 +136,7 @@ def test_not_a_tar() -> None:
 
 
 def test_large_candidates_are_spooled(monkeypatch: pytest.MonkeyPatch) -> None:
-    from buildmatrix.image import layers
+    from buildmatrix.image import spool as layers
 
     monkeypatch.setattr(layers, "SPOOL_LIMIT", 1024)
     assert view({"big.so": fixture("libmulti.so")})["big.so"] == [

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import pytest
 
 from buildmatrix.errors import InputError
-from buildmatrix.image.layers import LayerSummary, merge, scan_layer
+from buildmatrix.image.layers import scan_layer
+from buildmatrix.image.tree import LayerSummary, merge
 from tests.images import fixture, scan_in_place
 
 SM80 = fixture("libsass_sm80.so")

@@ -1,7 +1,7 @@
 """A cache of layer summaries, keyed by the layer blob's digest.
 
 A layer is content-addressed: a blob whose digest was verified while it was read
-always summarises to the same thing, so its summary (buildmatrix.image.layers) can be
+always summarises to the same thing, so its summary (buildmatrix.image.tree) can be
 kept and reused by every image that shares the layer: the variants of a build matrix
 share their base layers, and checking them all then reads those layers once.
 
@@ -39,7 +39,7 @@ from buildmatrix.binary.scan import FileReport, ScanProblem
 from buildmatrix.cuda import parse_driver_version
 from buildmatrix.errors import BuildmatrixError
 from buildmatrix.forward import CompatLibrary
-from buildmatrix.image.layers import WHITED_OUT, LayerSummary, Node, _Dir, _Entry, _Leaf
+from buildmatrix.image.tree import WHITED_OUT, Dir, Entry, LayerSummary, Leaf, Node
 
 FORMAT = 1
 DEFAULT_MAX_BYTES = 1 << 30
@@ -181,19 +181,19 @@ def _verified(data: bytes, digest: str) -> LayerSummary | None:
     return summary
 
 
-def _dump_dir(folder: _Dir) -> dict[str, Any]:
+def _dump_dir(folder: Dir) -> dict[str, Any]:
     return {
         "opaque": folder.opaque,
         "children": {name: _dump_entry(entry) for name, entry in folder.children.items()},
     }
 
 
-def _dump_entry(entry: _Entry) -> Any:
+def _dump_entry(entry: Entry) -> Any:
     if entry is WHITED_OUT:
         return {"whiteout": True}
-    if isinstance(entry, _Dir):
+    if isinstance(entry, Dir):
         return {"dir": _dump_dir(entry)}
-    assert isinstance(entry, _Leaf)
+    assert isinstance(entry, Leaf)
     node = entry.node
     return {"kind": node.kind, "target": node.target, "result": _dump_result(node.result)}
 
@@ -239,19 +239,19 @@ def _dump_fatbin_entry(e: FatbinEntry) -> dict[str, Any]:
     }
 
 
-def _load_dir(doc: dict[str, Any]) -> _Dir:
-    folder = _Dir(opaque=bool(doc["opaque"]))
+def _load_dir(doc: dict[str, Any]) -> Dir:
+    folder = Dir(opaque=bool(doc["opaque"]))
     for name, entry in doc["children"].items():
         folder.children[name] = _load_entry(entry)
     return folder
 
 
-def _load_entry(doc: dict[str, Any]) -> _Entry:
+def _load_entry(doc: dict[str, Any]) -> Entry:
     if doc.get("whiteout"):
         return WHITED_OUT
     if "dir" in doc:
         return _load_dir(doc["dir"])
-    return _Leaf(Node(doc["kind"], doc["target"], _load_result(doc["result"])))
+    return Leaf(Node(doc["kind"], doc["target"], _load_result(doc["result"])))
 
 
 def _load_result(doc: Any) -> Any:

@@ -16,14 +16,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from buildmatrix import schema
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.image.layers import (
-    LayerSummary,
-    UnreadableLayer,
-    member_data,
-    open_forward,
-    scan_layer,
-    scan_layer_dir,
-)
+from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.model import (
     MAX_JSON,
     ImageConfig,
@@ -33,7 +26,10 @@ from buildmatrix.image.model import (
     finish,
     iter_chunks_reader,
 )
+from buildmatrix.image.overlay2 import UnreadableLayer, scan_layer_dir
 from buildmatrix.image.ref import ImageRef
+from buildmatrix.image.tarstream import member_data, open_forward
+from buildmatrix.image.tree import LayerSummary
 
 if TYPE_CHECKING:
     import docker

@@ -17,7 +17,9 @@ from typing import IO, Any
 from buildmatrix.binary.scan import FileReport, ScanProblem
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, CompatSetup, find_compat
-from buildmatrix.image.layers import ImageTree, LayerSummary, merge, scan_layer, scan_layer_at
+from buildmatrix.image.inplace import scan_layer_at
+from buildmatrix.image.layers import scan_layer
+from buildmatrix.image.tree import ImageTree, LayerSummary, merge
 
 DEFAULT_PLATFORM = "linux/amd64"
 MAX_JSON = 16 << 20  # manifests and configs are small; refuse to buffer more

@@ -1,0 +1,163 @@
+"""Layers read in place: a layer tar that lies in a regular file (a ``docker save``
+archive) is read where it lies — headers only, each file that may hold device code
+inspected in the archive, the rest skipped — instead of streamed and spooled; large
+layers' candidates are read by worker processes (buildmatrix.image.workers)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import IO, Any, cast
+
+from buildmatrix.binary.scan import ScanProblem, inspect_image_file
+from buildmatrix.binary.source import CorruptBinary, FileSource, SliceSource
+from buildmatrix.errors import InputError
+from buildmatrix.image.layers import (
+    clean_member_name,
+    file_result,
+    read_as_layer,
+    scan_layer,
+    summarise,
+    unreadable,
+)
+from buildmatrix.image.spool import might_hold_code
+from buildmatrix.image.tarheaders import StrictTarInfo, TarHeaderError
+from buildmatrix.image.tarstream import GZIP_MAGIC, TAR_BUFSIZE, ZSTD_MAGIC
+from buildmatrix.image.tree import LayerSummary, Result
+from buildmatrix.image.workers import run_all
+
+
+def scan_layer_at(file: Path, offset: int, size: int, *, name: str) -> LayerSummary:
+    """One layer whose tar lies in ``[offset, offset + size)`` of a regular file (a
+    ``docker save`` archive): as :func:`scan_layer` reads it, but an uncompressed tar
+    is read in place — headers only, each file that may hold device code inspected
+    where it lies, the rest skipped — instead of streamed and spooled. A compressed
+    layer is streamed."""
+    import os
+
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        window = _Window(fd, offset, size)
+        head = os.pread(fd, min(4, size), offset)
+        if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
+            return scan_layer(cast(IO[bytes], window), name=name)
+        archive = FileSource(fd, name=str(file))
+        with read_as_layer(name):
+            buffered = io.BufferedReader(window, buffer_size=TAR_BUFSIZE)
+            with tarfile.open(fileobj=buffered, mode="r:", tarinfo=StrictTarInfo) as tar:
+                ahead = _read_ahead(tar, archive, file, offset, size)
+                end = buffered.tell()
+
+                def in_place(member: tarfile.TarInfo, path: str) -> Result:
+                    if member.offset in ahead:
+                        return ahead[member.offset]
+                    if member.size < 4:
+                        return None
+                    if member.issparse():  # its bytes are not one run of the file
+                        result = file_result(tar, member, path, None)
+                        if ahead:
+                            buffered.seek(end)  # where the end-of-archive check reads
+                        return result
+                    return _inspect_in_archive(_job(file, offset, size, member, path), archive)
+
+                return summarise(tar, name, in_place)
+    finally:
+        os.close(fd)
+
+
+def _read_ahead(
+    tar: tarfile.TarFile, archive: FileSource, file: Path, offset: int, size: int
+) -> dict[int, Result]:
+    """The device code of a layer's candidate files (regular, not sparse, whose first
+    bytes may be code) by member offset, read by workers (buildmatrix.image.workers);
+    none when the layer is small or its headers do not all read — the summary then
+    reads each file as it comes, and refuses the layer where the reader does."""
+    from buildmatrix.image.workers import PARALLEL_BYTES
+
+    if size < PARALLEL_BYTES:
+        return {}
+    ahead: dict[int, Result] = {}
+    refused: tuple[type[Exception], ...] = (TarHeaderError, InputError, *unreadable())
+    try:
+        members = tar.getmembers()
+        jobs = []
+        for m in members:
+            if not m.isreg() or m.issparse() or m.size < 4:
+                continue
+            job = _job(file, offset, size, m, clean_member_name(m.name, layer=str(file)))
+            _, start, length, path = job
+            head = archive.read_at(start, min(64, length))
+            if len(head) >= 4 and might_hold_code(head, path):
+                jobs.append((m.offset, job))
+            else:
+                ahead[m.offset] = None  # no device code: nothing to read again
+    except refused:
+        return {}
+    results = run_all(_inspect_archived, [job for _, job in jobs], [job[2] for _, job in jobs])
+    ahead.update((at, result) for (at, _), result in zip(jobs, results, strict=True))
+    return ahead
+
+
+def _job(
+    file: Path, offset: int, size: int, member: tarfile.TarInfo, path: str
+) -> tuple[str, int, int, str]:
+    """Where a member of a layer lying at ``[offset, offset + size)`` of ``file`` has
+    its bytes: (file, start, length within the layer, path in the layer)."""
+    start = offset + member.offset_data
+    return str(file), start, min(member.size, offset + size - start), path
+
+
+def _inspect_archived(job: tuple[str, int, int, str]) -> Result:
+    """A worker's :func:`_inspect_in_archive`: it opens the archive itself."""
+    import os
+
+    fd = os.open(job[0], os.O_RDONLY)
+    try:
+        return _inspect_in_archive(job, FileSource(fd, name=job[0]))
+    finally:
+        os.close(fd)
+
+
+def _inspect_in_archive(job: tuple[str, int, int, str], archive: FileSource) -> Result:
+    """The device code of a file that lies in ``[start, start + length)`` of an
+    archive (job: archive, start, length, path in the layer), or None."""
+    _, start, length, path = job
+    src = SliceSource(archive, start, length, name=path)
+    head = src.read_at(0, 64)
+    if len(head) < 4 or not might_hold_code(head, path):
+        return None
+    try:
+        return inspect_image_file(src, path=path, head=head)
+    except CorruptBinary as exc:
+        return ScanProblem(path=path, message=str(exc))
+
+
+class _Window(io.RawIOBase):
+    """``[offset, offset + size)`` of an open file, read as a file of its own."""
+
+    def __init__(self, fd: int, offset: int, size: int) -> None:
+        super().__init__()
+        self._fd, self._offset, self._size, self._pos = fd, offset, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        import os
+
+        n = max(0, min(len(buffer), self._size - self._pos))
+        got = os.preadv(self._fd, [memoryview(buffer)[:n]], self._offset + self._pos) if n else 0
+        self._pos += got
+        return got
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos

@@ -1,0 +1,231 @@
+"""Layer trees and the filesystem the layers make together (the overlay model).
+
+The model is the one the overlay2 graph driver and containerd's overlayfs
+snapshotter implement, checked against a real overlay2 engine in the tests
+(tests/test_layer_semantics.py); docs/check.md, "Layer semantics", spells it out:
+
+- Each layer is read once into a :class:`LayerSummary`: the tree the layer's
+  entries make when extracted, in archive order, into an empty folder (the layer's
+  "diff" folder). Inside that folder symlinks the same layer made are followed (the
+  extraction is chrooted there, so nothing leaves it); missing parent folders are
+  created; a whiteout ``.wh.NAME`` becomes a whiteout mark and ``.wh..wh..opq``
+  marks its folder opaque; a hard link is bound to what its target holds at that
+  point. What the engine refuses (a path given twice, a hard link to a file the
+  layer does not hold, an entry under a file, a whiteout over an entry of the same
+  layer) is refused here too.
+- :func:`merge` stacks the layers as overlayfs does, by literal names: an upper
+  folder merges with a lower folder (all of it, if the upper one is opaque), an
+  upper folder over a lower non-folder replaces it, an upper whiteout hides the
+  lower name, anything else in the upper layer replaces the lower entry. Symlinks of
+  lower layers are never followed: they matter only when the final view is queried.
+
+This module is pure: the readers that fill a summary are buildmatrix.image.layers
+(layer tars), buildmatrix.image.inplace (tars inside an archive file) and
+buildmatrix.image.overlay2 (the engine's layer folders).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal, NoReturn
+
+from buildmatrix.binary.scan import FileReport, ScanProblem
+from buildmatrix.errors import InputError
+from buildmatrix.forward import CompatLibrary
+
+MAX_LINK_HOPS = 40  # as Linux's path resolution (MAXSYMLINKS)
+PATH_MAX = 4096  # Linux: no path or symlink target is longer
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+
+Kind = Literal["file", "dir", "symlink", "hardlink", "other"]
+Result = FileReport | CompatLibrary | ScanProblem | None
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """What a non-folder entry is, and for a regular file the device code read from
+    it (None: none, or not a candidate)."""
+
+    kind: Kind
+    target: str = ""  # symlink target as written, or hard-link target path
+    result: Result = None
+
+
+@dataclass
+class Dir:
+    """A folder of a layer tree: its entries by name, and whether it is opaque (it
+    hides every lower layer's folder of the same path)."""
+
+    children: dict[str, Entry] = field(default_factory=dict)
+    opaque: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Leaf:
+    """A non-folder entry of a layer tree; hard links share one Leaf."""
+
+    node: Node
+
+
+class _Whiteout:
+    """A whiteout mark: the name is hidden in every lower layer."""
+
+
+WHITED_OUT = _Whiteout()
+Entry = Dir | Leaf | _Whiteout
+"""What a name of a layer tree holds: a folder, a leaf, or the whiteout mark."""
+
+
+class LayerSummary:
+    """One layer as its entries make it when extracted into an empty folder."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.root = Dir()
+        self._names: set[str] = set()
+
+    def _refuse(self, why: str) -> NoReturn:
+        raise InputError(
+            f"{self.name}: {why}; the Docker engine refuses such a layer too, so the image "
+            "is refused. Nothing was checked."
+        )
+
+    def claim(self, path: str) -> None:
+        """Each path once per layer: the engine refuses duplicates."""
+        if path in self._names:
+            self._refuse(f"'{path}' appears twice in the layer")
+        self._names.add(path)
+
+    def _folder(self, parts: list[str], *, create: bool, what: str) -> Dir:
+        """The folder ``parts`` name, following this layer's symlinks inside its root.
+
+        Missing folders are created (as the engine's MkdirAll does), except along a
+        symlink's own target, which must exist.
+        """
+        current, parents = self.root, list[Dir]()
+        queue = deque((p, False) for p in parts)
+        hops = 0
+        while queue:
+            part, via_link = queue.popleft()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                current = parents.pop() if parents else self.root
+                continue
+            child = current.children.get(part)
+            if child is None:
+                if via_link or not create:
+                    self._refuse(
+                        f"'{what}' is written through a symlink whose target the layer "
+                        "does not hold"
+                    )
+                child = current.children[part] = Dir()
+            if isinstance(child, Leaf) and child.node.kind == "symlink":
+                hops += 1
+                if hops > MAX_LINK_HOPS:
+                    self._refuse(f"'{what}' is written through a symlink loop")
+                if child.node.target.startswith("/"):
+                    current, parents = self.root, []
+                queue.extendleft((p, True) for p in reversed(child.node.target.split("/")))
+                continue
+            if not isinstance(child, Dir):
+                self._refuse(f"'{what}' is under '{part}', which is not a folder in the layer")
+            parents.append(current)
+            current = child
+        return current
+
+    def _parent(self, path: str) -> tuple[Dir, str]:
+        *folders, base = path.split("/")
+        return self._folder(folders, create=True, what=path), base
+
+    def add(self, path: str, node: Node) -> None:
+        """A folder, file, symlink or other entry: it replaces what the path held."""
+        if node.kind == "symlink" and len(node.target) >= PATH_MAX:
+            self._refuse(f"symlink '{path}' has a target longer than PATH_MAX ({PATH_MAX})")
+        folder, base = self._parent(path)
+        if node.kind == "dir":
+            if not isinstance(folder.children.get(base), Dir):
+                folder.children[base] = Dir()
+        else:
+            folder.children[base] = Leaf(node)
+
+    def add_hardlink(self, path: str, target: str) -> None:
+        """Bound to what ``target`` holds now, in this layer (the engine links in it)."""
+        *folders, base = target.split("/")
+        entry = self._folder(folders, create=False, what=target).children.get(base)
+        if not isinstance(entry, Leaf):
+            self._refuse(f"hard link '{path}' points at '{target}', which the layer does not hold")
+        folder, name = self._parent(path)
+        folder.children[name] = entry
+
+    def whiteout(self, path: str) -> None:
+        folder, base = self._parent(path)
+        if base in folder.children:
+            self._refuse(f"whiteout of '{path}' over an entry of the same layer")
+        folder.children[base] = WHITED_OUT
+
+    def make_opaque(self, path: str) -> None:
+        """Mark the marker's folder opaque. The engine sets an xattr on whatever the
+        path holds: on a file of this layer that has no effect, so it is accepted."""
+        if not path:
+            self.root.opaque = True
+            return
+        folder, base = self._parent(path)
+        entry = folder.children.get(base)
+        if entry is None:
+            entry = folder.children[base] = Dir()
+        elif isinstance(entry, Leaf) and entry.node.kind == "symlink":
+            entry = self._folder(path.split("/"), create=False, what=path)
+        if isinstance(entry, Dir):
+            entry.opaque = True
+
+
+class ImageTree:
+    """The final filesystem of an image: layer trees stacked as overlayfs does."""
+
+    def __init__(self) -> None:
+        self.root = Dir()
+
+    def apply(self, layer: LayerSummary) -> None:
+        """Put ``layer`` on top (the layer's own tree is copied, never changed)."""
+        stack = [(self.root, layer.root)]
+        while stack:  # iterative: a layer may nest folders thousands deep
+            lower, upper = stack.pop()
+            if upper.opaque:
+                lower.children.clear()
+            for name, entry in upper.children.items():
+                if entry is WHITED_OUT:
+                    lower.children.pop(name, None)
+                elif isinstance(entry, Dir):
+                    below = lower.children.get(name)
+                    if not isinstance(below, Dir):  # a folder over a non-folder replaces it
+                        below = lower.children[name] = Dir()
+                    stack.append((below, entry))
+                else:
+                    lower.children[name] = entry
+
+    def files(self) -> Iterator[tuple[str, Node]]:
+        """Every non-folder entry as (path, node), sorted by path."""
+        stack: list[tuple[str, Dir]] = [("", self.root)]
+        while stack:
+            prefix, folder = stack.pop()
+            subfolders = []
+            for name in sorted(folder.children):
+                child = folder.children[name]
+                path = f"{prefix}{name}"
+                if isinstance(child, Dir):
+                    subfolders.append((f"{path}/", child))
+                elif isinstance(child, Leaf):
+                    yield path, child.node
+            stack.extend(reversed(subfolders))
+
+
+def merge(layers: list[LayerSummary]) -> ImageTree:
+    tree = ImageTree()
+    for layer in layers:
+        tree.apply(layer)
+    return tree
