@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from buildmatrix.labelkeys import GfdKeys
 from buildmatrix.node.apply import REPORT_ANNOTATION, TAINT_KEY, plan
 from tests.conftest import REPO, CliRunner
 from tests.kube_standin import ApiStandIn, PatchError, apply_patch
@@ -154,6 +155,125 @@ def test_no_gfd_keys_leaves_gfds_labels_alone(cli: CliRunner, api: tuple[ApiStan
     assert "nvidia.com/gpu.family" not in _node(standin)["metadata"]["labels"]
 
 
+# What GPU Feature Discovery writes on an 8 x H100 node whose GPUs are shared by
+# time-slicing (4 replicas), key by key as NVIDIA/k8s-device-plugin labels it:
+# internal/lm/resource.go baseLabeler (product with the -SHARED suffix, count,
+# replicas, sharing-strategy), NewGPUResourceLabeler (memory), newArchitectureLabels
+# (family, compute.*), internal/lm/nvml.go newVersionLabeler (cuda.driver.*,
+# cuda.driver-version.*, cuda.runtime-version.*), mig.capable, mps.capable, gpu.mode,
+# internal/lm/machine-type.go (gpu.machine), internal/lm/timestamp.go
+# NewTimestampLabeler (gfd.timestamp).
+GFD_LABELS = {
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/gpu.replicas": "4",
+    "nvidia.com/gpu.sharing-strategy": "time-slicing",
+    "nvidia.com/gpu.memory": "81559",
+    "nvidia.com/gpu.family": "hopper",
+    "nvidia.com/gpu.compute.major": "9",
+    "nvidia.com/gpu.compute.minor": "0",
+    "nvidia.com/cuda.driver.major": "535",
+    "nvidia.com/cuda.driver.minor": "104",
+    "nvidia.com/cuda.driver.rev": "05",
+    "nvidia.com/cuda.runtime.major": "12",
+    "nvidia.com/cuda.runtime.minor": "2",
+    "nvidia.com/cuda.driver-version.major": "535",
+    "nvidia.com/cuda.driver-version.minor": "104",
+    "nvidia.com/cuda.driver-version.revision": "05",
+    "nvidia.com/cuda.driver-version.full": "535.104.05",
+    "nvidia.com/cuda.runtime-version.major": "12",
+    "nvidia.com/cuda.runtime-version.minor": "2",
+    "nvidia.com/cuda.runtime-version.full": "12.2",
+    "nvidia.com/mig.capable": "true",
+    "nvidia.com/mps.capable": "false",
+    "nvidia.com/gpu.mode": "compute",
+    "nvidia.com/gpu.machine": "PowerEdge-XE9680",
+    "nvidia.com/gfd.timestamp": "1764590400",
+}
+# The keys buildmatrix writes beside GFD's (docs/smoke.md, the label table).
+BUILDMATRIX_KEYS = {
+    "nvidia.com/gpu.compute-capability",
+    "nvidia.com/gpu.memory-mb",
+    "buildmatrix.io/smoke",
+    "buildmatrix.io/driver-floor",
+    "buildmatrix.io/driver.major",
+    "buildmatrix.io/driver.minor",
+    "buildmatrix.io/driver.revision",
+    "gpu-pool",
+}
+
+
+def _gfd_node(standin: ApiStandIn) -> None:
+    standin.write("gpu-1", lambda n: n["metadata"]["labels"].update(GFD_LABELS))
+
+
+@pytest.mark.parametrize("flags", [(), ("--gfd-keys", "auto")], ids=["default", "auto"])
+def test_gfds_keys_are_untouched_on_pass_and_fail_where_gfd_labels(
+    cli: CliRunner, api: tuple[ApiStandIn, Path], flags: tuple[str, ...]
+) -> None:
+    """A node GFD labels (its timestamp label is there): a pass, a fail, and a pass
+    again leave every key GFD wrote exactly as it was, -SHARED product included;
+    buildmatrix sets and removes only its own keys."""
+    standin, kubeconfig = api
+    _gfd_node(standin)
+    for fixture, code_wanted in (("h100-535", 0), ("h100-ecc", 1), ("h100-535", 0)):
+        before = dict(_node(standin)["metadata"]["labels"])
+        code, doc = _smoke(cli, kubeconfig, fixture, "--pools", POOLS, *flags)
+        assert code == code_wanted, doc
+        labels = _node(standin)["metadata"]["labels"]
+        assert {k: labels.get(k) for k in GFD_LABELS} == GFD_LABELS
+        assert labels["team"] == "ml"
+        changed = {k for k in {*before, *labels} if before.get(k) != labels.get(k)}
+        assert changed <= BUILDMATRIX_KEYS, changed
+        assert doc["applied"]["gfd_keys"] == "left to GPU Feature Discovery"
+        assert not set(doc["labels"]) & set(GFD_LABELS)  # the report says what was written
+    assert labels["buildmatrix.io/smoke"] == "passed"
+    assert labels["nvidia.com/gpu.compute-capability"] == "9.0"
+
+
+def test_fail_removes_only_what_buildmatrix_wrote(
+    cli: CliRunner, api: tuple[ApiStandIn, Path]
+) -> None:
+    """Without GFD (no timestamp) auto writes GFD's keys, so a failed node loses them;
+    keys of GFD's that buildmatrix never writes (replicas, gpu.mode) stay all the same."""
+    standin, kubeconfig = api
+    others = {"nvidia.com/gpu.replicas": "1", "nvidia.com/gpu.mode": "compute"}
+    standin.write("gpu-1", lambda n: n["metadata"]["labels"].update(others))
+    code, doc = _smoke(cli, kubeconfig, "h100-535")
+    assert code == 0, doc
+    assert doc["applied"]["gfd_keys"] == "written"
+    assert _node(standin)["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert _smoke(cli, kubeconfig, "h100-ecc")[0] == 1
+    labels = _node(standin)["metadata"]["labels"]
+    assert "nvidia.com/gpu.product" not in labels
+    assert labels == {"kubernetes.io/hostname": "gpu-1", "team": "ml", **others} | {
+        "buildmatrix.io/smoke": "failed"
+    }
+
+
+def test_always_writes_gfds_keys_even_beside_gfd(
+    cli: CliRunner, api: tuple[ApiStandIn, Path]
+) -> None:
+    standin, kubeconfig = api
+    _gfd_node(standin)
+    code, doc = _smoke(cli, kubeconfig, "h100-535", "--gfd-keys", "always")
+    assert code == 0, doc
+    labels = _node(standin)["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"  # -SHARED overwritten
+    assert labels["nvidia.com/gpu.replicas"] == "4"  # never buildmatrix's
+    assert labels["nvidia.com/gfd.timestamp"] == GFD_LABELS["nvidia.com/gfd.timestamp"]
+
+
+def test_no_gfd_keys_contradicting_gfd_keys_is_bad_input(cli: CliRunner) -> None:
+    snapshot = str(NODES / "h100-535.json")
+    r = cli("labels", "--snapshot", snapshot, "--no-gfd-keys", "--gfd-keys", "always")
+    assert r.code == 2
+    assert "contradict" in r.err
+    r = cli("labels", "--snapshot", snapshot, "--gfd-keys", "never")
+    assert r.code == 0
+    assert "nvidia.com/gpu.product" not in json.loads(r.out)["labels"]
+
+
 @pytest.mark.parametrize(
     ("token", "message"),
     [
@@ -223,7 +343,11 @@ def test_plan_is_idempotent() -> None:
         "spec": {"taints": [GPU_TAINT]},
     }
     body, applied = plan(
-        node, passed=True, labels={"buildmatrix.io/smoke": "passed"}, report="", gfd_keys=True
+        node,
+        passed=True,
+        labels={"buildmatrix.io/smoke": "passed"},
+        report="",
+        gfd_keys=GfdKeys.AUTO,
     )
     assert body == {}
     assert applied.taint == "absent"

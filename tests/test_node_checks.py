@@ -126,7 +126,31 @@ def test_mixed_node_with_allow_mixed_labels_the_least_capable(
     assert labels["nvidia.com/gpu.compute-capability"] == "8.0"
     assert labels["gpu-pool"] == "training-ampere"
     assert labels["buildmatrix.io/mixed"] == "true"
-    assert labels["nvidia.com/gpu.count"] == "4"
+    # GFD counts per model name (internal/lm/mig-strategy.go, newGPULabelers: counts[name]):
+    # the two A100s, not all four GPUs; memory is the smallest GPU's (the H100's 81559 MiB
+    # beside the A100s' 81920), so a Gt on it holds on whichever GPU a Pod gets.
+    assert labels["nvidia.com/gpu.count"] == "2"
+    assert labels["nvidia.com/gpu.memory"] == labels["nvidia.com/gpu.memory-mb"] == "81559"
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_count_and_memory_on_every_admitted_fixture(name: str, profiles: ProfileSet) -> None:
+    """Over every fixture smoke admits (--allow-mixed): ``gpu.count`` is the number of
+    GPUs of the labelled product's NVML name, as GFD counts; both memory labels are the
+    smallest memory of any GPU on the node, so ``Gt`` on them holds for every GPU."""
+    snap, report = _judge(name, profiles, allow_mixed=True)
+    labels = node_labels(snap, report)
+    if not report.passed:
+        assert labels == {"buildmatrix.io/smoke": "failed"}
+        return
+    names = {gfd_product(g.name): g.name for g in snap.gpus}
+    product = names[labels["nvidia.com/gpu.product"]]
+    assert labels["nvidia.com/gpu.count"] == str(sum(g.name == product for g in snap.gpus))
+    smallest = min(g.memory_total_mib for g in snap.gpus if g.memory_total_mib)
+    assert labels["nvidia.com/gpu.memory"] == labels["nvidia.com/gpu.memory-mb"] == str(smallest)
+    assert all(
+        int(labels["nvidia.com/gpu.memory-mb"]) <= (g.memory_total_mib or 0) for g in snap.gpus
+    )
 
 
 def test_expect_gpus(profiles: ProfileSet) -> None:
@@ -259,6 +283,13 @@ def test_driver_labels_keep_leading_zeros_and_two_part_versions(profiles: Profil
     labels2 = node_labels(two, report2)
     assert labels2["nvidia.com/cuda.driver-version.minor"] == "26"
     assert labels2["nvidia.com/cuda.driver-version.revision"] == ""
+    # buildmatrix's own driver labels are plain integers, for Gt/Lt (labelkeys)
+    assert [labels[f"buildmatrix.io/driver.{p}"] for p in ("major", "minor", "revision")] == [
+        "535",
+        "104",
+        "5",
+    ]
+    assert labels2["buildmatrix.io/driver.revision"] == "0"
 
 
 def test_label_values_are_sanitised() -> None:

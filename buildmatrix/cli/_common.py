@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
+from buildmatrix.errors import InputError
+from buildmatrix.labelkeys import GfdKeys
 from buildmatrix.profiles import ENV_VAR, ProfileSet, load_profiles, resolve_profiles_dir
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,10 +69,32 @@ def node_option(func: F) -> F:
 
 
 def no_gfd_keys_option(func: F) -> F:
+    """``--no-gfd-keys`` and ``--gfd-keys auto|always|never`` (labelkeys.GfdKeys)."""
+    func = click.option(
+        "--gfd-keys",
+        "gfd_keys",
+        type=click.Choice([m.value for m in GfdKeys]),
+        default=None,
+        help="Who writes GPU Feature Discovery's keys: auto (default) leaves them to GFD "
+        "on a Node that carries GFD's nvidia.com/gfd.timestamp label (--apply), else "
+        "writes them; always; never (GFD runs).",
+    )(func)
     decorator = click.option(
         "--no-gfd-keys", is_flag=True, help="Leave out the keys GPU Feature Discovery owns."
     )
     return decorator(func)
+
+
+def gfd_mode(no_gfd_keys: bool, gfd_keys: str | None) -> GfdKeys:
+    """The --gfd-keys mode; --no-gfd-keys is --gfd-keys never."""
+    if no_gfd_keys and gfd_keys not in (None, GfdKeys.NEVER.value):
+        raise InputError(
+            f"--no-gfd-keys and --gfd-keys {gfd_keys} contradict each other: --no-gfd-keys "
+            "is --gfd-keys never; pass one of them."
+        )
+    if no_gfd_keys:
+        return GfdKeys.NEVER
+    return GfdKeys(gfd_keys) if gfd_keys else GfdKeys.AUTO
 
 
 def load(profiles_dir: str | None) -> ProfileSet:

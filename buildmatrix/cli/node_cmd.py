@@ -15,6 +15,7 @@ import click
 
 from buildmatrix.cli._common import (
     echo_json,
+    gfd_mode,
     json_option,
     load,
     no_gfd_keys_option,
@@ -25,6 +26,7 @@ from buildmatrix.cli._common import (
     table,
 )
 from buildmatrix.errors import BuildmatrixError, EnvironmentUnavailable, InputError
+from buildmatrix.labelkeys import GFD_KEYS, GfdKeys, writes_gfd_keys
 
 if TYPE_CHECKING:
     from buildmatrix.check import CheckResult
@@ -221,6 +223,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     pools: Path | None,
     expect_gpus: int | None,
     allow_mixed: bool,
+    gfd_keys: str | None,
     no_gfd_keys: bool,
     require_sass: bool,
     load_test: bool,
@@ -244,6 +247,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     from buildmatrix.node.checks import NodeOptions, evaluate
     from buildmatrix.node.labels import node_labels
 
+    mode = gfd_mode(no_gfd_keys, gfd_keys)
     profiles = load(profiles_dir)
     pool_map = _pools(pools, profiles)
     for ref in images:
@@ -263,7 +267,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
                 passed=False,
                 labels=doc["labels"],
                 failures=failures,
-                no_gfd_keys=no_gfd_keys,
+                mode=mode,
             )
         if as_json:
             echo_json(doc)
@@ -290,7 +294,11 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         loads=[x for o in outcomes for x in o.loads],
     )
     labels = node_labels(
-        snap, report, pools=pool_map, gfd_keys=not no_gfd_keys, verified=_verified(outcomes)
+        snap,
+        report,
+        pools=pool_map,
+        gfd_keys=writes_gfd_keys(mode, None),
+        verified=_verified(outcomes),
     )
     if nfd_file is not None:
         _write_nfd(nfd_file, labels)
@@ -303,8 +311,10 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
             passed=report.passed,
             labels=labels,
             failures=failures,
-            no_gfd_keys=no_gfd_keys,
+            mode=mode,
         )
+        if applied["gfd_keys"] != "written":  # GFD labels the node: its keys are its own
+            labels = {k: v for k, v in labels.items() if k not in GFD_KEYS}
     if as_json:
         doc = {
             "verdict": "pass" if report.passed else "fail",
@@ -352,13 +362,11 @@ def _apply(
     passed: bool,
     labels: dict[str, str],
     failures: list[str],
-    no_gfd_keys: bool,
+    mode: GfdKeys,
 ) -> dict[str, Any]:
     from buildmatrix.node.apply import apply
 
-    result = apply(
-        api, node, passed=passed, labels=labels, failures=failures, gfd_keys=not no_gfd_keys
-    )
+    result = apply(api, node, passed=passed, labels=labels, failures=failures, gfd_keys=mode)
     return result.to_json()
 
 
@@ -392,6 +400,7 @@ def _apply(
 def labels(  # noqa: PLR0917 - one parameter per option, as click passes them
     snapshot: Path | None,
     pools: Path | None,
+    gfd_keys: str | None,
     no_gfd_keys: bool,
     allow_mixed: bool,
     fmt: str,
@@ -417,7 +426,9 @@ def labels(  # noqa: PLR0917 - one parameter per option, as click passes them
     report = evaluate(
         snap, profiles, load_cuda_facts(), options=NodeOptions(allow_mixed=allow_mixed)
     )
-    found = node_labels(snap, report, pools=pool_map, gfd_keys=not no_gfd_keys)
+    # no Node to look at: auto writes GFD's keys (labelkeys.writes_gfd_keys)
+    writes = writes_gfd_keys(gfd_mode(no_gfd_keys, gfd_keys), None)
+    found = node_labels(snap, report, pools=pool_map, gfd_keys=writes)
     name = node or snap.hostname
     if fmt == "json":
         echo_json({"node": name, "verdict": "pass" if report.passed else "fail", "labels": found})

@@ -8,8 +8,10 @@ credentials (the DaemonSet's ServiceAccount) or a kubeconfig:
   ``buildmatrix.io/unverified:NoSchedule`` is removed;
 - on fail: the taint is kept (or added), the labels become ``buildmatrix.io/smoke=
   failed`` alone, and the annotation ``buildmatrix.io/smoke-report`` says why;
-- nothing else is touched: not other taints, not other controllers' labels, not GPU
-  Feature Discovery's keys when ``--no-gfd-keys`` is given.
+- nothing else is touched: not other taints, not other controllers' labels
+  (buildmatrix.labelkeys.owned), and not GPU Feature Discovery's keys where GFD
+  labels the node (``--gfd-keys auto``, the default: GFD's timestamp label is on the
+  Node; ``never``/``--no-gfd-keys``: always left to GFD), on pass or fail alike.
 
 Labels and annotations are map keys, merged one by one by a strategic merge patch.
 ``spec.taints`` is one list, replaced whole by a patch, so a read-modify-write could
@@ -28,15 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.node.labels import (
-    DRIVER_FLOOR,
-    GFD_KEYS,
-    MIXED,
-    POOL,
-    SEED_KEYS,
-    SMOKE,
-    VERIFIED_PREFIX,
-)
+from buildmatrix.labelkeys import GfdKeys, owned, writes_gfd_keys
 
 TAINT_KEY = "buildmatrix.io/unverified"
 TAINT_EFFECT = "NoSchedule"
@@ -47,15 +41,6 @@ SMP = "application/strategic-merge-patch+json"
 _TIMEOUT = 15  # seconds per request
 
 
-def owned(key: str, *, gfd_keys: bool) -> bool:
-    """Whether buildmatrix writes (and so may remove) this label."""
-    return (
-        key.startswith(("buildmatrix.io/", VERIFIED_PREFIX))
-        or key in (POOL, SMOKE, DRIVER_FLOOR, MIXED, *SEED_KEYS)
-        or (gfd_keys and key in GFD_KEYS)
-    )
-
-
 @dataclass(frozen=True, kw_only=True)
 class Applied:
     node: str
@@ -63,6 +48,7 @@ class Applied:
     labels_removed: tuple[str, ...]
     taint: str  # removed | kept | added | absent
     attempts: int
+    gfd_keys: bool  # whether buildmatrix wrote GFD's keys (else they are GFD's)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +57,7 @@ class Applied:
             "labels_removed": list(self.labels_removed),
             "taint": self.taint,
             "attempts": self.attempts,
+            "gfd_keys": "written" if self.gfd_keys else "left to GPU Feature Discovery",
         }
 
     def describe(self) -> str:
@@ -95,14 +82,20 @@ def plan(
     passed: bool,
     labels: Mapping[str, str],
     report: str,
-    gfd_keys: bool,
+    gfd_keys: GfdKeys,
 ) -> tuple[dict[str, Any], Applied]:
-    """The strategic merge patch that brings ``node`` to the verdict (pure)."""
+    """The strategic merge patch that brings ``node`` to the verdict (pure).
+
+    Only labels buildmatrix owns (labelkeys.owned) are set or removed; GFD's keys are
+    left out of both where GFD labels the node (``gfd_keys``: labelkeys.GfdKeys)."""
     meta = node.get("metadata") or {}
     current: dict[str, str] = dict(meta.get("labels") or {})
     taints: list[dict[str, Any]] = list((node.get("spec") or {}).get("taints") or [])
-    label_patch: dict[str, str | None] = {k: v for k, v in labels.items() if current.get(k) != v}
-    removed = sorted(k for k in current if owned(k, gfd_keys=gfd_keys) and k not in labels)
+    ours_gfd = writes_gfd_keys(gfd_keys, current)
+    # one predicate for what is written and what is removed
+    wanted = {k: v for k, v in labels.items() if owned(k, gfd_keys=ours_gfd)}
+    label_patch: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
+    removed = sorted(k for k in current if owned(k, gfd_keys=ours_gfd) and k not in wanted)
     label_patch.update(dict.fromkeys(removed))
     ours = [t for t in taints if t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT]
     if passed:
@@ -133,6 +126,7 @@ def plan(
         labels_removed=tuple(removed),
         taint=taint,
         attempts=0,
+        gfd_keys=ours_gfd,
     )
     return body, applied
 
@@ -233,7 +227,7 @@ def apply(
     passed: bool,
     labels: Mapping[str, str],
     failures: Sequence[str],
-    gfd_keys: bool,
+    gfd_keys: GfdKeys,
 ) -> Applied:
     """Bring the Node to the verdict; retried on 409 Conflict, MAX_ATTEMPTS at most."""
     report = report_text(failures)
@@ -251,6 +245,7 @@ def apply(
             labels_removed=applied.labels_removed,
             taint=applied.taint,
             attempts=attempt,
+            gfd_keys=applied.gfd_keys,
         )
     raise EnvironmentUnavailable(
         f"node {name!r} changed under every one of {MAX_ATTEMPTS} attempts to update it "

@@ -16,34 +16,42 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from buildmatrix.arch import ComputeCapability, gfd_family
+from buildmatrix.labelkeys import (
+    COMPUTE_CAPABILITY,
+    COUNT,
+    DRIVER_FLOOR,
+    DRIVER_MAJOR,
+    DRIVER_MINOR,
+    DRIVER_REVISION,
+    FAMILY,
+    GFD_KEYS,
+    MEMORY,
+    MEMORY_MB,
+    MIXED,
+    POOL,
+    PRODUCT,
+    SEED_KEYS,
+    SMOKE,
+    VERIFIED_PREFIX,
+)
 from buildmatrix.node.checks import NodeReport
 from buildmatrix.node.pools import Pools
 from buildmatrix.node.snapshot import Snapshot
 from buildmatrix.node.values import label_value
 
-SMOKE = "buildmatrix.io/smoke"
-DRIVER_FLOOR = "buildmatrix.io/driver-floor"
-MIXED = "buildmatrix.io/mixed"
-POOL = "gpu-pool"
-VERIFIED_PREFIX = "verified.buildmatrix.io/"
-
-# Keys GPU Feature Discovery owns; --no-gfd-keys leaves them to it.
-GFD_KEYS = (
-    "nvidia.com/gpu.product",
-    "nvidia.com/gpu.family",
-    "nvidia.com/gpu.compute.major",
-    "nvidia.com/gpu.compute.minor",
-    "nvidia.com/gpu.memory",
-    "nvidia.com/gpu.count",
-    "nvidia.com/cuda.driver-version.major",
-    "nvidia.com/cuda.driver-version.minor",
-    "nvidia.com/cuda.driver-version.revision",
-    "nvidia.com/cuda.driver-version.full",
-    "nvidia.com/cuda.runtime-version.major",
-    "nvidia.com/cuda.runtime-version.minor",
-    "nvidia.com/cuda.runtime-version.full",
-)
-SEED_KEYS = ("nvidia.com/gpu.compute-capability", "nvidia.com/gpu.memory-mb")
+__all__ = [
+    "DRIVER_FLOOR",
+    "GFD_KEYS",
+    "MIXED",
+    "POOL",
+    "SEED_KEYS",
+    "SMOKE",
+    "VERIFIED_PREFIX",
+    "VerifiedImage",
+    "gfd_family_label",
+    "gfd_product",
+    "node_labels",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +95,20 @@ def _driver_labels(snapshot: Snapshot) -> dict[str, str]:
     return labels
 
 
+def _own_driver_labels(snapshot: Snapshot) -> dict[str, str]:
+    """The driver as the integers affinity's Gt/Lt terms compare (labelkeys)."""
+    major, minor, revision = snapshot.driver.key
+    return {DRIVER_MAJOR: str(major), DRIVER_MINOR: str(minor), DRIVER_REVISION: str(revision)}
+
+
+def _smallest_memory(snapshot: Snapshot) -> int | None:
+    """The smallest GPU memory on the node (MiB): on a mixed node a ``Gt`` on the
+    memory labels is then a promise every GPU keeps. GFD leaves memory out when NVML
+    reports 0 (``NewGPUResourceLabeler``), and so does this."""
+    sizes = [g.memory_total_mib for g in snapshot.gpus if g.memory_total_mib]
+    return min(sizes) if sizes else None
+
+
 def node_labels(
     snapshot: Snapshot,
     report: NodeReport,
@@ -95,24 +117,32 @@ def node_labels(
     gfd_keys: bool = True,
     verified: Sequence[VerifiedImage] = (),
 ) -> dict[str, str]:
-    """The labels for this node: all layers on pass, only the failure mark on fail."""
+    """The labels for this node: all layers on pass, only the failure mark on fail.
+
+    On a node of several models (``--allow-mixed``) the labels describe the least
+    capable one: its product and, as GFD counts (``newGPULabelers``: ``counts[name]``
+    per model name), the number of GPUs of that model; the memory labels are the
+    smallest GPU's of the whole node.
+    """
     model = report.labelled
     if not report.passed or model is None:
         return {SMOKE: "failed"}
+    memory = _smallest_memory(snapshot)
     labels: dict[str, str] = {}
     if gfd_keys:
-        labels["nvidia.com/gpu.product"] = gfd_product(model.name)
-        labels["nvidia.com/gpu.count"] = str(len(snapshot.gpus))
-        if model.memory_mib:  # GFD leaves memory out when NVML reports 0
-            labels["nvidia.com/gpu.memory"] = str(model.memory_mib)
+        labels[PRODUCT] = gfd_product(model.name)
+        labels[COUNT] = str(len(model.gpus))
+        if memory:
+            labels[MEMORY] = str(memory)
         if model.cc.major != 0:  # GFD: no architecture labels for CC major 0
-            labels["nvidia.com/gpu.family"] = gfd_family_label(model.cc)
+            labels[FAMILY] = gfd_family_label(model.cc)
             labels["nvidia.com/gpu.compute.major"] = str(model.cc.major)
             labels["nvidia.com/gpu.compute.minor"] = str(model.cc.minor)
         labels |= _driver_labels(snapshot)
-    labels["nvidia.com/gpu.compute-capability"] = str(model.cc)
-    if model.memory_mib:
-        labels["nvidia.com/gpu.memory-mb"] = str(model.memory_mib)
+    labels[COMPUTE_CAPABILITY] = str(model.cc)
+    if memory:
+        labels[MEMORY_MB] = str(memory)
+    labels |= _own_driver_labels(snapshot)
     if pools is not None:
         pool = pools.pool_for(product=model.name, family=gfd_family_label(model.cc))
         if pool:

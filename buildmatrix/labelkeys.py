@@ -1,0 +1,91 @@
+"""Node label keys, and who owns each (docs/smoke.md, "What each label means").
+
+Facts, no I/O. The one list of the keys buildmatrix writes: ``smoke`` labels with
+them, ``smoke --apply`` removes only them (never another controller's label), and
+``affinity`` selects only on keys ``smoke`` writes whatever ``--gfd-keys`` says.
+
+GPU Feature Discovery's keys are GFD's: buildmatrix computes them as GFD does
+(NVIDIA/k8s-device-plugin ``internal/lm/resource.go``: ``baseLabeler``,
+``newArchitectureLabels``; ``internal/lm/nvml.go``: ``newVersionLabeler``) and
+writes them only where GFD does not run (:class:`GfdKeys`). GFD marks every node it
+labels with ``nvidia.com/gfd.timestamp`` (``internal/lm/timestamp.go``,
+``NewTimestampLabeler``; left out only with GFD's ``--no-timestamp``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+# --- buildmatrix's own keys ------------------------------------------------------
+SMOKE = "buildmatrix.io/smoke"
+DRIVER_FLOOR = "buildmatrix.io/driver-floor"
+MIXED = "buildmatrix.io/mixed"
+# The node's driver as three integers (535.104.05 -> 535, 104, 5; a two-part version's
+# revision is 0), the keys affinity's driver terms read: Kubernetes' Gt and Lt compare
+# integers only (k8s.io/apimachinery labels/selector.go, Requirement.Matches), and
+# GFD's own revision label is empty for a two-part version.
+DRIVER_MAJOR = "buildmatrix.io/driver.major"
+DRIVER_MINOR = "buildmatrix.io/driver.minor"
+DRIVER_REVISION = "buildmatrix.io/driver.revision"
+POOL = "gpu-pool"
+VERIFIED_PREFIX = "verified.buildmatrix.io/"
+# The seed's keys, beside GFD's in its namespace but written by buildmatrix alone:
+# the least capable GPU's compute capability and the smallest GPU's memory (MiB).
+COMPUTE_CAPABILITY = "nvidia.com/gpu.compute-capability"
+MEMORY_MB = "nvidia.com/gpu.memory-mb"
+SEED_KEYS = (COMPUTE_CAPABILITY, MEMORY_MB)
+
+# --- GPU Feature Discovery's keys ------------------------------------------------
+PRODUCT = "nvidia.com/gpu.product"
+COUNT = "nvidia.com/gpu.count"
+MEMORY = "nvidia.com/gpu.memory"
+FAMILY = "nvidia.com/gpu.family"
+GFD_TIMESTAMP = "nvidia.com/gfd.timestamp"
+# The keys of GFD's that buildmatrix can compute from a snapshot and writes where GFD
+# does not run. GFD writes more (gpu.replicas, gpu.sharing-strategy, gpu.mode,
+# gpu.machine, mig.*, the timestamp…): buildmatrix never writes or removes those.
+GFD_KEYS = (
+    PRODUCT,
+    FAMILY,
+    "nvidia.com/gpu.compute.major",
+    "nvidia.com/gpu.compute.minor",
+    MEMORY,
+    COUNT,
+    "nvidia.com/cuda.driver-version.major",
+    "nvidia.com/cuda.driver-version.minor",
+    "nvidia.com/cuda.driver-version.revision",
+    "nvidia.com/cuda.driver-version.full",
+    "nvidia.com/cuda.runtime-version.major",
+    "nvidia.com/cuda.runtime-version.minor",
+    "nvidia.com/cuda.runtime-version.full",
+)
+_OWN_KEYS = frozenset(
+    (SMOKE, DRIVER_FLOOR, MIXED, DRIVER_MAJOR, DRIVER_MINOR, DRIVER_REVISION, POOL, *SEED_KEYS)
+)
+
+
+class GfdKeys(StrEnum):
+    """Who writes GFD's keys on a node: ``smoke --gfd-keys``."""
+
+    AUTO = "auto"  # buildmatrix, unless the node carries GFD's timestamp label
+    ALWAYS = "always"  # buildmatrix: GFD does not run on the cluster
+    NEVER = "never"  # GFD (--no-gfd-keys): it runs, maybe with --no-timestamp
+
+
+def writes_gfd_keys(mode: GfdKeys, node_labels: Mapping[str, str] | None) -> bool:
+    """Whether buildmatrix writes (and so owns) GFD's keys on a node with these labels
+    (None: the node cannot be read, as for ``labels`` or ``--nfd-file`` alone)."""
+    if mode is GfdKeys.AUTO:
+        return GFD_TIMESTAMP not in (node_labels or {})
+    return mode is GfdKeys.ALWAYS
+
+
+def owned(key: str, *, gfd_keys: bool) -> bool:
+    """Whether buildmatrix writes, and so may remove, this label: its own keys, and
+    GFD's listed keys only where it writes them (``gfd_keys``)."""
+    return (
+        key.startswith(("buildmatrix.io/", VERIFIED_PREFIX))
+        or key in _OWN_KEYS
+        or (gfd_keys and key in GFD_KEYS)
+    )
