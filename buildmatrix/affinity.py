@@ -1,15 +1,27 @@
 """``affinity``: the nodeAffinity a Pod needs to land only where its image runs.
 
-Pure. From an image's real contents (``check`` against every profile) and the needs
-a user declares (features, GPU memory, SASS only), it builds the
-``requiredDuringSchedulingIgnoredDuringExecution`` block over the labels GPU Feature
-Discovery and ``smoke`` write:
+Pure. It says with labels what ``check --snapshot`` decides on a node, so that for
+every node ``smoke`` admitted, the affinity matches the node's labels iff ``check
+--snapshot`` passes the image there (tests/test_affinity.py proves it over every
+fixture image and node). It reads only keys ``smoke`` writes whatever
+``--gfd-keys`` says (buildmatrix.labelkeys), so it works beside GFD or without it:
 
-- ``nvidia.com/gpu.family In [...]`` when every SM of each family qualifies;
-- else ``nvidia.com/gpu.compute-capability In [...]`` (smoke's label) naming the SMs
-  that do: an image with sm_100 code but none for sm_120 must not reach an RTX PRO
-  6000 of the same family;
-- ``nvidia.com/gpu.memory Gt N`` for ``--min-memory`` (GFD's label, MiB).
+- ``nvidia.com/gpu.compute-capability In [...]``: the GPUs whose code ``check``
+  accepts (SASS, or PTX the driver can JIT; not JIT with ``--require-sass``), that
+  have every ``--require``'d feature and, where the image's ``io.buildmatrix.family``
+  label names families, are of one of them (``check --snapshot`` fails the claim);
+- the driver the image needs on them: the ``buildmatrix.io/driver.major/minor/
+  revision`` integers, in a few ORed terms per floor (``Gt``/``Lt`` compare integers
+  only: buildmatrix.selector). The driver ranges are found by running ``check``
+  itself at every driver version where its answer can change (:func:`breakpoints`:
+  the CUDA runtime floor, each profile's hardware floor, the driver that JITs each
+  PTX, the edges of the image's forward-compatibility library), so the affinity
+  follows its rules (minor version compatibility, PTX JIT, forward compatibility)
+  without restating them. A product's own floor (H200 beside H100) is not said:
+  ``smoke`` admits no node below its GPUs' floors;
+- on a node of several models (``buildmatrix.io/compute-capability.X.Y`` per model),
+  every model must qualify, with the driver each one needs;
+- ``nvidia.com/gpu.memory-mb Gt N-1`` for ``--min-memory N`` (the smallest GPU's).
 
 It also merges the block into a workload manifest (Pod, Job, CronJob, Deployment,
 StatefulSet, DaemonSet, ReplicaSet), ANDing it with any node affinity already there.
@@ -18,18 +30,45 @@ StatefulSet, DaemonSet, ReplicaSet), ANDing it with any node affinity already th
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from buildmatrix.check import CheckResult
-from buildmatrix.compat import Verdict
+from buildmatrix.arch import CodeKind
+from buildmatrix.check import FAMILY_LABEL, Options, TargetResult, cuda_runtime, run_check
+from buildmatrix.compat import Verdict, ptx_toolkit
+from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.errors import InputError, did_you_mean
+from buildmatrix.image.model import ScannedImage
+from buildmatrix.labelkeys import (
+    COMPUTE_CAPABILITY,
+    DRIVER_MAJOR,
+    DRIVER_MINOR,
+    DRIVER_REVISION,
+    FAMILY,
+    MEMORY,
+    MEMORY_MB,
+    present_key,
+)
 from buildmatrix.profiles import FEATURE_MIN_CC, Profile, ProfileSet
+from buildmatrix.selector import (
+    ABSENT,
+    Constraint,
+    Term,
+    at_least,
+    below,
+    cross,
+    matches,
+    one_of,
+    render,
+)
 
-FAMILY = "nvidia.com/gpu.family"
-COMPUTE = "nvidia.com/gpu.compute-capability"
-MEMORY = "nvidia.com/gpu.memory"
+__all__ = ["FAMILY", "MEMORY", "Choice", "Needs", "affinity_block", "choose", "matches"]
+
+DRIVER_KEYS = (DRIVER_MAJOR, DRIVER_MINOR, DRIVER_REVISION)
+# Every key an affinity reads: each is one smoke writes (labelkeys.owned).
+READS = (COMPUTE_CAPABILITY, MEMORY_MB, *DRIVER_KEYS)
+_ZERO = DriverVersion((0, 0, 0), "0.0.0")
 _POD_SPEC_PATHS = {
     "Pod": ("spec",),
     "Job": ("spec", "template", "spec"),
@@ -59,69 +98,180 @@ def validate_needs(needs: Needs) -> None:
             )
 
 
+# A driver range [low, high): high None is unbounded.
+Interval = tuple[DriverVersion, DriverVersion | None]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Choice:
-    """Which profiles the image may run on, and why each other one is out."""
+    """Which profiles the image may run on, on which drivers, and why each other one
+    is out."""
 
-    chosen: tuple[Profile, ...]
+    chosen: tuple[tuple[Profile, tuple[Interval, ...]], ...]
     excluded: tuple[tuple[Profile, str], ...]
 
+    @property
+    def profiles(self) -> tuple[Profile, ...]:
+        return tuple(p for p, _ in self.chosen)
 
-def choose(result: CheckResult, profiles: ProfileSet, needs: Needs) -> Choice:
-    """The profiles whose GPUs run the image (per ``result``, a check against every
-    profile's SM) and have every required feature."""
-    by_sm = {t.sm: t for t in result.targets}
-    chosen: list[Profile] = []
+
+def _version(key: tuple[int, int, int]) -> DriverVersion:
+    return DriverVersion(key, ".".join(str(x) for x in key))
+
+
+def breakpoints(image: ScannedImage, profiles: ProfileSet, facts: CudaFacts) -> list[DriverVersion]:
+    """Every driver version at which ``check``'s answer for this image can change;
+    between two of them it is the same (each rule compares the driver with one of
+    these: compat.driver_floors, compat._judge_ptx, forward.compat_use)."""
+    found = {_ZERO}
+    runtime = cuda_runtime(image)
+    if runtime is not None and (floor := facts.runtime_floor(runtime[0].major)) is not None:
+        found.add(floor)
+    for p in profiles:
+        if (hw := profiles.hardware_floor(p.cc)) is not None:
+            found.add(hw[0])
+    for f in image.files:
+        for unit in f.units():
+            for code in unit.codes:
+                if code.arch.kind is CodeKind.PTX and code.ptx_isa is not None:
+                    tk = ptx_toolkit(code.ptx_isa, facts)
+                    if tk is not None and tk.driver is not None:
+                        found.add(tk.driver)
+    library = image.compat.library if image.compat is not None else None
+    if library is not None and library.version is not None:
+        major = library.version.key[0]
+        found |= {library.version, _version((major, 0, 0))}
+        for branch in library.branches or ():
+            found |= {_version((branch, 0, 0)), _version((branch + 1, 0, 0))}
+    return sorted(found)
+
+
+def _runs(target: TargetResult, require_sass: bool) -> bool:
+    """``check``'s verdict on one target (check.run_check's problems, per target)."""
+    if target.verdict is Verdict.NONE or not target.driver_ok:
+        return False
+    return not (target.verdict is Verdict.JIT and require_sass)
+
+
+def _why_not(target: TargetResult | None, require_sass: bool) -> str:
+    if target is None:
+        return "not checked"
+    if target.verdict is Verdict.NONE:
+        return f"no code that runs ({'; '.join(target.code_failures[:1])})"
+    if target.verdict is Verdict.JIT and require_sass:
+        return "runs only by PTX JIT, and --require-sass is set"
+    return f"no driver runs it ({'; '.join(target.driver_failures[:1])})"
+
+
+def _intervals(passes: Sequence[tuple[DriverVersion, bool]]) -> tuple[Interval, ...]:
+    out: list[Interval] = []
+    low: DriverVersion | None = None
+    for version, ok in passes:
+        if ok and low is None:
+            low = version
+        elif not ok and low is not None:
+            out.append((low, version))
+            low = None
+    if low is not None:
+        out.append((low, None))
+    return tuple(out)
+
+
+def choose(image: ScannedImage, profiles: ProfileSet, needs: Needs, facts: CudaFacts) -> Choice:
+    """The profiles whose GPUs run the image (``check`` against every profile's SM at
+    each of :func:`breakpoints`), with the drivers they run it on, that have every
+    required feature and a family the image's label claims (where it has one)."""
+    points = breakpoints(image, profiles, facts)
+    opts = Options(sms=[p.sm for p in profiles], require_sass=needs.require_sass)
+    results = [
+        (v, {t.sm: t for t in run_check(image, profiles, _at(opts, v), facts).targets})
+        for v in points
+    ]
+    label = image.config.labels.get(FAMILY_LABEL)
+    claimed = {x.strip() for x in (label or "").split(",") if x.strip()}
+    chosen: list[tuple[Profile, tuple[Interval, ...]]] = []
     excluded: list[tuple[Profile, str]] = []
     for p in profiles:
-        target = by_sm.get(p.sm)
         missing = [f for f in needs.features if f not in p.features]
-        if target is None or target.verdict is Verdict.NONE:
-            why = "; ".join(target.code_failures[:1]) if target else "not checked"
-            excluded.append((p, f"no code that runs ({why})"))
-        elif target.verdict is Verdict.JIT and needs.require_sass:
-            excluded.append((p, "runs only by PTX JIT, and --require-sass is set"))
+        ranges = _intervals(
+            [
+                (v, (t := by_sm.get(p.sm)) is not None and _runs(t, needs.require_sass))
+                for v, by_sm in results
+            ]
+        )
+        if not ranges:
+            excluded.append((p, _why_not(results[-1][1].get(p.sm), needs.require_sass)))
+        elif label is not None and p.family.value not in claimed:
+            excluded.append((p, f"the image's {FAMILY_LABEL} label '{label}' leaves it out"))
         elif missing:
             excluded.append((p, f"lacks {', '.join(missing)}"))
         else:
-            chosen.append(p)
+            chosen.append((p, ranges))
     return Choice(chosen=tuple(chosen), excluded=tuple(excluded))
 
 
-def expressions(choice: Choice, profiles: ProfileSet, needs: Needs) -> list[dict[str, Any]]:
-    """The matchExpressions of the one nodeSelectorTerm."""
-    families = sorted({p.family.value for p in choice.chosen})
-    whole = all(
-        {q.sm for q in profiles.family(f)} <= {p.sm for p in choice.chosen} for f in families
-    )
-    exprs: list[dict[str, Any]]
-    if whole:
-        exprs = [{"key": FAMILY, "operator": "In", "values": families}]
-    else:
-        ccs = sorted(
-            {str(p.cc) for p in choice.chosen}, key=lambda c: tuple(map(int, c.split(".")))
-        )
-        exprs = [{"key": COMPUTE, "operator": "In", "values": ccs}]
+def _at(opts: Options, driver: DriverVersion) -> Options:
+    return Options(sms=opts.sms, require_sass=opts.require_sass, driver=driver)
+
+
+def _driver_terms(ranges: Sequence[Interval]) -> list[dict[str, Constraint]]:
+    terms: list[dict[str, Constraint]] = []
+    for low, high in ranges:
+        lows = at_least(low.key, DRIVER_KEYS)
+        terms += cross(lows, below(high.key, DRIVER_KEYS)) if high is not None else lows
+    return terms
+
+
+def terms(choice: Choice, profiles: ProfileSet, needs: Needs) -> list[list[dict[str, Any]]]:
+    """The nodeSelectorTerms (each a list of matchExpressions), ORed.
+
+    The node's least capable GPU (``gpu.compute-capability``) is one the image runs
+    on; no GPU of a model it does not run on is there (mixed nodes); and for each
+    group of GPUs that need the same drivers: none of them is there, or the driver
+    is one they run it on.
+    """
+    ccs = {str(p.cc) for p in choice.profiles}
+    lowest = min(p.cc for p in choice.profiles)
+    base: dict[str, Constraint] = {COMPUTE_CAPABILITY: one_of(ccs)}
+    for p in profiles:
+        if str(p.cc) not in ccs and p.cc > lowest:
+            base[present_key(p.cc)] = ABSENT
     if needs.min_memory_mib is not None:
-        exprs.append({"key": MEMORY, "operator": "Gt", "values": [str(needs.min_memory_mib - 1)]})
-    return exprs
+        base[MEMORY_MB] = Constraint(lo=needs.min_memory_mib)
+    groups: dict[tuple[Interval, ...], list[str]] = {}
+    for p, ranges in choice.chosen:
+        if ranges != ((_ZERO, None),):  # any driver: nothing to say
+            groups.setdefault(ranges, []).append(str(p.cc))
+    alternatives: list[Sequence[Term]] = [[base]]
+    for ranges, members in groups.items():
+        none_here: dict[str, Constraint] = {COMPUTE_CAPABILITY: one_of(ccs - set(members))}
+        none_here |= {present_key(cc): ABSENT for cc in members}
+        alternatives.append([none_here, *_driver_terms(ranges)])
+    return [render(t) for t in cross(*alternatives)]
 
 
-def affinity_block(exprs: list[dict[str, Any]]) -> dict[str, Any]:
+def nodes_block(node_terms: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """``affinity:`` with the required node affinity of these terms (ORed)."""
     return {
         "affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": exprs}]
+                    "nodeSelectorTerms": [{"matchExpressions": t} for t in node_terms]
                 }
             }
         }
     }
 
 
-def merge_into(doc: Any, exprs: list[dict[str, Any]], *, source: str) -> Any:
-    """``doc`` (one workload object) with the expressions ANDed into its pod spec's
-    required node affinity: added to every existing term, or one new term."""
+def affinity_block(exprs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``affinity:`` with one term of these matchExpressions."""
+    return nodes_block([exprs])
+
+
+def merge_into(doc: Any, node_terms: list[list[dict[str, Any]]], *, source: str) -> Any:
+    """``doc`` (one workload object) with the terms ANDed into its pod spec's
+    required node affinity: each existing term combined with each new one (an
+    expression on a key the new terms set is replaced), or the new terms alone."""
     if not isinstance(doc, dict) or doc.get("kind") not in _POD_SPEC_PATHS:
         kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
         raise InputError(
@@ -140,44 +290,12 @@ def merge_into(doc: Any, exprs: list[dict[str, Any]], *, source: str) -> Any:
         raise InputError(f"{source}: the pod spec of the {out['kind']} is not a mapping.")
     node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
     required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
-    terms = required.get("nodeSelectorTerms") or [{}]
-    for term in terms:
-        kept = [e for e in term.get("matchExpressions") or [] if e.get("key") not in _keys(exprs)]
-        term["matchExpressions"] = kept + copy.deepcopy(exprs)
-    required["nodeSelectorTerms"] = terms
+    existing = required.get("nodeSelectorTerms") or [{}]
+    keys = {e["key"] for t in node_terms for e in t}
+    merged = []
+    for term in existing:
+        kept = [e for e in term.get("matchExpressions") or [] if e.get("key") not in keys]
+        for new in node_terms:
+            merged.append({**term, "matchExpressions": kept + copy.deepcopy(new)})
+    required["nodeSelectorTerms"] = merged
     return out
-
-
-def _keys(exprs: list[dict[str, Any]]) -> set[str]:
-    return {e["key"] for e in exprs}
-
-
-def matches(affinity: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """Whether a node with ``labels`` satisfies the required node affinity, by the
-    scheduler's documented rules: terms are ORed, expressions ANDed; In, NotIn,
-    Exists, DoesNotExist, Gt and Lt (integers)."""
-    required = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    return any(
-        all(_match(e, labels) for e in term.get("matchExpressions", []))
-        for term in required["nodeSelectorTerms"]
-    )
-
-
-def _match(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op, values = expr["key"], expr["operator"], expr.get("values", [])
-    value = labels.get(key)
-    if op == "In":
-        return value is not None and value in values
-    if op == "NotIn":
-        return value is None or value not in values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if op in ("Gt", "Lt"):
-        try:
-            have, want = int(value or ""), int(values[0])
-        except ValueError:
-            return False
-        return have > want if op == "Gt" else have < want
-    raise ValueError(f"unknown operator {op}")

@@ -28,6 +28,10 @@ MIXED = "buildmatrix.io/mixed"
 DRIVER_MAJOR = "buildmatrix.io/driver.major"
 DRIVER_MINOR = "buildmatrix.io/driver.minor"
 DRIVER_REVISION = "buildmatrix.io/driver.revision"
+# On a node of several GPU models (--allow-mixed), one key per model's compute
+# capability (buildmatrix.io/compute-capability.9.0=true), so that an affinity can
+# ask that every GPU of the node runs the image, not only the least capable one.
+PRESENT_PREFIX = "buildmatrix.io/compute-capability."
 POOL = "gpu-pool"
 VERIFIED_PREFIX = "verified.buildmatrix.io/"
 # The seed's keys, beside GFD's in its namespace but written by buildmatrix alone:
@@ -71,6 +75,11 @@ class GfdKeys(StrEnum):
     AUTO = "auto"  # buildmatrix, unless the node carries GFD's timestamp label
     ALWAYS = "always"  # buildmatrix: GFD does not run on the cluster
     NEVER = "never"  # GFD (--no-gfd-keys): it runs, maybe with --no-timestamp
+
+
+def present_key(cc: object) -> str:
+    """The key that says a GPU of compute capability ``cc`` (``9.0``) is on a mixed node."""
+    return f"{PRESENT_PREFIX}{cc}"
 
 
 def writes_gfd_keys(mode: GfdKeys, node_labels: Mapping[str, str] | None) -> bool:

@@ -1,28 +1,40 @@
 """``affinity`` and ``k8s manifests``.
 
-The property: for every arch profile, a node labelled as smoke labels a GPU of that
-profile is matched by the printed nodeAffinity iff ``check`` passes the image there
-and the profile has every required feature. The nodeAffinity is evaluated with the
-scheduler's documented rules (buildmatrix.affinity.matches); manifests are validated
-offline against the Kubernetes OpenAPI schemas by kubernetes-validate (strict).
+The property: on every node ``smoke`` admits, the printed nodeAffinity matches the
+node's labels (as ``smoke`` writes them) iff ``check --snapshot`` passes the image
+there, over the fixture nodes and images with CUDA 12 and CUDA 13 runtimes, PTX-only
+code, a family claim and a forward-compatibility driver; and per arch profile over
+every driver version the CUDA table and the profiles name, iff ``check --sm
+--driver`` passes. The nodeAffinity is evaluated with the scheduler's documented
+rules (buildmatrix.selector.matches); manifests are validated offline against the
+Kubernetes OpenAPI schemas by kubernetes-validate (strict).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from buildmatrix.affinity import matches
+from buildmatrix.affinity import READS, matches
+from buildmatrix.check import Options, run_check
+from buildmatrix.cuda import DriverVersion, load_cuda_facts, parse_driver_version
+from buildmatrix.image.open import scan_image
+from buildmatrix.labelkeys import owned
 from buildmatrix.profiles import load_profiles
-from tests.conftest import SHIPPED_PROFILES, CliRunner
-from tests.images import Image, Layer, fixture, write_docker_archive
+from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
+from tests.fixtures.build import BIN
+from tests.images import Entry, Image, Layer, Symlink, fixture, write_docker_archive
 
 PROFILES = load_profiles(SHIPPED_PROFILES)
+FACTS = load_cuda_facts()
 K8S_VERSION = "1.34.0"
+NODES = REPO / "tests" / "fixtures" / "nodes"
 
 
 def _image(tmp_path: Path, *libs: str, name: str = "img") -> str:
@@ -30,12 +42,24 @@ def _image(tmp_path: Path, *libs: str, name: str = "img") -> str:
     return f"docker-archive:{write_docker_archive(tmp_path / f'{name}.tar', Image(layers=[layer]))}"
 
 
-def _node_labels(sm: str, memory: int = 81559) -> dict[str, str]:
+def _driver_labels(driver: str) -> dict[str, str]:
+    major, minor, revision = [*driver.split("."), "0"][:3]
+    return {
+        "buildmatrix.io/driver.major": str(int(major)),
+        "buildmatrix.io/driver.minor": str(int(minor)),
+        "buildmatrix.io/driver.revision": str(int(revision)),
+    }
+
+
+def _node_labels(sm: str, memory: int = 81559, driver: str = "580.65.06") -> dict[str, str]:
+    """A node of one profile's GPUs as smoke labels it (GFD's keys and its own)."""
     p = PROFILES.get(sm)
     return {
         "nvidia.com/gpu.family": p.family.value,
-        "nvidia.com/gpu.compute-capability": str(p.cc),
         "nvidia.com/gpu.memory": str(memory),
+        "nvidia.com/gpu.compute-capability": str(p.cc),
+        "nvidia.com/gpu.memory-mb": str(memory),
+        **_driver_labels(driver),
     }
 
 
@@ -44,91 +68,292 @@ def _affinity(cli: CliRunner, ref: str, *args: str) -> tuple[int, Any]:
     return r.code, (json.loads(r.out) if r.code == 0 else r.err)
 
 
+def _terms(doc: Any) -> list[list[dict[str, Any]]]:
+    required = doc["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return [t["matchExpressions"] for t in required["nodeSelectorTerms"]]
+
+
+# Every driver where a floor or a JIT rule of the CUDA table or the profiles sits, and
+# the revision just below each: the per-profile property is checked at all of them.
+def _drivers() -> list[str]:
+    found = {tk.driver for tk in FACTS.toolkits if tk.driver is not None}
+    found |= set(FACTS.minor_compat.values())
+    found |= {hw[0] for p in PROFILES if (hw := PROFILES.hardware_floor(p.cc)) is not None}
+    below = set()
+    for d in found:
+        major, minor, revision = d.key
+        key = (major, minor, revision - 1) if revision else (major, minor - 1, 99)
+        below.add(DriverVersion(key, ".".join(map(str, key))))
+    return [str(d) for d in sorted(found | below)]
+
+
 CASES = [
     ("libsass_ptx.so",),  # sm_80 + sm_90 SASS, compute_90 PTX
     ("libhopper_a.so",),  # sm_90a only
     ("libmulti.so",),  # eight SMs
     ("libblackwell_f.so",),  # sm_100f, sm_120f
     ("kernels_sm100f.cubin",),  # part of a family
+    ("libptx_only.so",),  # compute_80 PTX only (ISA 9.0)
     ("libsass_sm80.so", "libhopper_a.so"),  # one file for each: no GPU runs both
 ]
-NEEDS = [(), ("--require", "fp8"), ("--require-sass",), ("--require", "fp4", "--require-sass")]
+NEEDS = [(), ("--require", "fp8"), ("--require-sass",)]
 
 
 @pytest.mark.parametrize("libs", CASES, ids="+".join)
 @pytest.mark.parametrize("needs", NEEDS, ids=lambda n: " ".join(n) or "none")
-def test_the_affinity_admits_a_gpu_iff_check_passes_there(
+def test_per_profile_and_driver_the_affinity_matches_iff_check_passes(
     cli: CliRunner, tmp_path: Path, libs: tuple[str, ...], needs: tuple[str, ...]
 ) -> None:
+    """For every profile and every driver the tables name (and one revision below
+    each), a node of that profile with that driver is matched iff ``check --sm
+    --driver`` passes the image there (check's own run, one per driver)."""
     ref = _image(tmp_path, *libs)
     code, doc = _affinity(cli, ref, *needs)
     features = [needs[i + 1] for i, x in enumerate(needs) if x == "--require"]
-    sass = "--require-sass" in needs
-    expected = {}
-    for p in PROFILES:
-        args = ["check", ref, "--sm", p.sm, "--json"] + (["--require-sass"] if sass else [])
-        r = cli(*args)
-        runs = r.code == 0
-        expected[p.sm] = runs and all(f in p.features for f in features)
+    image = scan_image(ref)
+    expected: dict[tuple[str, str], bool] = {}
+    for driver in _drivers():
+        opts = Options(
+            sms=[p.sm for p in PROFILES],
+            driver=parse_driver_version(driver),
+            require_sass="--require-sass" in needs,
+        )
+        result = run_check(image, PROFILES, opts, FACTS)
+        for p in PROFILES:
+            failed = any(x.startswith(f"{p.sm} ({p.sm}):") for x in result.problems)
+            expected[p.sm, driver] = not failed and all(f in p.features for f in features)
     if not any(expected.values()):
         assert code == 1
         assert "runs on none of the GPUs" in doc
         return
     assert code == 0, doc
-    got = {p.sm: matches(doc["affinity"], _node_labels(p.sm)) for p in PROFILES}
+    got = {
+        (p.sm, d): matches(doc["affinity"], _node_labels(p.sm, driver=d))
+        for p in PROFILES
+        for d in _drivers()
+    }
     assert got == expected
 
 
 def test_the_seeds_fp8_case(cli: CliRunner, tmp_path: Path) -> None:
     """An FP8 image with Hopper code that needs 70000 MiB: Hopper GPUs with enough
-    memory only; with Ada code too, both families."""
+    memory only, on a driver that runs its CUDA 13.0 code (R580: 580.65.06 or later);
+    with Ada code too, both families."""
     hopper = _image(tmp_path, "libhopper_a.so", name="h")
     code, doc = _affinity(cli, hopper, "--require", "fp8", "--min-memory", "70000")
     assert code == 0, doc
-    exprs = doc["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ][0]["matchExpressions"]
-    assert exprs == [
-        {"key": "nvidia.com/gpu.family", "operator": "In", "values": ["hopper"]},
-        {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["69999"]},
+    driver = [
+        [{"key": "buildmatrix.io/driver.major", "operator": "Gt", "values": ["580"]}],
+        [
+            {"key": "buildmatrix.io/driver.major", "operator": "In", "values": ["580"]},
+            {"key": "buildmatrix.io/driver.minor", "operator": "Gt", "values": ["65"]},
+        ],
+        [
+            {"key": "buildmatrix.io/driver.major", "operator": "In", "values": ["580"]},
+            {"key": "buildmatrix.io/driver.minor", "operator": "In", "values": ["65"]},
+            {"key": "buildmatrix.io/driver.revision", "operator": "Gt", "values": ["5"]},
+        ],
     ]
-    assert matches(doc["affinity"], _node_labels("sm_90", 81559))
+    head: list[dict[str, Any]] = [
+        {"key": "nvidia.com/gpu.compute-capability", "operator": "In", "values": ["9.0"]},
+    ]
+    absent: list[dict[str, Any]] = [
+        {"key": f"buildmatrix.io/compute-capability.{p.cc}", "operator": "DoesNotExist"}
+        for p in PROFILES
+        if p.cc > PROFILES.get("sm_90").cc
+    ]
+    memory = [{"key": "nvidia.com/gpu.memory-mb", "operator": "Gt", "values": ["69999"]}]
+    assert _terms(doc) == [head + absent + memory + d for d in driver]
+    assert matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.06"))
+    assert matches(doc["affinity"], _node_labels("sm_90", 81559, "590.44.01"))
+    assert not matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.05"))
+    assert not matches(doc["affinity"], _node_labels("sm_90", 81559, "535.104.05"))
     assert not matches(doc["affinity"], _node_labels("sm_90", 65536))
     assert not matches(doc["affinity"], _node_labels("sm_89", 81559))
     both = _image(tmp_path, "libmulti.so", name="b")  # sm_89 and sm_90 among others
     code, doc = _affinity(cli, both, "--require", "fp8")
     assert code == 0, doc
-    first = doc["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ][0]["matchExpressions"][0]
-    assert first == {
-        "key": "nvidia.com/gpu.family",
-        "operator": "In",
-        "values": ["ada-lovelace", "blackwell", "hopper"],
-    }
+    assert {t[0]["key"] for t in _terms(doc)} == {"nvidia.com/gpu.compute-capability"}
+    assert _terms(doc)[0][0]["values"] == ["8.9", "9.0", "10.0", "10.3", "12.0", "12.1"]
 
 
 def test_a_partly_covered_family_is_named_by_compute_capability(
     cli: CliRunner, tmp_path: Path
 ) -> None:
     """sm_100 SASS runs on 10.0 and 10.3, not on the 12.x GPUs of the same family, so
-    the capabilities are listed (with sm_100f and sm_120f code the family is whole)."""
+    only those capabilities are listed, and a mixed node with a 12.x GPU is left out."""
     ref = _image(tmp_path, "kernels_sm100f.cubin")
     code, doc = _affinity(cli, ref)
     assert code == 0, doc
-    term = doc["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ][0]
-    assert term["matchExpressions"][0]["key"] == "nvidia.com/gpu.compute-capability"
-    assert term["matchExpressions"][0]["values"] == ["10.0", "10.3"]
+    for term in _terms(doc):
+        assert term[0] == {
+            "key": "nvidia.com/gpu.compute-capability",
+            "operator": "In",
+            "values": ["10.0", "10.3"],
+        }
+        assert {"key": "buildmatrix.io/compute-capability.12.0", "operator": "DoesNotExist"} in term
     code, doc = _affinity(cli, _image(tmp_path, "libblackwell_f.so", name="f"))
-    assert doc["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ][0]["matchExpressions"][0] == {
-        "key": "nvidia.com/gpu.family",
-        "operator": "In",
-        "values": ["blackwell"],
+    assert _terms(doc)[0][0]["values"] == ["10.0", "10.3", "12.0", "12.1"]
+
+
+def test_every_key_the_affinity_reads_is_one_smoke_writes() -> None:
+    """Whatever --gfd-keys says: the affinity works beside GFD and without it."""
+    for key in READS:
+        assert owned(key, gfd_keys=False), key
+
+
+# ------------------------------------------------ the property over the fixture nodes
+
+
+# A PTX text as CUDA 12.x's nvcc heads it: the fixture's compute_90a kernels with the
+# .version (PTX ISA) and .target directives of an older toolkit; check reads only those.
+def _old_ptx(isa: str, sm: str) -> bytes:
+    text = (BIN / "kernels_sm90a.ptx").read_bytes()
+    return text.replace(b".version 9.0", f".version {isa}".encode()).replace(
+        b".target sm_90a", f".target {sm}".encode()
+    )
+
+
+# The note of NVIDIA's CUDA 13.1 compat driver 590.44.01 (tests/test_forward_compat.py).
+NOTE_13_1 = {
+    "format": 1,
+    "CUDA version": "13.1",
+    "driver": [535, 550, 570, 575, 580, 590],
+    "device": [1, 2, 7, 8, 9, 10, 11, 12, 13, 14],
+}
+
+
+def _fixture_images(out: Path) -> dict[str, Image]:
+    """CUDA 13 images (the fixtures' cubins record CUDA 13.0), CUDA 12 ones (the
+    compressed fixture hides its cubins' toolkit, so CUDA_VERSION sets the runtime),
+    PTX-only ones of three PTX ISAs, a family claim, and a CUDA 13.1 image with the
+    forward-compatibility driver 590.44.01 (a gcc-built STAND-IN with NVIDIA's note)."""
+    from tests.standins import compat_library
+
+    def lib(*names: str) -> dict[str, Entry]:
+        return {f"usr/lib/{n}": fixture(n) for n in names}
+
+    images = {
+        "cu13-sm80-sm90-ptx90": Image(layers=[lib("libsass_ptx.so")]),
+        "cu13-sm80": Image(layers=[lib("libsass_sm80.so")]),
+        "cu13-sm90a": Image(layers=[lib("libhopper_a.so")]),
+        "cu13-multi": Image(layers=[lib("libmulti.so")]),
+        "cu13-blackwell-f": Image(layers=[lib("libblackwell_f.so")]),
+        "cu13-env-sm80-sm90": Image(
+            layers=[lib("libcompressed.so")], env={"CUDA_VERSION": "13.0.0"}
+        ),
+        "cu12.4-sm80-sm90": Image(layers=[lib("libcompressed.so")], env={"CUDA_VERSION": "12.4.1"}),
+        "cu12.2-ptx-only-isa9.0": Image(
+            layers=[lib("libptx_only.so")], env={"CUDA_VERSION": "12.2.2"}
+        ),
+        "cu12.4-ptx-only-isa8.4": Image(
+            layers=[{"opt/k/kernels.ptx": _old_ptx("8.4", "sm_80")}],
+            env={"CUDA_VERSION": "12.4.1"},
+        ),
+        "cu12.0-ptx-only-isa8.0": Image(
+            layers=[
+                {
+                    "opt/k/kernels.ptx": _old_ptx("8.0", "sm_75"),
+                    "usr/local/cuda-12.0/lib64/libcudart.so.12.0.107": b"",
+                }
+            ],
+        ),
+        "cu13-multi-claims-hopper": Image(
+            layers=[lib("libmulti.so")], labels={"io.buildmatrix.family": "hopper"}
+        ),
     }
+    if shutil.which("gcc") is not None:
+        compat = compat_library(out, "590.44.01", NOTE_13_1).read_bytes()
+        folder = "usr/local/cuda-13.1/compat"
+        images["cu13.1-forward-compat"] = Image(
+            layers=[
+                {
+                    **lib("libsass_ptx.so"),
+                    f"{folder}/libcuda.so.590.44.01": compat,
+                    f"{folder}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
+                    "usr/local/cuda": Symlink("cuda-13.1"),
+                }
+            ],
+            env={"CUDA_VERSION": "13.1.0"},
+        )
+    return images
+
+
+@pytest.fixture(scope="module")
+def fixture_refs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("affinity-images")
+    if shutil.which("gcc") is None:
+        pytest.fail("gcc is needed to build the stand-in compat library (.ci/run has it)")
+    return {
+        name: f"docker-archive:{write_docker_archive(out / f'{name}.tar', image)}"
+        for name, image in _fixture_images(out).items()
+    }
+
+
+@cache
+def _admitted() -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in NODES.glob("*.json")))
+
+
+@pytest.mark.parametrize("sass", [False, True], ids=["any", "require-sass"])
+def test_on_every_admitted_fixture_node_affinity_matches_iff_check_snapshot_passes(
+    cli: CliRunner, fixture_refs: dict[str, str], sass: bool
+) -> None:
+    """Every (image, node) pair: the node's labels are what ``smoke --allow-mixed``
+    writes, over every fixture node it admits; the answer is ``check --snapshot``."""
+    flags = ["--require-sass"] if sass else []
+    labels: dict[str, dict[str, str]] = {}
+    for node in _admitted():
+        r = cli("smoke", "--snapshot", str(NODES / f"{node}.json"), "--allow-mixed", "--json")
+        if r.code == 0:
+            labels[node] = r.json()["labels"]
+    assert {"h100-535", "h100-580", "a100-40gb", "b200", "mixed-a100-h100"} <= set(labels)
+    refs = list(fixture_refs.values())
+    checked: dict[tuple[str, str], bool] = {}
+    for node in labels:
+        r = cli("check", *refs, "--snapshot", str(NODES / f"{node}.json"), "--json", *flags)
+        assert r.code in (0, 1), r.err
+        for name, doc in zip(fixture_refs, r.json()["images"], strict=True):
+            checked[name, node] = doc["verdict"] == "pass"
+    placed: dict[tuple[str, str], bool] = {}
+    for name, ref in fixture_refs.items():
+        code, doc = _affinity(cli, ref, *flags)
+        assert code in (0, 1), doc
+        for node, node_labels in labels.items():
+            placed[name, node] = code == 0 and matches(doc["affinity"], node_labels)
+    assert placed == checked
+    # the pairs the property must not pass by accident
+    if not sass:
+        assert checked["cu13-sm80-sm90-ptx90", "h100-580"]
+        assert not checked["cu13-sm80-sm90-ptx90", "h100-535"]  # R535 < CUDA 13's R580
+        assert checked["cu12.4-sm80-sm90", "h100-535"]
+        assert checked["cu12.4-ptx-only-isa8.4", "a100-80gb"]  # JIT by 550.54.15
+        assert not checked["cu12.4-ptx-only-isa8.4", "a100-40gb"]  # 535 cannot JIT ISA 8.4
+        assert not checked["cu12.2-ptx-only-isa9.0", "h200-550"]
+        assert checked["cu13.1-forward-compat", "h100-535"]  # through its compat driver
+        assert not checked["cu13.1-forward-compat", "rtx-consumer"]  # a GeForce board
+        assert not checked["cu13-sm80", "mixed-a100-h100"]  # the H100 has no code
+        assert checked["cu13-multi", "h100-580"]
+        assert not checked["cu13-multi-claims-hopper", "b200"]
+    else:
+        assert not any(checked[n, node] for n in fixture_refs if "ptx-only" in n for node in labels)
+    assert any(checked.values())
+    assert not all(checked.values())
+
+
+def test_the_affinity_validates_against_the_kubernetes_schema(
+    cli: CliRunner, fixture_refs: dict[str, str]
+) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    code, doc = _affinity(cli, fixture_refs["cu13.1-forward-compat"], "--min-memory", "40000")
+    assert code == 0, doc
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "x"}], **doc},
+    }
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
 
 
 def test_into_merges_with_the_manifest(cli: CliRunner, tmp_path: Path) -> None:
@@ -173,10 +398,13 @@ def test_into_merges_with_the_manifest(cli: CliRunner, tmp_path: Path) -> None:
     job = yaml.safe_load(r.out)
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
-    exprs = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ][0]["matchExpressions"]
-    assert [e["key"] for e in exprs] == ["topology.kubernetes.io/zone", "nvidia.com/gpu.family"]
+    merged = _terms(pod)
+    code, alone = _affinity(cli, ref)
+    assert code == 0, alone
+    # every term of the image's affinity, each ANDed with the manifest's zone
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}
+    assert merged == [[zone, *t] for t in _terms(alone)]
+    assert len(merged) == 3  # driver >= 580.65.06 is three terms
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     kubernetes_validate.validate(job, K8S_VERSION, strict=True)
 

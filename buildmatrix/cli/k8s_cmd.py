@@ -64,24 +64,26 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
     platform: str,
     profiles_dir: str | None,
 ) -> int:
-    """Print the nodeAffinity that sends a Pod only to GPUs its image runs on.
+    """Print the nodeAffinity that sends a Pod only to GPUs and drivers its image runs on.
 
-    The image's device code is checked against every arch profile; the GPUs that run
-    it and have every --require'd feature give nvidia.com/gpu.family (or, where a
-    family is only partly covered, nvidia.com/gpu.compute-capability) In [...], and
-    --min-memory adds nvidia.com/gpu.memory Gt. Exit 1 when no GPU qualifies.
+    The image's device code is checked against every arch profile at every driver
+    version where check's answer can change; the GPUs that run it and have every
+    --require'd feature give nvidia.com/gpu.compute-capability In [...], the drivers
+    they run it on give terms over buildmatrix.io/driver.major/minor/revision, and
+    --min-memory adds nvidia.com/gpu.memory-mb Gt. On every node smoke admitted, the
+    affinity matches iff check --snapshot passes the image there (docs/kubernetes.md).
+    Exit 1 when no GPU qualifies.
     """
     import yaml
 
     from buildmatrix.affinity import (
         Needs,
-        affinity_block,
         choose,
-        expressions,
         merge_into,
+        nodes_block,
+        terms,
         validate_needs,
     )
-    from buildmatrix.check import Options, run_check
     from buildmatrix.cuda import load_cuda_facts
     from buildmatrix.image.open import scan_image
 
@@ -103,9 +105,7 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
         image = scan_image(ref, platform=platform, progress=progress)
     finally:
         progress.done()
-    opts = Options(sms=[p.sm for p in profiles], allow_empty=True)
-    result = run_check(image, profiles, opts, load_cuda_facts())
-    choice = choose(result, profiles, needs)
+    choice = choose(image, profiles, needs, load_cuda_facts())
     if not choice.chosen:
         click.echo(
             f"buildmatrix: error: {ref} runs on none of the GPUs that meet the needs:", err=True
@@ -113,11 +113,11 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
         for p, why in choice.excluded:
             click.echo(f"  - {p.sm} ({p.family.value}): {why}", err=True)
         return 1
-    exprs = expressions(choice, profiles, needs)
+    node_terms = terms(choice, profiles, needs)
     if into is None:
-        click.echo(_dump(affinity_block(exprs), fmt), nl=False)
+        click.echo(_dump(nodes_block(node_terms), fmt), nl=False)
         return 0
-    merged = [merge_into(d, exprs, source=str(into)) for d in documents]
+    merged = [merge_into(d, node_terms, source=str(into)) for d in documents]
     click.echo(_dump(merged if len(merged) > 1 else merged[0], fmt), nl=False)
     return 0
 

@@ -33,6 +33,7 @@ from buildmatrix.labelkeys import (
     SEED_KEYS,
     SMOKE,
     VERIFIED_PREFIX,
+    present_key,
 )
 from buildmatrix.node.checks import NodeReport
 from buildmatrix.node.pools import Pools
@@ -152,6 +153,8 @@ def node_labels(
         labels[DRIVER_FLOOR] = str(report.driver_floor)
     if len(report.models) > 1:
         labels[MIXED] = "true"
+        for m in report.models:
+            labels[present_key(m.cc)] = "true"
     for image in verified:
         name = label_value(image.name)
         if name:

@@ -1,0 +1,176 @@
+"""Node selector terms as data, rendered as and evaluated by Kubernetes' rules.
+
+Pure. A term is a conjunction of one :class:`Constraint` per label key; a selector
+is a list of terms, ORed. Kubernetes' ``nodeSelectorTerms`` are ORed and each term's
+``matchExpressions`` ANDed, and ``Gt``/``Lt`` compare a label's value parsed as an
+integer with one integer (k8s.io/component-helpers ``nodeaffinity``; the operators:
+k8s.io/apimachinery ``labels/selector.go``, ``Requirement.Matches``). So a condition
+such as "driver >= 580.65.06" over the three integer labels of a driver version is a
+small OR of terms (:func:`at_least`), and conditions ANDed over ORs become the cross
+product of their terms (:func:`cross`), with contradictory terms dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constraint:
+    """What one label must be: one of ``values`` (In), absent (DoesNotExist), or an
+    integer in ``lo``..``hi`` (inclusive; None: unbounded)."""
+
+    values: frozenset[str] | None = None
+    absent: bool = False
+    lo: int | None = None
+    hi: int | None = None
+
+
+Term = Mapping[str, Constraint]
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def one_of(values: Iterable[str]) -> Constraint:
+    return Constraint(values=frozenset(values))
+
+
+def equal(value: int) -> Constraint:
+    return Constraint(lo=value, hi=value)
+
+
+ABSENT = Constraint(absent=True)
+
+
+def _both(a: Constraint, b: Constraint) -> Constraint | None:
+    """The conjunction of two constraints on one key; None when nothing meets both."""
+    if a.absent or b.absent:
+        return ABSENT if a.absent and b.absent else None
+    if a.values is not None or b.values is not None:
+        if a.values is None or b.values is None:
+            raise ValueError("a key is constrained both by a set and a range")
+        common = a.values & b.values
+        return Constraint(values=common) if common else None
+    lo = max((x for x in (a.lo, b.lo) if x is not None), default=None)
+    hi = min((x for x in (a.hi, b.hi) if x is not None), default=None)
+    if lo is not None and hi is not None and lo > hi:
+        return None
+    return Constraint(lo=lo, hi=hi)
+
+
+def conj(*terms: Term) -> dict[str, Constraint] | None:
+    """All the terms at once; None when they contradict each other."""
+    out: dict[str, Constraint] = {}
+    for term in terms:
+        for key, c in term.items():
+            merged = _both(out[key], c) if key in out else c
+            if merged is None:
+                return None
+            out[key] = merged
+    return out
+
+
+def cross(*alternatives: Sequence[Term]) -> list[dict[str, Constraint]]:
+    """AND of several ORs of terms, as one OR of terms (contradictions dropped)."""
+    out: list[dict[str, Constraint]] = []
+    for combo in itertools.product(*alternatives):
+        term = conj(*combo)
+        if term is not None and term not in out:
+            out.append(term)
+    return out
+
+
+Version3 = tuple[int, int, int]
+
+
+def at_least(version: Version3, keys: tuple[str, str, str]) -> list[dict[str, Constraint]]:
+    """Terms for "the version in the three integer labels ``keys`` is >= ``version``":
+    major > M, or major = M and minor > m, or major = M, minor = m and revision >= r
+    (fewer terms where the minor or revision is 0)."""
+    (major, minor, revision), (k1, k2, k3) = version, keys
+    if version == (0, 0, 0):
+        return [{}]
+    if minor == 0 and revision == 0:
+        return [{k1: Constraint(lo=major)}]
+    if revision == 0:
+        return [{k1: Constraint(lo=major + 1)}, {k1: equal(major), k2: Constraint(lo=minor)}]
+    return [
+        {k1: Constraint(lo=major + 1)},
+        {k1: equal(major), k2: Constraint(lo=minor + 1)},
+        {k1: equal(major), k2: equal(minor), k3: Constraint(lo=revision)},
+    ]
+
+
+def below(version: Version3, keys: tuple[str, str, str]) -> list[dict[str, Constraint]]:
+    """Terms for "the version in the labels ``keys`` is < ``version``"."""
+    (major, minor, revision), (k1, k2, k3) = version, keys
+    terms: list[dict[str, Constraint]] = []
+    if major > 0:
+        terms.append({k1: Constraint(hi=major - 1)})
+    if minor > 0:
+        terms.append({k1: equal(major), k2: Constraint(hi=minor - 1)})
+    if revision > 0:
+        terms.append({k1: equal(major), k2: equal(minor), k3: Constraint(hi=revision - 1)})
+    return terms
+
+
+def render(term: Term) -> list[dict[str, Any]]:
+    """One term as matchExpressions, in the order its keys were added."""
+    exprs: list[dict[str, Any]] = []
+    for key, c in term.items():
+        if c.absent:
+            exprs.append({"key": key, "operator": "DoesNotExist"})
+        elif c.values is not None:
+            exprs.append({"key": key, "operator": "In", "values": _sorted(c.values)})
+        elif c.lo is not None and c.lo == c.hi:
+            exprs.append({"key": key, "operator": "In", "values": [str(c.lo)]})
+        else:
+            if c.lo is not None:
+                exprs.append({"key": key, "operator": "Gt", "values": [str(c.lo - 1)]})
+            if c.hi is not None:
+                exprs.append({"key": key, "operator": "Lt", "values": [str(c.hi + 1)]})
+    return exprs
+
+
+def _sorted(values: Iterable[str]) -> list[str]:
+    def key(v: str) -> tuple[tuple[int, ...], str]:
+        try:
+            return tuple(int(x) for x in v.split(".")), ""
+        except ValueError:
+            return (), v
+
+    return sorted(values, key=key)
+
+
+def matches(affinity: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether a node with ``labels`` satisfies the required node affinity, by the
+    scheduler's documented rules: terms are ORed, expressions ANDed; In, NotIn,
+    Exists, DoesNotExist, Gt and Lt (integers)."""
+    required = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return any(
+        all(_match(e, labels) for e in term.get("matchExpressions", []))
+        for term in required["nodeSelectorTerms"]
+    )
+
+
+def _match(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+    value = labels.get(key)
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt"):
+        # strconv.ParseInt(value, 10, 64): an optional sign and decimal digits only
+        if value is None or not _INTEGER.fullmatch(value):
+            return False
+        have, want = int(value), int(values[0])
+        return have > want if op == "Gt" else have < want
+    raise ValueError(f"unknown operator {op}")
