@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -290,28 +289,43 @@ def fixture_refs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
-@cache
-def _admitted() -> tuple[str, ...]:
-    return tuple(sorted(p.stem for p in NODES.glob("*.json")))
+@pytest.fixture(scope="module")
+def node_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every fixture node, and the mixed A100+H100 node upgraded to R580 (so that a
+    CUDA 13 image is judged there by its code, not stopped by the driver first)."""
+    nodes = {p.stem: p for p in sorted(NODES.glob("*.json"))}
+    doc = json.loads((NODES / "mixed-a100-h100.json").read_text())
+    doc |= {"driver_version": "580.65.06", "cuda_driver_version": "13.0"}
+    upgraded = tmp_path_factory.mktemp("nodes") / "mixed-a100-h100-580.json"
+    upgraded.write_text(json.dumps(doc))
+    nodes[upgraded.stem] = upgraded
+    return nodes
 
 
 @pytest.mark.parametrize("sass", [False, True], ids=["any", "require-sass"])
 def test_on_every_admitted_fixture_node_affinity_matches_iff_check_snapshot_passes(
-    cli: CliRunner, fixture_refs: dict[str, str], sass: bool
+    cli: CliRunner, fixture_refs: dict[str, str], node_files: dict[str, Path], sass: bool
 ) -> None:
     """Every (image, node) pair: the node's labels are what ``smoke --allow-mixed``
     writes, over every fixture node it admits; the answer is ``check --snapshot``."""
     flags = ["--require-sass"] if sass else []
     labels: dict[str, dict[str, str]] = {}
-    for node in _admitted():
-        r = cli("smoke", "--snapshot", str(NODES / f"{node}.json"), "--allow-mixed", "--json")
+    for node, path in node_files.items():
+        r = cli("smoke", "--snapshot", str(path), "--allow-mixed", "--json")
         if r.code == 0:
             labels[node] = r.json()["labels"]
-    assert {"h100-535", "h100-580", "a100-40gb", "b200", "mixed-a100-h100"} <= set(labels)
+    assert set(labels) == set(node_files) - {
+        "h100-520",  # driver below Hopper's floor
+        "h200-535",  # below the H200's
+        "h100-lost-gpu",
+        "h100-ecc",
+        "a100-remap-failure",
+        "future-gpu",  # no profile
+    }
     refs = list(fixture_refs.values())
     checked: dict[tuple[str, str], bool] = {}
     for node in labels:
-        r = cli("check", *refs, "--snapshot", str(NODES / f"{node}.json"), "--json", *flags)
+        r = cli("check", *refs, "--snapshot", str(node_files[node]), "--json", *flags)
         assert r.code in (0, 1), r.err
         for name, doc in zip(fixture_refs, r.json()["images"], strict=True):
             checked[name, node] = doc["verdict"] == "pass"
@@ -332,7 +346,9 @@ def test_on_every_admitted_fixture_node_affinity_matches_iff_check_snapshot_pass
         assert not checked["cu12.2-ptx-only-isa9.0", "h200-550"]
         assert checked["cu13.1-forward-compat", "h100-535"]  # through its compat driver
         assert not checked["cu13.1-forward-compat", "rtx-consumer"]  # a GeForce board
-        assert not checked["cu13-sm80", "mixed-a100-h100"]  # the H100 has no code
+        assert not checked["cu13-sm80", "mixed-a100-h100-580"]  # the H100 has no code
+        assert not checked["cu13-sm80", "a100-40gb"]  # R535 again
+        assert checked["cu13-sm80-sm90-ptx90", "mixed-a100-h100-580"]
         assert checked["cu13-multi", "h100-580"]
         assert not checked["cu13-multi-claims-hopper", "b200"]
     else:

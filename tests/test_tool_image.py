@@ -123,8 +123,9 @@ def test_admission_end_to_end(engine: Any, cli: CliRunner, tmp_path: Path) -> No
         assert gpu2["spec"]["taints"] == [ADMISSION, GPU_TAINT]
         assert gpu2["metadata"]["labels"] == {"buildmatrix.io/smoke": "failed"}
         assert "NVML" in gpu2["metadata"]["annotations"]["buildmatrix.io/smoke-report"]
-        # the same command on recorded GPU nodes: an H100 node on R535 and an A100 node
-        for node, snapshot in (("gpu-1", "h100-535"), ("gpu-3", "a100-80gb")):
+        # the same command on recorded GPU nodes: an H100 node on R580 (the CUDA 13.0 code
+        # of the Job's image needs it; on R535 check --snapshot fails it) and an A100 node
+        for node, snapshot in (("gpu-1", "h100-580"), ("gpu-3", "a100-80gb")):
             code, out = _run(
                 engine,
                 [],
