@@ -231,6 +231,25 @@ def test_gfds_keys_are_untouched_on_pass_and_fail_where_gfd_labels(
     assert labels["nvidia.com/gpu.compute-capability"] == "9.0"
 
 
+def test_without_nvml_gfds_keys_stay_and_the_taint_stays(
+    api: tuple[ApiStandIn, Path], tmp_path: Path
+) -> None:
+    """A fresh process with no NVML library at all (a node whose driver is not there
+    yet): exit 3, the node marked failed and tainted, GFD's keys as GFD wrote them."""
+    from tests.standins import run_cli
+
+    standin, kubeconfig = api
+    _gfd_node(standin)
+    args = ["smoke", "--apply", "--node", "gpu-1", "--kubeconfig", str(kubeconfig), "--json"]
+    done = run_cli(args, libs=None, tmp=tmp_path)
+    assert done.returncode == 3, done.stderr
+    node = _node(standin)
+    labels = node["metadata"]["labels"]
+    assert {k: labels.get(k) for k in GFD_LABELS} == GFD_LABELS
+    assert labels["buildmatrix.io/smoke"] == "failed"
+    assert ADMISSION in node["spec"]["taints"]
+
+
 def test_fail_removes_only_what_buildmatrix_wrote(
     cli: CliRunner, api: tuple[ApiStandIn, Path]
 ) -> None:
