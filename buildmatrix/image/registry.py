@@ -1,11 +1,11 @@
 """OCI distribution registries, through oras-py.
 
 oras-py (``oras.provider.Registry``) brings the parts worth not writing again:
-the token flow (anonymous and with credentials), basic auth, and credentials from
-the Docker config file, its ``credHelpers`` and ``credsStore``. buildmatrix adds
-what a checker needs on top: manifest lists and OCI indexes resolved to one
-platform, Docker v2 and OCI manifests, layers streamed (never stored) and every
-manifest and blob verified against its digest.
+the token flow (anonymous and with credentials) and basic auth. Credentials come
+from the Docker config file as the Docker CLI reads it (image/dockerconfig.py).
+buildmatrix adds what a checker needs on top: manifest lists and OCI indexes
+resolved to one platform, Docker v2 and OCI manifests, layers streamed (never
+stored) and every manifest and blob verified against its digest.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import io
 import ipaddress
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
+from buildmatrix.image.dockerconfig import Lookup, find_credentials
 from buildmatrix.image.model import (
     DEFAULT_PLATFORM,
     INDEX_TYPES,
@@ -64,19 +64,21 @@ class RegistryClient:
         import oras.provider
 
         self.ref = ref
+        self.credentials = Lookup(credentials=None, source="")
         insecure = is_loopback(ref.host)
         self.registry: oras.provider.Registry = oras.provider.Registry(
             ref.host, insecure=insecure, tls_verify=True, auth_backend=self._scheme(insecure)
         )
         self.container = self.registry.get_container(f"{ref.host}/{ref.repository}")
-        # Docker's rule, which oras-py does not follow: $DOCKER_CONFIG/config.json first.
-        configs = (
-            [str(Path(os.environ["DOCKER_CONFIG"]) / "config.json")]
-            if os.environ.get("DOCKER_CONFIG")
-            else None
-        )
-        self.registry.auth.load_configs(self.container, configs=configs)
-        if self.basic and getattr(self.registry.auth, "_basic_auth", None) is None:
+        # Credentials as the Docker CLI finds them (image/dockerconfig.py), not with
+        # oras-py's own lookup: that one merges $DOCKER_CONFIG's file with
+        # ~/.docker/config.json and reads only an entry's "auth", not the
+        # "username"/"password" a dockerconfigjson Secret may hold instead.
+        self.credentials = find_credentials(ref.host)
+        found = self.credentials.credentials
+        if found is not None:
+            self.registry.auth.set_basic_auth(found.username, found.password)
+        elif self.basic:
             raise self._refused("the registry asks for a user name and password")
         # oras-py wraps do_request in a retry loop that sleeps 2 + 3**n seconds on any
         # error, five times (~2 minutes for a refused connection). A check in CI must
@@ -101,10 +103,17 @@ class RegistryClient:
         return "basic" if self.basic else "token"
 
     def _refused(self, why: str) -> EnvironmentUnavailable:
+        lookup = self.credentials
+        used = (
+            f"the credentials of {lookup.source} were sent"
+            if lookup.credentials is not None
+            else f"no credentials were sent: {lookup.note or lookup.source}"
+        )
         return EnvironmentUnavailable(
-            f"registry {self.ref.host} refused access to {self.ref.repository} ({why}). Log "
-            f"in with 'docker login {self.ref.host}' (buildmatrix reads the Docker config "
-            "file, $DOCKER_CONFIG/config.json) or check the credentials there."
+            f"registry {self.ref.host} refused access to {self.ref.repository} ({why}; "
+            f"{used}). Log in with 'docker login {self.ref.host}' (buildmatrix reads the "
+            "Docker config file $DOCKER_CONFIG/config.json, else ~/.docker/config.json) or "
+            "check the credentials there."
         )
 
     def _unreachable(self, exc: Exception) -> EnvironmentUnavailable:
