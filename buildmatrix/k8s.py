@@ -19,6 +19,7 @@ the admission real (docs/kubernetes.md).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,13 @@ GPU_NODE_LABELS = (
     ("nvidia.com/gpu.present", "true"),  # GPU Feature Discovery / the GPU Operator
 )
 POOLS_PATH = "/etc/buildmatrix/pools.yaml"
+# The registry Secret's .dockerconfigjson, mounted as config.json in the folder
+# $DOCKER_CONFIG names: where the Docker CLI, and buildmatrix, read credentials.
+REGISTRY_CONFIG_DIR = "/var/run/secrets/buildmatrix.io/registry"
+# A Secret's name (apimachinery validation.IsDNS1123Subdomain): at most 253 characters.
+_DNS_SUBDOMAIN = re.compile(
+    r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +49,11 @@ class Settings:
     interval: int = 600
     load_test: bool = False
     pools: str | None = None  # the pools file's text; None: every family its own pool
+    registry_secret: str | None = None  # a kubernetes.io/dockerconfigjson Secret's name
+
+
+def is_dns_subdomain(name: str) -> bool:
+    return len(name) <= 253 and _DNS_SUBDOMAIN.fullmatch(name) is not None
 
 
 def default_pools(profiles: ProfileSet) -> str:
@@ -101,6 +114,25 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
         {"name": "pools", "mountPath": "/etc/buildmatrix", "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "pools", "configMap": {"name": f"{APP}-pools"}},
+        {"name": "tmp", "emptyDir": {}},  # load-test files; the root is read-only
+    ]
+    env: list[dict[str, Any]] = []
+    if settings.registry_secret is not None:
+        # Not optional: without its Secret the Pod does not start and the node stays
+        # tainted, rather than smoke running without the credentials the pools need.
+        mounts.append({"name": "registry", "mountPath": REGISTRY_CONFIG_DIR, "readOnly": True})
+        volumes.append(
+            {
+                "name": "registry",
+                "secret": {
+                    "secretName": settings.registry_secret,
+                    "items": [{"key": ".dockerconfigjson", "path": "config.json"}],
+                },
+            }
+        )
+        env.append({"name": "DOCKER_CONFIG", "value": REGISTRY_CONFIG_DIR})
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -133,6 +165,7 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
                                 },
                                 {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
                                 {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": capabilities},
+                                *env,
                             ],
                             "volumeMounts": mounts,
                             "resources": {
@@ -146,10 +179,7 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
                             },
                         }
                     ],
-                    "volumes": [
-                        {"name": "pools", "configMap": {"name": f"{APP}-pools"}},
-                        {"name": "tmp", "emptyDir": {}},  # load-test files; the root is read-only
-                    ],
+                    "volumes": volumes,
                 },
             },
         },

@@ -449,7 +449,10 @@ def test_into_refuses_objects_without_a_pod_template(cli: CliRunner, tmp_path: P
 def test_manifests_validate_offline(cli: CliRunner, tmp_path: Path) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     pools = tmp_path / "pools.yaml"
-    pools.write_text("families:\n  hopper: training-hopper\n")
+    pools.write_text(
+        "families:\n  hopper: training-hopper\n"
+        "pools:\n  training-hopper:\n    images: [registry.example.com/ml/train:1]\n"
+    )
     r = cli(
         "k8s",
         "manifests",

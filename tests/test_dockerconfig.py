@@ -96,7 +96,7 @@ def test_a_helper_wins_over_auths() -> None:
     ],
 )
 def test_a_malformed_config_is_bad_input_naming_the_key(doc: object, message: str) -> None:
-    with pytest.raises(InputError, match="config.json") as err:
+    with pytest.raises(InputError, match=r"config\.json") as err:
         lookup(doc, HOST, source="config.json")
     assert message in str(err.value)
 

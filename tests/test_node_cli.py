@@ -14,6 +14,8 @@ import yaml
 
 from tests.conftest import REPO, CliRunner
 from tests.images import Image, fixture, write_docker_archive
+from tests.pool_registry import FITS_HOPPER, SM80_ONLY, docker_config, push, registry_secret
+from tests.services import Registry
 from tests.standins import run_cli
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
@@ -355,3 +357,170 @@ def test_load_test_reads_the_final_view_of_a_layered_image(
     loads = [ln for ln in (tmp_path / "cuda.log").read_text().splitlines() if ln.startswith("load")]
     assert len(loads) == _containers(BIN / "libmulti.so") + _containers(BIN / "libhopper_a.so")
     assert not list(Path("/tmp").glob("buildmatrix-load-*/buildmatrix-*"))  # kept bytes removed
+
+
+# ---------------------------------------------------------------- the pool's images
+
+
+def _pools(tmp_path: Path, images: dict[str, list[str]], name: str = "pools.yaml") -> str:
+    """The fixture pools file with ``pools.<name>.images`` added."""
+    data = yaml.safe_load((NODES / "pools.yaml").read_text())
+    data["pools"] = {pool: {"images": refs} for pool, refs in images.items()}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _rootfs(tmp_path: Path, name: str, *libs: str) -> str:
+    root = tmp_path / name / "usr" / "lib"
+    root.mkdir(parents=True)
+    for lib in libs:
+        shutil.copy(BIN / lib, root / lib)
+    return f"dir:{tmp_path / name}"
+
+
+def test_smoke_checks_the_images_of_the_nodes_pool(cli: CliRunner, tmp_path: Path) -> None:
+    fits = _rootfs(tmp_path, "train", "libsass_ptx.so")
+    sm80 = _rootfs(tmp_path, "old", "libsass_sm80.so")
+    pools = _pools(tmp_path, {"training-hopper": [fits], "training-ampere": [sm80]})
+    code, doc = _smoke(cli, "h100-580", "--pools", pools)
+    assert code == 0, doc
+    images = [c["name"] for c in doc["checks"] if c["name"].startswith("image ")]
+    assert images == [f"image {fits}"]  # the hopper pool's image, not the ampere one's
+    assert doc["labels"]["verified.buildmatrix.io/train"] == "true"
+    r = cli("smoke", "--snapshot", str(NODES / "h100-580.json"), "--pools", pools)
+    assert f"pool     training-hopper: checks its images {fits}" in r.out
+    # the same sm_80-only image in the hopper pool fails the node
+    bad = _pools(tmp_path, {"training-hopper": [sm80]}, name="bad.yaml")
+    code, doc = _smoke(cli, "h100-580", "--pools", bad)
+    assert code == 1
+    assert "sm_80 SASS runs only on compute capability 8.x" in _failed(doc)[f"image {sm80}"]
+    assert doc["labels"] == {"buildmatrix.io/smoke": "failed"}
+
+
+def test_given_and_pool_images_are_checked_once_each(cli: CliRunner, tmp_path: Path) -> None:
+    a = _rootfs(tmp_path, "a", "libsass_ptx.so")
+    b = _rootfs(tmp_path, "b", "libmulti.so")
+    pools = _pools(tmp_path, {"training-hopper": [a, b]})
+    code, doc = _smoke(cli, "h100-580", "--pools", pools, "--image", b)
+    assert code == 0, doc
+    images = [c["name"] for c in doc["checks"] if c["name"].startswith("image ")]
+    assert images == [f"image {b}", f"image {a}"]
+
+
+def test_an_unreadable_pool_image_fails_the_node(cli: CliRunner, tmp_path: Path) -> None:
+    missing = f"oci:{tmp_path / 'gone'}"
+    nfd = tmp_path / "features"
+    pools = _pools(tmp_path, {"training-hopper": [missing]})
+    code, doc = _smoke(cli, "h100-580", "--pools", pools, "--nfd-file", str(nfd))
+    assert code == 2
+    assert "cannot be checked" in _failed(doc)[f"image {missing}"]
+    assert doc["labels"] == {"buildmatrix.io/smoke": "failed"}
+    assert "gpu-pool" not in nfd.read_text()
+
+
+def test_load_test_without_any_image_is_refused_before_any_work(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    """No --image and no pool image anywhere: exit 2 before NVML is even opened (no
+    snapshot is given, and none is needed to know there is nothing to load)."""
+    for extra in ([], ["--pools", POOLS]):
+        r = cli("smoke", "--load-test", *extra)
+        assert r.code == 2
+        assert "--load-test loads the images this node must run, and there are none" in r.err
+        assert r.out == ""
+
+
+def test_load_test_on_a_node_whose_pool_has_no_image_fails_it(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    pools = _pools(tmp_path, {"training-ampere": [_rootfs(tmp_path, "a", "libsass_sm80.so")]})
+    nfd = tmp_path / "features"
+    code, doc = _smoke(cli, "h100-580", "--pools", pools, "--load-test", "--nfd-file", str(nfd))
+    assert code == 2
+    assert doc["verdict"] == "fail"
+    message = _failed(doc)["load-test"]
+    assert "its pool 'training-hopper' lists no images" in message
+    assert doc["labels"] == {"buildmatrix.io/smoke": "failed"}
+    assert "buildmatrix.io/smoke=failed" in nfd.read_text()
+
+
+def test_load_test_loads_the_pools_images(standin_libs: Path, tmp_path: Path) -> None:
+    image = _rootfs(tmp_path, "train", "libsass_ptx.so")
+    pools = _pools(tmp_path, {"training-hopper": [image]})
+    proc = run_cli(
+        [*SMOKE_H100, "--pools", pools, "--load-test", "--json"],
+        libs=standin_libs,
+        tmp=tmp_path,
+        cuda={"devices": [H100]},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    loads = [ln for ln in (tmp_path / "cuda.log").read_text().splitlines() if ln.startswith("load")]
+    assert len(loads) == _containers(BIN / "libsass_ptx.so")
+    assert [x["image"] for x in json.loads(proc.stdout)["load_test"]] == [image]
+
+
+# ------------------------------------------- the pool's images in a registry with auth
+
+
+@pytest.fixture
+def private(auth_registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A fitting and an sm_80-only image in the htpasswd registry, and their pools files."""
+    tmp = tmp_path_factory.mktemp("private")
+    refs = {
+        "fits": push(auth_registry, FITS_HOPPER, "bmtest/train:hopper", tmp),
+        "sm80": push(auth_registry, SM80_ONLY, "bmtest/train:sm80", tmp),
+    }
+    return {
+        kind: _pools(tmp, {"training-hopper": [ref]}, name=f"{kind}.yaml")
+        for kind, ref in refs.items()
+    } | {f"{kind}-ref": ref for kind, ref in refs.items()}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("server", ["HOST", "https://HOST"])
+def test_pool_images_from_a_registry_with_the_secrets_credentials(
+    cli: CliRunner,
+    auth_registry: Registry,
+    private: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    server: str,
+) -> None:
+    """Credentials from the Secret kubectl writes, through $DOCKER_CONFIG: the fitting
+    image passes the Hopper node on R580, the sm_80-only one fails it."""
+    secret = registry_secret(auth_registry, server=server.replace("HOST", auth_registry.host))
+    monkeypatch.setenv("DOCKER_CONFIG", str(docker_config(tmp_path / "cfg", secret)))
+    code, doc = _smoke(cli, "h100-580", "--pools", private["fits"])
+    assert code == 0, doc
+    assert doc["labels"]["verified.buildmatrix.io/train"] == "true"
+    assert f"image {private['fits-ref']}" in [c["name"] for c in doc["checks"]]
+    code, doc = _smoke(cli, "h100-580", "--pools", private["sm80"])
+    assert code == 1
+    assert (
+        "sm_80 SASS runs only on compute capability 8.x"
+        in (_failed(doc)[f"image {private['sm80-ref']}"])
+    )
+
+
+@pytest.mark.integration
+def test_refused_credentials_fail_the_node_with_exit_3(
+    cli: CliRunner,
+    auth_registry: Registry,
+    private: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fail closed: a pool image that cannot be read is a failed check, never a pass,
+    and the exit code says the registry refused (3)."""
+    secret = registry_secret(auth_registry, password="wrong")
+    monkeypatch.setenv("DOCKER_CONFIG", str(docker_config(tmp_path / "cfg", secret)))
+    code, doc = _smoke(cli, "h100-580", "--pools", private["fits"])
+    assert code == 3
+    message = _failed(doc)[f"image {private['fits-ref']}"]
+    assert f"registry {auth_registry.host} refused access" in message
+    assert doc["labels"] == {"buildmatrix.io/smoke": "failed"}
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "none"))  # no credentials at all
+    code, doc = _smoke(cli, "h100-580", "--pools", private["fits"])
+    assert code == 3
+    assert "no credentials were sent" in _failed(doc)[f"image {private['fits-ref']}"]

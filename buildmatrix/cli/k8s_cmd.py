@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from buildmatrix.cli._common import ByteProgress, load, platform_option, profiles_option
 from buildmatrix.errors import InputError
+
+if TYPE_CHECKING:
+    from buildmatrix.node.pools import Pools
 
 _FORMATS = click.Choice(["yaml", "json"])
 
@@ -152,6 +155,12 @@ def k8s() -> None:
     help="How often the DaemonSet re-runs smoke on each node.",
 )
 @click.option("--load-test", is_flag=True, help="Run smoke with --load-test.")
+@click.option(
+    "--registry-secret",
+    metavar="NAME",
+    help="A Secret of type kubernetes.io/dockerconfigjson in the namespace, mounted for "
+    "smoke to read the pools' images from private registries.",
+)
 @click.option("--format", "fmt", type=_FORMATS, default="yaml", show_default=True)
 @profiles_option
 def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -160,25 +169,53 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     namespace: str,
     interval: int,
     load_test: bool,
+    registry_secret: str | None,
     fmt: str,
     profiles_dir: str | None,
 ) -> int:
     """Print ready-to-apply YAML: namespace, RBAC, pools ConfigMap, the admission
     DaemonSet (smoke --apply on every GPU node), and an example FP8 training Job."""
-    from buildmatrix.k8s import Settings, render
+    from buildmatrix.k8s import Settings, is_dns_subdomain, render
     from buildmatrix.node.pools import load_pools
 
     profiles = load(profiles_dir)
     pools_text = None
     if pools is not None:
-        load_pools(pools, profiles)  # validated before it is shipped
+        pool_map = load_pools(pools, profiles)  # validated before it is shipped
         pools_text = pools.read_text(encoding="utf-8")
+        if load_test:
+            _every_pool_has_images(pool_map)
+    elif load_test:
+        raise InputError(
+            "--load-test loads each pool's images on its nodes, and without --pools no "
+            "pool names any: every node would fail. Pass --pools FILE whose "
+            "pools.<name>.images list them (docs/smoke.md, Pools file)."
+        )
+    if registry_secret is not None and not is_dns_subdomain(registry_secret):
+        raise InputError(
+            f"--registry-secret '{registry_secret}' is not a valid Secret name (a DNS "
+            "subdomain: at most 253 characters of lower-case letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit)."
+        )
     settings = Settings(
         image=tool_image,
         namespace=namespace,
         interval=interval,
         load_test=load_test,
         pools=pools_text,
+        registry_secret=registry_secret,
     )
     click.echo(_dump(render(settings, profiles), fmt), nl=False)
     return 0
+
+
+def _every_pool_has_images(pool_map: Pools) -> None:
+    from buildmatrix.node.poolimages import pools_without_images
+
+    empty = pools_without_images(pool_map)
+    if empty:
+        raise InputError(
+            f"{pool_map.source}: --load-test loads each pool's images on its nodes, and "
+            f"pool(s) {', '.join(empty)} list none: their nodes would never be admitted. "
+            "Add pools.<name>.images for each, or leave out --load-test."
+        )

@@ -6,7 +6,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from buildmatrix.check import CheckResult
     from buildmatrix.node.checks import LoadResult, NodeReport
     from buildmatrix.node.labels import VerifiedImage
+    from buildmatrix.node.poolimages import ImagePlan
     from buildmatrix.node.pools import Pools
     from buildmatrix.node.snapshot import Snapshot
     from buildmatrix.profiles import ProfileSet
@@ -145,13 +146,17 @@ def _write_nfd(path: Path, labels: dict[str, str]) -> None:
     write_atomically(path, feature_file(labels, now=datetime.now(UTC), ttl=NFD_TTL))
 
 
-def _print_report(snap: Snapshot, report: NodeReport, labels: dict[str, str]) -> None:
+def _print_report(
+    snap: Snapshot, report: NodeReport, labels: dict[str, str], *, plan: ImagePlan
+) -> None:
     click.echo(f"node     {snap.hostname or '-'}  ({snap.source})")
     cuda = f" (CUDA {snap.cuda_driver_version})" if snap.cuda_driver_version else ""
     click.echo(f"driver   {snap.driver}{cuda}")
     for m in report.models:
         memory = f", {m.memory_mib} MiB" if m.memory_mib else ""
         click.echo(f"gpus     {len(m.gpus)} x {m.name} ({m.cc}{memory}; GPU {m.indexes})")
+    if plan.from_pool:
+        click.echo(f"pool     {plan.pool}: checks its images {', '.join(plan.from_pool)}")
     rows = [
         [c.name, "ok" if c.ok and not c.warning else ("warn" if c.ok else "FAIL"), c.message]
         for c in report.checks
@@ -246,12 +251,15 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     from buildmatrix.image.ref import parse_ref
     from buildmatrix.node.checks import NodeOptions, evaluate
     from buildmatrix.node.labels import node_labels
+    from buildmatrix.node.poolimages import nothing_to_load, plan_images, require_images
 
     mode = gfd_mode(no_gfd_keys, gfd_keys)
     profiles = load(profiles_dir)
     pool_map = _pools(pools, profiles)
     for ref in images:
         parse_ref(ref)  # a malformed reference is bad input, before any NVML or I/O
+    if load_test:
+        require_images(images, pool_map)
     api = _node_api(node, kubeconfig) if apply_to_node else None
     try:
         snap = _snapshot(snapshot, record, node)
@@ -276,8 +284,9 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
             if "applied" in doc:
                 click.echo(f"applied  node {node}: admission taint {doc['applied']['taint']}")
         return exc.exit_code
+    plan = plan_images(images, snapshot=snap, profiles=profiles, pools=pool_map)
     outcomes = _check_images(
-        images,
+        plan.refs,
         snap,
         profiles,
         require_sass=require_sass,
@@ -293,6 +302,9 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         unreadable=[(o.ref, str(o.error)) for o in outcomes if o.error is not None],
         loads=[x for o in outcomes for x in o.loads],
     )
+    empty = nothing_to_load(plan, pool_map) if load_test else None
+    if empty is not None:  # a load test of no image is bad input, and never a pass
+        report = replace(report, checks=(*report.checks, empty))
     labels = node_labels(
         snap,
         report,
@@ -331,7 +343,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
             doc["applied"] = applied
         echo_json(doc)
     else:
-        _print_report(snap, report, labels)
+        _print_report(snap, report, labels, plan=plan)
         if applied is not None:
             click.echo(
                 f"applied  node {node}: {len(applied['labels_set'])} label(s) set, "
@@ -339,7 +351,8 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
             )
     if report.passed:
         return 0
-    return max([1, *(o.error.exit_code for o in outcomes if o.error is not None)])
+    codes = [o.error.exit_code for o in outcomes if o.error is not None]
+    return max([1, *codes, *([InputError.exit_code] if empty is not None else [])])
 
 
 def _node_api(node: str | None, kubeconfig: Path | None) -> Any:

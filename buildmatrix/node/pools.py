@@ -17,7 +17,7 @@ valid Kubernetes label values.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,7 +89,9 @@ def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
                 "ending with a letter or digit)."
             )
     specs = {
-        name: PoolSpec(images=tuple(doc.get("images") or ()), gpus=doc.get("gpus"))
+        name: PoolSpec(
+            images=_image_refs(name, doc.get("images") or (), source=source), gpus=doc.get("gpus")
+        )
         for name, doc in (data.get("pools") or {}).items()
     }
     for name in specs:
@@ -107,6 +109,23 @@ def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
         specs=specs,
         source=source,
     )
+
+
+def _image_refs(pool: str, refs: Sequence[str], *, source: str) -> tuple[str, ...]:
+    """Each of a pool's images parsed as check parses a REF: a typo is found when the
+    file is loaded (``k8s manifests``), not on every node at admission time."""
+    from buildmatrix.image.ref import parse_ref
+
+    for i, ref in enumerate(refs):
+        try:
+            parse_ref(ref)
+        except InputError as exc:
+            raise InputError(
+                f"{source}: key 'pools.{pool}.images[{i}]': {exc} Images are given as "
+                "'buildmatrix check' takes them (docs/check.md), e.g. "
+                "registry.example.com/ml/train:1.4.0-cu128-hopper."
+            ) from None
+    return tuple(refs)
 
 
 def load_pools(path: Path, profiles: ProfileSet) -> Pools:
