@@ -4,16 +4,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from buildmatrix.labelkeys import GfdKeys
 from buildmatrix.node.apply import REPORT_ANNOTATION, TAINT_KEY, plan
 from tests.conftest import REPO, CliRunner
 from tests.kube_standin import ApiStandIn, PatchError, apply_patch
+from tests.pod_standin import PodWouldNotStart, run_once
+from tests.pool_registry import FITS_HOPPER, SM80_ONLY, push, registry_secret
+from tests.services import Registry
+from tests.standins import nvml_scenario, run_cli
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
 POOLS = str(NODES / "pools.yaml")
@@ -400,3 +406,193 @@ def test_the_standin_patches_as_the_api_server_does() -> None:
         )
     mp = apply_patch(node, {"metadata": {"labels": None}}, "application/merge-patch+json")
     assert "labels" not in mp["metadata"]
+
+
+# ------------------------------------------------------- fail closed, live (fast)
+#
+# The three ways a live node fails, each through the real probe in a fresh process
+# (tests/standins): no libnvidia-ml at all, NVML's init answering
+# NVML_ERROR_DRIVER_NOT_LOADED, and a check that fails (uncorrected ECC errors).
+# Each must leave the admission taint on a node that joined with it, put it back on
+# a node admitted before, and mark the node failed with the reason.
+
+
+def _live_scenarios() -> dict[str, tuple[dict[str, Any] | None, bool, int, str]]:
+    ecc = json.loads((NODES / "h100-ecc.json").read_text())
+    return {  # name: (NVML scenario, stand-in libraries on the path, exit code, reason)
+        "no-nvml": (None, False, 3, "NVML_ERROR_LIBRARY_NOT_FOUND"),
+        "driver-not-loaded": (
+            {"init": "NVML_ERROR_DRIVER_NOT_LOADED"},
+            True,
+            3,
+            "the NVIDIA kernel driver is not loaded",
+        ),
+        "failing-check": (nvml_scenario(ecc), True, 1, "uncorrected ECC error(s)"),
+    }
+
+
+@pytest.mark.parametrize("admitted", [False, True], ids=["joined-tainted", "admitted-before"])
+@pytest.mark.parametrize("scenario", list(_live_scenarios()))
+def test_a_live_node_that_fails_is_tainted_and_marked_failed(
+    cli: CliRunner,
+    api: tuple[ApiStandIn, Path],
+    standin_libs: Path,
+    tmp_path: Path,
+    scenario: str,
+    admitted: bool,
+) -> None:
+    standin, kubeconfig = api
+    nvml, with_libs, want, reason = _live_scenarios()[scenario]
+    if admitted:
+        assert _smoke(cli, kubeconfig, "h100-535", "--pools", POOLS)[0] == 0
+        assert _node(standin)["spec"]["taints"] == [GPU_TAINT]
+    proc = run_cli(
+        [
+            *("smoke", "--apply", "--node", "gpu-1", "--kubeconfig", str(kubeconfig)),
+            *("--pools", POOLS, "--json"),
+        ],
+        libs=standin_libs if with_libs else None,
+        tmp=tmp_path,
+        nvml=nvml,
+    )
+    assert proc.returncode == want, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["verdict"] == "fail"
+    assert doc["applied"]["taint"] == ("added" if admitted else "kept")
+    node = _node(standin)
+    assert ADMISSION in node["spec"]["taints"]
+    assert GPU_TAINT in node["spec"]["taints"]
+    labels = node["metadata"]["labels"]
+    assert labels["buildmatrix.io/smoke"] == "failed"
+    assert "gpu-pool" not in labels
+    assert "nvidia.com/gpu.family" not in labels
+    assert labels["team"] == "ml"
+    assert reason in node["metadata"]["annotations"][REPORT_ANNOTATION]
+
+
+def test_a_pool_image_that_cannot_be_read_keeps_the_node_tainted(
+    cli: CliRunner, api: tuple[ApiStandIn, Path], tmp_path: Path
+) -> None:
+    """Fail closed on an unreadable pool image too: exit 2, taint back on."""
+    standin, kubeconfig = api
+    assert _smoke(cli, kubeconfig, "h100-580", "--pools", POOLS)[0] == 0
+    missing = f"oci:{tmp_path / 'gone'}"
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        (NODES / "pools.yaml").read_text()
+        + f"pools:\n  training-hopper:\n    images: ['{missing}']\n"
+    )
+    code, doc = _smoke(cli, kubeconfig, "h100-580", "--pools", str(pools))
+    assert code == 2
+    assert doc["applied"]["taint"] == "added"
+    node = _node(standin)
+    assert ADMISSION in node["spec"]["taints"]
+    assert node["metadata"]["labels"]["buildmatrix.io/smoke"] == "failed"
+    assert (
+        f"image {missing}: cannot be checked" in node["metadata"]["annotations"][REPORT_ANNOTATION]
+    )
+
+
+# ------------------------------- the DaemonSet's own command, pool images, credentials
+
+
+@pytest.fixture
+def pool_images(auth_registry: Registry, tmp_path: Path) -> dict[str, str]:
+    return {
+        "fits": push(auth_registry, FITS_HOPPER, "bmtest/pool:hopper", tmp_path),
+        "sm80": push(auth_registry, SM80_ONLY, "bmtest/pool:sm80", tmp_path),
+    }
+
+
+def _render(cli: CliRunner, tmp_path: Path, images: list[str], *args: str) -> dict[str, Any]:
+    """``k8s manifests`` for a pools file whose hopper pool names ``images``."""
+    pools = tmp_path / "ds-pools.yaml"
+    pools.write_text(
+        yaml.safe_dump(
+            {
+                "families": {"hopper": "training-hopper"},
+                "pools": {"training-hopper": {"images": images}},
+            }
+        )
+    )
+    r = cli("k8s", "manifests", "--pools", str(pools), "--registry-secret", "regcred", *args)
+    assert r.code == 0, r.err
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(r.out)}
+
+
+@pytest.mark.integration
+def test_the_daemonsets_command_checks_the_pools_images_with_the_secret(
+    cli: CliRunner,
+    api: tuple[ApiStandIn, Path],
+    auth_registry: Registry,
+    pool_images: dict[str, str],
+    standin_libs: Path,
+    tmp_path: Path,
+) -> None:
+    """End to end: the rendered DaemonSet's command, volumes and env, run by the kubelet
+    stand-in with the Secret kubectl makes: the node's pool image is read from the
+    registry with the Secret's credentials, loaded (--load-test) through the stand-in
+    libcuda, and the node admitted; with refused credentials it is tainted again."""
+    standin, kubeconfig = api
+    objects = _render(cli, tmp_path, [pool_images["fits"]], "--load-test")
+    ds = objects["DaemonSet/buildmatrix-smoke"]
+    objects["Secret/regcred"] = registry_secret(auth_registry, name="regcred")
+    cuda = tmp_path / "cuda.json"
+    cuda.write_text(
+        json.dumps(
+            {"devices": [{"name": "NVIDIA H100 80GB HBM3", "cc": [9, 0], "load": "CUDA_SUCCESS"}]}
+        )
+    )
+    toolkit = {  # what the NVIDIA container toolkit would mount: the stand-in libcuda
+        "LD_LIBRARY_PATH": str(standin_libs),
+        "CUDA_STANDIN_SCENARIO": str(cuda),
+        "CUDA_STANDIN_LOG": str(tmp_path / "cuda.log"),
+    }
+    snapshot = f"--snapshot {NODES / 'h100-580.json'}"
+
+    def round_(root: str) -> subprocess.CompletedProcess[str]:
+        return run_once(
+            ds,
+            objects=objects,
+            node="gpu-1",
+            root=tmp_path / root,
+            kubeconfig=kubeconfig,
+            append=snapshot,
+            host_env=toolkit,
+        )
+
+    proc = round_("pass")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    node = _node(standin)
+    assert node["spec"]["taints"] == [GPU_TAINT]
+    assert node["metadata"]["labels"]["gpu-pool"] == "training-hopper"
+    assert node["metadata"]["labels"]["verified.buildmatrix.io/train"] == "true"
+    assert f"load-test {pool_images['fits']} on NVIDIA H100 80GB HBM3 (9.0)" in proc.stdout
+    assert any(ln.startswith("load ") for ln in (tmp_path / "cuda.log").read_text().splitlines())
+    # the Secret now holds a wrong password: the image cannot be read, the node is
+    # tainted again (exit 3: the registry refused)
+    objects["Secret/regcred"] = registry_secret(auth_registry, name="regcred", password="nope")
+    proc = round_("refused")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    node = _node(standin)
+    assert ADMISSION in node["spec"]["taints"]
+    assert node["metadata"]["labels"]["buildmatrix.io/smoke"] == "failed"
+    assert (
+        f"registry {auth_registry.host} refused access"
+        in node["metadata"]["annotations"][REPORT_ANNOTATION]
+    )
+    # an sm_80-only image in the pool: read with good credentials, it fails the node
+    objects = _render(cli, tmp_path, [pool_images["sm80"]]) | {
+        "Secret/regcred": registry_secret(auth_registry, name="regcred")
+    }
+    ds = objects["DaemonSet/buildmatrix-smoke"]
+    proc = round_("sm80")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        "sm_80 SASS runs only on compute capability 8.x"
+        in _node(standin)["metadata"]["annotations"][REPORT_ANNOTATION]
+    )
+    # without its Secret the Pod would not start at all: the node stays tainted
+    del objects["Secret/regcred"]
+    with pytest.raises(PodWouldNotStart, match='secret "regcred" not found'):
+        round_("no-secret")
