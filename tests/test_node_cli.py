@@ -4,8 +4,11 @@ and ``--load-test`` through a STAND-IN ``libcuda.so.1`` (tests/standins/cuda.c).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ from tests.conftest import REPO, CliRunner
 from tests.images import Image, fixture, write_docker_archive
 from tests.pool_registry import FITS_HOPPER, SM80_ONLY, docker_config, push, registry_secret
 from tests.services import Registry
-from tests.standins import run_cli
+from tests.standins import nvml_scenario, run_cli
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
 BIN = REPO / "tests" / "fixtures" / "bin"
@@ -524,3 +527,51 @@ def test_refused_credentials_fail_the_node_with_exit_3(
     code, doc = _smoke(cli, "h100-580", "--pools", private["fits"])
     assert code == 3
     assert "no credentials were sent" in _failed(doc)[f"image {private['fits-ref']}"]
+
+
+def _live_on(machine: str, libs: Path, tmp: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    """``smoke`` reading the stand-in NVML (an H100 node on R580) in a fresh process
+    whose ``platform.machine()`` answers ``machine``: the host as a Grace node sees it."""
+    scenario = tmp / "nvml.json"
+    scenario.write_text(
+        json.dumps(nvml_scenario(json.loads((NODES / "h100-580.json").read_text())))
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "NODE_NAME")}
+    env |= {"LD_LIBRARY_PATH": str(libs), "NVML_STANDIN_SCENARIO": str(scenario)}
+    env.pop("BUILDMATRIX_PROFILES", None)
+    code = (
+        "import platform, sys\n"
+        f"platform.machine = lambda: {machine!r}\n"
+        "from buildmatrix.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "smoke", "--json", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_on_the_node_the_images_variant_for_its_machine_is_checked(
+    standin_libs: Path, tmp_path: Path
+) -> None:
+    """A multi-platform image whose linux/amd64 variant fits Hopper and whose
+    linux/arm64 variant holds sm_80 code only: a Grace (aarch64) node is judged by the
+    arm64 variant its runtime would pull, unless --platform says otherwise."""
+    from tests.test_image_sources import write_multi_platform_layout
+
+    ref = f"oci:{write_multi_platform_layout(tmp_path)}:multi"
+    code, doc = _live_on("x86_64", standin_libs, tmp_path, "--image", ref)
+    assert code == 0, doc
+    code, doc = _live_on("aarch64", standin_libs, tmp_path, "--image", ref)
+    assert code == 1
+    assert "sm_80 SASS runs only on compute capability 8.x" in _failed(doc)[f"image {ref}"]
+    code, doc = _live_on(
+        "aarch64", standin_libs, tmp_path, "--image", ref, "--platform", "linux/amd64"
+    )
+    assert code == 0, doc

@@ -17,6 +17,7 @@ from buildmatrix.k8s import REGISTRY_CONFIG_DIR
 from buildmatrix.node.checks import NodeOptions, evaluate
 from buildmatrix.node.labels import POOL, node_labels
 from buildmatrix.node.poolimages import (
+    node_platform,
     nothing_to_load,
     plan_images,
     pools_without_images,
@@ -219,3 +220,21 @@ def test_manifests_load_test_needs_every_pools_images(cli: CliRunner, tmp_path: 
     assert r.code == 2
     assert "pool(s) training-ampere list none" in r.err
     assert cli("k8s", "manifests", "--pools", str(half)).code == 0  # no load test: fine
+
+
+@pytest.mark.parametrize(
+    ("machine", "want"),
+    [
+        ("x86_64", "linux/amd64"),
+        ("aarch64", "linux/arm64"),
+        ("arm64", "linux/arm64"),
+        ("ppc64le", "linux/ppc64le"),
+        ("s390x", "linux/s390x"),
+        ("riscv64", "linux/riscv64"),
+        ("i686", None),
+        ("", None),
+    ],
+)
+def test_node_platform(machine: str, want: str | None) -> None:
+    """``uname -m`` to the OCI image index's ``os/architecture`` (Go's GOARCH names)."""
+    assert node_platform(machine) == want

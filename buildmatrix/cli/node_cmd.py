@@ -291,7 +291,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         profiles,
         require_sass=require_sass,
         load_test=load_test,
-        platform=platform,
+        platform=_images_platform(platform, live=snapshot is None),
     )
     report = evaluate(
         snap,
@@ -353,6 +353,22 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         return 0
     codes = [o.error.exit_code for o in outcomes if o.error is not None]
     return max([1, *codes, *([InputError.exit_code] if empty is not None else [])])
+
+
+def _images_platform(given: str, *, live: bool) -> str:
+    """On the node itself, a multi-platform image is judged by the variant this machine
+    runs (linux/arm64 on a Grace node) unless --platform says otherwise; a recorded
+    snapshot does not say its machine, so there --platform's default stands."""
+    import platform as host
+
+    from click.core import ParameterSource
+
+    from buildmatrix.node.poolimages import node_platform
+
+    source = click.get_current_context().get_parameter_source("platform")
+    if not live or source is not ParameterSource.DEFAULT:
+        return given
+    return node_platform(host.machine()) or given
 
 
 def _node_api(node: str | None, kubeconfig: Path | None) -> Any:

@@ -22,6 +22,26 @@ from buildmatrix.node.pools import Pools
 from buildmatrix.node.snapshot import Snapshot
 from buildmatrix.profiles import ProfileSet
 
+# The machine names uname gives -> the architecture an image index names (Go's GOARCH,
+# which the OCI image-spec's image-index.md "platform.architecture" takes).
+_GOARCH = {
+    "x86_64": "amd64",
+    "amd64": "amd64",
+    "aarch64": "arm64",
+    "arm64": "arm64",
+    "ppc64le": "ppc64le",
+    "s390x": "s390x",
+    "riscv64": "riscv64",
+}
+
+
+def node_platform(machine: str) -> str | None:
+    """The platform (``linux/ARCH``) of a node whose ``uname -m`` is ``machine``: the
+    variant of a multi-platform image its container runtime would pull (a Grace node,
+    GH200 or GB200, pulls ``linux/arm64``). None for a machine not known here."""
+    arch = _GOARCH.get(machine.lower())
+    return f"linux/{arch}" if arch else None
+
 
 @dataclass(frozen=True, kw_only=True)
 class ImagePlan:
