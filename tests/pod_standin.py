@@ -6,8 +6,10 @@ What it reproduces of the kubelet, for the rendered DaemonSet only:
 
 - volumes: a ``configMap`` volume holds one file per key of the ConfigMap's ``data``;
   a ``secret`` volume with ``items`` holds each item's ``key`` (base64-decoded from the
-  Secret's ``data``) at its ``path``, and a missing key or Secret makes the Pod not
-  start (kubelet ``pkg/volume/secret``, ``MakePayload``); ``emptyDir`` is empty;
+  Secret's ``data``) at its ``path``; a missing Secret, or a missing key, of a volume
+  not marked ``optional`` keeps the Pod from starting (Kubernetes
+  ``pkg/volume/secret/secret.go``, ``SetUpAt`` and ``MakePayload``); ``emptyDir`` is
+  empty;
 - mounts: the process sees each volume at its ``mountPath`` (here: every mount path
   in the command and the environment is replaced by the volume's local folder);
 - env: plain values, and ``fieldRef: spec.nodeName`` as the node's name;
