@@ -53,7 +53,7 @@ def _volume(volume: dict[str, Any], objects: Mapping[str, dict[str, Any]], at: P
         data = secret.get("data") or {}
         for item in volume["secret"].get("items") or [{"key": k, "path": k} for k in data]:
             if item["key"] not in data:
-                raise PodWouldNotStart(f"secret {name}: key {item['key']} not found")
+                raise PodWouldNotStart(f"references non-existent secret key: {item['key']}")
             (at / item["path"]).write_bytes(base64.b64decode(data[item["key"]]))
     elif "emptyDir" not in volume:
         raise NotImplementedError(f"volume kind of {volume}")
