@@ -596,3 +596,7 @@ def test_the_daemonsets_command_checks_the_pools_images_with_the_secret(
     del objects["Secret/regcred"]
     with pytest.raises(PodWouldNotStart, match='secret "regcred" not found'):
         round_("no-secret")
+    # nor with a Secret of the legacy type kubernetes.io/dockercfg (key .dockercfg)
+    objects["Secret/regcred"] = {"type": "kubernetes.io/dockercfg", "data": {".dockercfg": ""}}
+    with pytest.raises(PodWouldNotStart, match=r"non-existent secret key: \.dockerconfigjson"):
+        round_("dockercfg")
