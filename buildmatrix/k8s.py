@@ -3,14 +3,17 @@
 - Namespace, ServiceAccount, a ClusterRole with ``get`` and ``patch`` on ``nodes``
   and nothing else, and its binding;
 - a ConfigMap with the pools file;
-- the admission DaemonSet: on every NVIDIA GPU node (NFD's PCI vendor label or
-  GFD's ``nvidia.com/gpu.present``), tolerating the admission taint and
-  ``nvidia.com/gpu``, it runs ``smoke --apply`` now and every ``interval`` seconds,
-  so a GPU that degrades later is tainted again. NVML and the driver come from the
-  NVIDIA container toolkit (runtime class ``nvidia``, ``NVIDIA_VISIBLE_DEVICES=all``,
-  capability ``utility``; ``compute`` too with the load test); it requests no GPU;
-- an example FP8 training Job whose node affinity is what ``buildmatrix affinity
-  --require fp8 --min-memory 70000`` gives for code that runs on every FP8 GPU.
+- the admission DaemonSet: on every NVIDIA GPU node (NFD's PCI labels, the GPU
+  Operator's ``nvidia.com/gpu.present``, or a label the provisioner sets at join:
+  ``node_selectors``), tolerating the admission taint and ``nvidia.com/gpu``, it runs
+  ``smoke --apply`` now and every ``interval`` seconds, so a GPU that degrades later is
+  tainted again. NVML and the driver come from the NVIDIA container toolkit (runtime
+  class ``nvidia``, ``NVIDIA_VISIBLE_DEVICES=all``, capability ``utility``; ``compute``
+  too with the load test); it requests no GPU;
+- only where asked: the ``nvidia`` RuntimeClass (clusters with a host-installed
+  toolkit; the GPU Operator creates its own), and an example FP8 training Job whose
+  node affinity is what ``buildmatrix affinity --require fp8 --min-memory 70000`` gives
+  for code that runs on every FP8 GPU.
 
 Nodes must join with the taint already set (kubelet ``--register-with-taints``,
 Karpenter ``startupTaints``, cluster-autoscaler startup taints): that is what makes
@@ -24,14 +27,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from buildmatrix.affinity import FAMILY, MEMORY, affinity_block
+from buildmatrix.k8s_nodes import SelectorTerm
 from buildmatrix.node.apply import TAINT_EFFECT, TAINT_KEY
 from buildmatrix.profiles import ProfileSet
 
 APP = "buildmatrix-smoke"
+# NFD's PCI label for an NVIDIA device is named after the worker's deviceLabelFields
+# (node-feature-discovery source/pci/pci.go GetLabels): "vendor" alone, as the GPU
+# Operator's chart configures it, gives pci-10de; NFD's default "class", "vendor" gives
+# pci-0302_10de (3D controller: A100, H100...) or pci-0300_10de (VGA: L40S, A40...). The
+# same three as the GPU Operator's gpuNodeLabels (controllers/state_manager.go), which
+# sets nvidia.com/gpu.present from them (controllers/nodelabeling_controller.go
+# reconcileCommonGPULabel).
 GPU_NODE_LABELS = (
-    ("feature.node.kubernetes.io/pci-10de.present", "true"),  # NFD: an NVIDIA PCI device
-    ("nvidia.com/gpu.present", "true"),  # GPU Feature Discovery / the GPU Operator
+    ("feature.node.kubernetes.io/pci-10de.present", "true"),
+    ("feature.node.kubernetes.io/pci-0302_10de.present", "true"),
+    ("feature.node.kubernetes.io/pci-0300_10de.present", "true"),
+    ("nvidia.com/gpu.present", "true"),
 )
+RUNTIME_CLASS = "nvidia"
 POOLS_PATH = "/etc/buildmatrix/pools.yaml"
 # The registry Secret's .dockerconfigjson, mounted as config.json in the folder
 # $DOCKER_CONFIG names: where the Docker CLI, and buildmatrix, read credentials.
@@ -50,6 +64,9 @@ class Settings:
     load_test: bool = False
     pools: str | None = None  # the pools file's text; None: every family its own pool
     registry_secret: str | None = None  # a kubernetes.io/dockerconfigjson Secret's name
+    node_selectors: tuple[SelectorTerm, ...] = ()  # ORed with GPU_NODE_LABELS
+    runtime_class: bool = False  # ship the nvidia RuntimeClass
+    example_job: bool = False
 
 
 def is_dns_subdomain(name: str) -> bool:
@@ -65,7 +82,7 @@ def render(settings: Settings, profiles: ProfileSet) -> list[dict[str, Any]]:
     ns = settings.namespace
     labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "buildmatrix"}
     meta = {"name": APP, "namespace": ns, "labels": labels}
-    return [
+    objects: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
@@ -91,8 +108,35 @@ def render(settings: Settings, profiles: ProfileSet) -> list[dict[str, Any]]:
             "metadata": {"name": f"{APP}-pools", "namespace": ns, "labels": labels},
             "data": {"pools.yaml": settings.pools or default_pools(profiles)},
         },
-        _daemonset(settings, meta, labels),
-        _example_job(profiles, ns),
+    ]
+    if settings.runtime_class:
+        objects.append(runtime_class(labels))
+    objects.append(_daemonset(settings, meta, labels))
+    if settings.example_job:
+        objects.append(_example_job(profiles, ns))
+    return objects
+
+
+def runtime_class(labels: dict[str, str]) -> dict[str, Any]:
+    """The RuntimeClass the DaemonSet names: handler ``nvidia``, the runtime that
+    ``nvidia-ctk runtime configure`` adds to containerd/CRI-O. The GPU Operator creates
+    its own (assets/pre-requisites/0200_runtime_class.yaml), so this is only for
+    clusters whose toolkit is installed on the hosts."""
+    return {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": RUNTIME_CLASS, "labels": labels},
+        "handler": RUNTIME_CLASS,
+    }
+
+
+def node_selector_terms(selectors: tuple[SelectorTerm, ...]) -> list[dict[str, Any]]:
+    """The DaemonSet's nodeSelectorTerms: one per GPU label, one per provisioner
+    selector (its labels ANDed); terms are ORed."""
+    terms = [[(k, v)] for k, v in GPU_NODE_LABELS] + [list(s.labels) for s in selectors]
+    return [
+        {"matchExpressions": [{"key": k, "operator": "In", "values": [v]} for k, v in term]}
+        for term in terms
     ]
 
 
@@ -104,12 +148,7 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
     # a node that is repaired is admitted at the next round without a restart.
     script = f"while true; do {smoke}; sleep {settings.interval}; done"
     capabilities = "utility,compute" if settings.load_test else "utility"
-    gpu = {  # any NVIDIA GPU node: terms are ORed
-        "nodeSelectorTerms": [
-            {"matchExpressions": [{"key": k, "operator": "In", "values": [v]}]}
-            for k, v in GPU_NODE_LABELS
-        ]
-    }
+    gpu = {"nodeSelectorTerms": node_selector_terms(settings.node_selectors)}
     mounts = [
         {"name": "pools", "mountPath": "/etc/buildmatrix", "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
@@ -144,7 +183,7 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
                 "metadata": {"labels": labels},
                 "spec": {
                     "serviceAccountName": APP,
-                    "runtimeClassName": "nvidia",
+                    "runtimeClassName": RUNTIME_CLASS,
                     "priorityClassName": "system-node-critical",
                     "affinity": {
                         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": gpu}

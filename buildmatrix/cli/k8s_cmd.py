@@ -161,6 +161,35 @@ def k8s() -> None:
     help="A Secret of type kubernetes.io/dockerconfigjson in the namespace, mounted for "
     "smoke to read the pools' images from private registries.",
 )
+@click.option(
+    "--node-selector",
+    "node_selectors",
+    multiple=True,
+    metavar="KEY=VALUE[,KEY=VALUE]",
+    help="Also run on nodes with these labels, set by the provisioner at join (kubelet "
+    "--node-labels, Karpenter NodePool labels); ORed with the GPU labels (repeatable).",
+)
+@click.option(
+    "--runtime-class",
+    is_flag=True,
+    help="Also print the nvidia RuntimeClass (clusters with a host-installed toolkit; "
+    "the GPU Operator creates its own).",
+)
+@click.option("--example-job", is_flag=True, help="Also print an example FP8 training Job.")
+@click.option(
+    "--gpu-operator-values",
+    "values",
+    flag_value="gpu-operator",
+    help="Print instead the Helm values that let the GPU Operator's DaemonSets and its "
+    "NFD worker run on nodes still tainted for admission.",
+)
+@click.option(
+    "--nfd-values",
+    "values",
+    flag_value="nfd",
+    help="Print instead the Helm values that let a standalone NFD chart's worker run on "
+    "nodes still tainted for admission.",
+)
 @click.option("--format", "fmt", type=_FORMATS, default="yaml", show_default=True)
 @profiles_option
 def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -170,14 +199,25 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     interval: int,
     load_test: bool,
     registry_secret: str | None,
+    node_selectors: tuple[str, ...],
+    runtime_class: bool,
+    example_job: bool,
+    values: str | None,
     fmt: str,
     profiles_dir: str | None,
 ) -> int:
-    """Print ready-to-apply YAML: namespace, RBAC, pools ConfigMap, the admission
-    DaemonSet (smoke --apply on every GPU node), and an example FP8 training Job."""
+    """Print ready-to-apply YAML: namespace, RBAC, pools ConfigMap and the admission
+    DaemonSet (smoke --apply on every GPU node); with --runtime-class the nvidia
+    RuntimeClass, with --example-job an example FP8 training Job. --gpu-operator-values
+    and --nfd-values print the Helm values the GPU stack needs instead."""
     from buildmatrix.k8s import Settings, is_dns_subdomain, render
+    from buildmatrix.k8s_nodes import parse_selector
     from buildmatrix.node.pools import load_pools
 
+    if values is not None:
+        click.echo(_values(values, fmt), nl=False)
+        return 0
+    terms = tuple(parse_selector(s) for s in node_selectors)
     profiles = load(profiles_dir)
     pools_text = None
     if pools is not None:
@@ -204,6 +244,9 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
         load_test=load_test,
         pools=pools_text,
         registry_secret=registry_secret,
+        node_selectors=terms,
+        runtime_class=runtime_class,
+        example_job=example_job,
     )
     click.echo(_dump(render(settings, profiles), fmt), nl=False)
     return 0
@@ -219,3 +262,15 @@ def _every_pool_has_images(pool_map: Pools) -> None:
             f"pool(s) {', '.join(empty)} list none: their nodes would never be admitted. "
             "Add pools.<name>.images for each, or leave out --load-test."
         )
+
+
+def _values(chart: str, fmt: str) -> str:
+    from buildmatrix import k8s_values
+
+    if chart == "gpu-operator":
+        data, note = k8s_values.gpu_operator_values(), k8s_values.GPU_OPERATOR_NOTE
+    else:
+        data, note = k8s_values.nfd_values(), k8s_values.NFD_NOTE
+    if fmt == "json":
+        return _dump(data, fmt)
+    return "".join(f"# {line}".rstrip() + "\n" for line in note.splitlines()) + _dump(data, fmt)
