@@ -32,7 +32,11 @@ ADMISSION_TOLERATION: dict[str, str] = {
     "operator": "Exists",
     "effect": TAINT_EFFECT,
 }
-GPU_TOLERATION: dict[str, str] = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+GPU_TOLERATION: dict[str, str] = {
+    "key": "nvidia.com/gpu",
+    "operator": "Exists",
+    "effect": "NoSchedule",
+}
 CONTROL_PLANE_TOLERATION: dict[str, str] = {
     "key": "node-role.kubernetes.io/control-plane",
     "operator": "Equal",
