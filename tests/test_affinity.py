@@ -463,6 +463,7 @@ def test_manifests_validate_offline(cli: CliRunner, tmp_path: Path) -> None:
         "--namespace",
         "gpu-admission",
         "--load-test",
+        "--example-job",
     )
     assert r.code == 0, r.err
     docs = list(yaml.safe_load_all(r.out))

@@ -95,7 +95,15 @@ def test_admission_end_to_end(engine: Any, cli: CliRunner, tmp_path: Path) -> No
         kube = tmp_path / "kube"
         kube.mkdir()
         standin.kubeconfig(kube / "config", url, "smoke")
-        r = cli("k8s", "manifests", "--image", TAG, "--pools", str(NODES / "pools.yaml"))
+        r = cli(
+            "k8s",
+            "manifests",
+            "--image",
+            TAG,
+            "--pools",
+            str(NODES / "pools.yaml"),
+            "--example-job",
+        )
         assert r.code == 0, r.err
         docs = {d["kind"]: d for d in yaml.safe_load_all(r.out)}
         (kube / "pools.yaml").write_text(docs["ConfigMap"]["data"]["pools.yaml"])

@@ -1,0 +1,181 @@
+"""``k8s manifests``: what it prints for each flag, every object valid against the
+Kubernetes schemas (kubernetes-validate, strict), and the checks on ``--node-selector``.
+
+How these objects let a tainted node be admitted is tests/test_scheduling.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from buildmatrix.k8s import GPU_NODE_LABELS
+from buildmatrix.k8s_nodes import kubelet_may_set, parse_selector
+from buildmatrix.k8s_values import ADMISSION_TOLERATION
+from tests.conftest import CliRunner
+
+K8S_VERSION = "1.34.0"
+FLAGS = ["--runtime-class", "--example-job", "--load-test"]
+
+# NodeRestriction's own test (kubernetes plugin/pkg/admission/noderestriction/
+# admission_test.go at commit 008ef699a50afe9b8c52df50b6d2cfc21c4f7240,
+# setAllowedUpdateLabels and setForbiddenCreateLabels): the keys a kubelet may and may
+# not set on its Node.
+KUBELET_ALLOWED = [
+    "foo",
+    "example.com/foo",
+    "kubernetes.io/hostname",
+    "failure-domain.beta.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+    "beta.kubernetes.io/instance-type",
+    "node.kubernetes.io/instance-type",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "kubelet.kubernetes.io/foo",
+    "foo.kubelet.kubernetes.io/foo",
+    "node.kubernetes.io/foo",
+    "foo.node.kubernetes.io/foo",
+]
+KUBELET_FORBIDDEN = [
+    "node-restriction.kubernetes.io/foo",
+    "foo.node-restriction.kubernetes.io/foo",
+    "other.kubernetes.io/foo",
+    "other.k8s.io/foo",
+]
+
+
+def _docs(cli: CliRunner, *args: str) -> list[dict[str, Any]]:
+    r = cli("k8s", "manifests", "--image", "registry.example.com/buildmatrix:1", *args)
+    assert r.code == 0, r.err
+    return [d for d in yaml.safe_load_all(r.out) if d]
+
+
+def _pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    spec: dict[str, Any] = ds["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [c for n in range(len(FLAGS) + 1) for c in itertools.combinations(FLAGS, n)],
+    ids=lambda c: " ".join(c) or "default",
+)
+def test_each_flag_adds_only_its_object_and_all_validate(
+    cli: CliRunner, flags: tuple[str, ...]
+) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = _docs(cli, *flags, "--node-selector", "example.com/gpu-node=true")
+    kinds = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap"]
+    kinds += ["RuntimeClass"] if "--runtime-class" in flags else []
+    kinds += ["DaemonSet"]
+    kinds += ["Job"] if "--example-job" in flags else []
+    assert [d["kind"] for d in docs] == kinds
+    for d in docs:
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    pod = _pod(docs)
+    assert pod["runtimeClassName"] == "nvidia"
+    assert ("--load-test" in pod["containers"][0]["command"][-1]) is ("--load-test" in flags)
+
+
+def test_the_runtime_class(cli: CliRunner) -> None:
+    (rc,) = [d for d in _docs(cli, "--runtime-class") if d["kind"] == "RuntimeClass"]
+    assert rc["apiVersion"] == "node.k8s.io/v1"
+    assert rc["metadata"]["name"] == "nvidia"
+    assert rc["handler"] == "nvidia"
+    assert "scheduling" not in rc  # it must not narrow where the DaemonSet may run
+
+
+def test_node_selectors_are_ored_with_the_gpu_labels(cli: CliRunner) -> None:
+    docs = _docs(
+        cli,
+        "--node-selector",
+        "example.com/gpu-node=true",
+        "--node-selector",
+        "node.kubernetes.io/instance-type=p5.48xlarge,example.com/pool=h100",
+    )
+    required = _pod(docs)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    terms = [
+        [(e["key"], e["operator"], tuple(e["values"])) for e in t["matchExpressions"]]
+        for t in required["nodeSelectorTerms"]
+    ]
+    assert terms == [
+        *([(k, "In", (v,))] for k, v in GPU_NODE_LABELS),
+        [("example.com/gpu-node", "In", ("true",))],
+        [
+            ("node.kubernetes.io/instance-type", "In", ("p5.48xlarge",)),
+            ("example.com/pool", "In", ("h100",)),
+        ],
+    ]
+
+
+@pytest.mark.parametrize("key", KUBELET_ALLOWED)
+def test_keys_a_kubelet_may_set(key: str) -> None:
+    assert kubelet_may_set(key)
+    assert parse_selector(f"{key}=x").labels == ((key, "x"),)
+
+
+@pytest.mark.parametrize("key", KUBELET_FORBIDDEN)
+def test_keys_a_kubelet_may_not_set_exit_2(cli: CliRunner, key: str) -> None:
+    assert not kubelet_may_set(key)
+    r = cli("k8s", "manifests", "--node-selector", f"{key}=x")
+    assert r.code == 2
+    assert f"a kubelet may not set '{key}'" in r.err
+    assert "NodeRestriction" in r.err
+    assert r.out == ""
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ("gpu", "'gpu' is not KEY=VALUE"),
+        ("=true", "'=true' is not KEY=VALUE"),
+        ("Example.com/gpu=true", "prefix 'Example.com' is not a DNS subdomain"),
+        ("example.com/-gpu=true", "name '-gpu' must be 1-63 characters"),
+        ("a/b/c=true", "has more than one '/'"),
+        ("example.com/gpu=not ok", "value 'not ok' of 'example.com/gpu'"),
+        ("example.com/gpu=" + "x" * 64, "must be at most 63 characters"),
+        ("example.com/a=1,example.com/a=2", "'example.com/a' is given twice"),
+        ("gpu-pool=training", "a label smoke --apply writes and removes"),
+        ("buildmatrix.io/smoke=passed", "a label smoke --apply writes and removes"),
+    ],
+)
+def test_bad_node_selectors_exit_2(cli: CliRunner, selector: str, message: str) -> None:
+    r = cli("k8s", "manifests", "--node-selector", selector)
+    assert r.code == 2
+    assert message in r.err
+    assert "--node-selector" in r.err
+    assert r.out == ""
+
+
+def test_an_empty_value_is_a_label_value() -> None:
+    assert parse_selector("example.com/gpu=").labels == (("example.com/gpu", ""),)
+
+
+@pytest.mark.parametrize("flag", ["--gpu-operator-values", "--nfd-values"])
+def test_values_overlays(cli: CliRunner, flag: str) -> None:
+    r = cli("k8s", "manifests", flag)
+    assert r.code == 0, r.err
+    assert r.out.startswith("# Helm values for the ")
+    values = yaml.safe_load(r.out)
+    j = cli("k8s", "manifests", flag, "--format", "json")
+    assert json.loads(j.out) == values
+    lists = (
+        [values["daemonsets"], values["node-feature-discovery"]["worker"]]
+        if flag == "--gpu-operator-values"
+        else [values["worker"]]
+    )
+    for holder in lists:
+        assert ADMISSION_TOLERATION in holder["tolerations"]
+    # the values are the whole output: no manifests after them
+    assert "kind:" not in r.out
