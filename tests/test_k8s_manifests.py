@@ -179,3 +179,10 @@ def test_values_overlays(cli: CliRunner, flag: str) -> None:
         assert ADMISSION_TOLERATION in holder["tolerations"]
     # the values are the whole output: no manifests after them
     assert "kind:" not in r.out
+
+
+def test_one_overlay_at_a_time(cli: CliRunner) -> None:
+    r = cli("k8s", "manifests", "--gpu-operator-values", "--nfd-values")
+    assert r.code == 2
+    assert "give one" in r.err
+    assert r.out == ""

@@ -178,15 +178,15 @@ def k8s() -> None:
 @click.option("--example-job", is_flag=True, help="Also print an example FP8 training Job.")
 @click.option(
     "--gpu-operator-values",
-    "values",
-    flag_value="gpu-operator",
+    "operator_values",
+    is_flag=True,
     help="Print instead the Helm values that let the GPU Operator's DaemonSets and its "
     "NFD worker run on nodes still tainted for admission.",
 )
 @click.option(
     "--nfd-values",
-    "values",
-    flag_value="nfd",
+    "nfd_values",
+    is_flag=True,
     help="Print instead the Helm values that let a standalone NFD chart's worker run on "
     "nodes still tainted for admission.",
 )
@@ -202,7 +202,8 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     node_selectors: tuple[str, ...],
     runtime_class: bool,
     example_job: bool,
-    values: str | None,
+    operator_values: bool,
+    nfd_values: bool,
     fmt: str,
     profiles_dir: str | None,
 ) -> int:
@@ -214,8 +215,13 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     from buildmatrix.k8s_nodes import parse_selector
     from buildmatrix.node.pools import load_pools
 
-    if values is not None:
-        click.echo(_values(values, fmt), nl=False)
+    if operator_values and nfd_values:
+        raise InputError(
+            "--gpu-operator-values and --nfd-values print the values of two different "
+            "charts: give one (the GPU Operator's values already cover its bundled NFD)."
+        )
+    if operator_values or nfd_values:
+        click.echo(_values("gpu-operator" if operator_values else "nfd", fmt), nl=False)
         return 0
     terms = tuple(parse_selector(s) for s in node_selectors)
     profiles = load(profiles_dir)
