@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 
 from buildmatrix.errors import InputError
-from buildmatrix.node.apply import owned
+from buildmatrix.labelkeys import owned
 
 # k8s.io/api core/v1 well_known_labels.go, the keys kubelet's IsKubeletLabel allows.
 KUBELET_LABELS = frozenset(

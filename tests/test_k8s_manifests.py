@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,10 +71,17 @@ def _pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
     ids=lambda c: " ".join(c) or "default",
 )
 def test_each_flag_adds_only_its_object_and_all_validate(
-    cli: CliRunner, flags: tuple[str, ...]
+    cli: CliRunner, flags: tuple[str, ...], tmp_path: Path
 ) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    docs = _docs(cli, *flags, "--node-selector", "example.com/gpu-node=true")
+    extra: tuple[str, ...] = ()
+    if "--load-test" in flags:  # the load test needs every pool's images
+        pools = tmp_path / "pools.yaml"
+        pools.write_text(
+            "families: {hopper: train}\npools:\n  train: {images: [registry.example.com/t:1]}\n"
+        )
+        extra = ("--pools", str(pools))
+    docs = _docs(cli, *flags, *extra, "--node-selector", "example.com/gpu-node=true")
     kinds = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap"]
     kinds += ["RuntimeClass"] if "--runtime-class" in flags else []
     kinds += ["DaemonSet"]

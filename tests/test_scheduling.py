@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from buildmatrix.labelkeys import GfdKeys
 from buildmatrix.node.apply import plan
 from tests.cluster_sim import H100_PCI, Component, Node, Walk, joining_node, walk
 from tests.conftest import CliRunner
@@ -204,7 +205,7 @@ def smoke(cli: CliRunner, *args: str) -> tuple[Component, dict[str, str]]:
     labels = r.json()["labels"]
 
     def act(node: Node) -> None:
-        patch, _ = plan(node.obj, passed=True, labels=labels, report="", gfd_keys=True)
+        patch, _ = plan(node.obj, passed=True, labels=labels, report="", gfd_keys=GfdKeys.AUTO)
         for key, value in (patch.get("metadata", {}).get("labels") or {}).items():
             if value is None:
                 node.labels.pop(key, None)
