@@ -2,6 +2,8 @@
 
 - Namespace, ServiceAccount, a ClusterRole with ``get`` and ``patch`` on ``nodes``
   and nothing else, and its binding;
+- a ValidatingAdmissionPolicy and binding that narrow ``patch`` to the agent's own
+  node, the labels buildmatrix owns and the admission taint (k8s_policy.py);
 - a ConfigMap with the pools file;
 - the admission DaemonSet: on every NVIDIA GPU node (NFD's PCI labels, the GPU
   Operator's ``nvidia.com/gpu.present``, or a label the provisioner sets at join:
@@ -28,6 +30,8 @@ from typing import Any
 
 from buildmatrix.affinity import FAMILY, MEMORY, affinity_block
 from buildmatrix.k8s_nodes import SelectorTerm
+from buildmatrix.k8s_policy import policy_objects
+from buildmatrix.labelkeys import GfdKeys
 from buildmatrix.node.apply import TAINT_EFFECT, TAINT_KEY
 from buildmatrix.profiles import ProfileSet
 
@@ -67,6 +71,10 @@ class Settings:
     node_selectors: tuple[SelectorTerm, ...] = ()  # ORed with GPU_NODE_LABELS
     runtime_class: bool = False  # ship the nvidia RuntimeClass
     example_job: bool = False
+    # The ValidatingAdmissionPolicy that confines the agent to its node and keys
+    # (k8s_policy.py); off only for clusters older than Kubernetes 1.30.
+    node_policy: bool = True
+    gfd_keys: GfdKeys = GfdKeys.AUTO  # smoke --gfd-keys, and what the policy allows
 
 
 def is_dns_subdomain(name: str) -> bool:
@@ -102,6 +110,17 @@ def render(settings: Settings, profiles: ProfileSet) -> list[dict[str, Any]]:
             },
             "subjects": [{"kind": "ServiceAccount", "name": APP, "namespace": ns}],
         },
+        *(
+            policy_objects(
+                name=APP,
+                namespace=ns,
+                service_account=APP,
+                gfd_keys=settings.gfd_keys,
+                labels=labels,
+            )
+            if settings.node_policy
+            else []
+        ),
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -142,6 +161,8 @@ def node_selector_terms(selectors: tuple[SelectorTerm, ...]) -> list[dict[str, A
 
 def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
     smoke = f"buildmatrix smoke --apply --pools {POOLS_PATH}"
+    if settings.gfd_keys is not GfdKeys.AUTO:
+        smoke += f" --gfd-keys {settings.gfd_keys.value}"
     if settings.load_test:
         smoke += " --load-test"
     # A failed check is exit 1 and leaves the node tainted; the loop goes on so that

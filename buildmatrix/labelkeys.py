@@ -64,9 +64,10 @@ GFD_KEYS = (
     "nvidia.com/cuda.runtime-version.minor",
     "nvidia.com/cuda.runtime-version.full",
 )
-_OWN_KEYS = frozenset(
-    (SMOKE, DRIVER_FLOOR, MIXED, DRIVER_MAJOR, DRIVER_MINOR, DRIVER_REVISION, POOL, *SEED_KEYS)
-)
+# What buildmatrix owns, as the admission policy (k8s_policy.py) also states it: every
+# key under these prefixes, and these keys.
+OWNED_PREFIXES = ("buildmatrix.io/", VERIFIED_PREFIX)
+OWNED_KEYS = (POOL, *SEED_KEYS)
 
 
 class GfdKeys(StrEnum):
@@ -93,8 +94,4 @@ def writes_gfd_keys(mode: GfdKeys, node_labels: Mapping[str, str] | None) -> boo
 def owned(key: str, *, gfd_keys: bool) -> bool:
     """Whether buildmatrix writes, and so may remove, this label: its own keys, and
     GFD's listed keys only where it writes them (``gfd_keys``)."""
-    return (
-        key.startswith(("buildmatrix.io/", VERIFIED_PREFIX))
-        or key in _OWN_KEYS
-        or (gfd_keys and key in GFD_KEYS)
-    )
+    return key.startswith(OWNED_PREFIXES) or key in OWNED_KEYS or (gfd_keys and key in GFD_KEYS)

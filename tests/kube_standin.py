@@ -14,10 +14,16 @@ What it reproduces of the real server, for ``/api/v1/nodes/{name}`` only:
   ``metadata.resourceVersion`` other than the current one is 409 Conflict (the
   optimistic-concurrency precondition Kubernetes' own taint helpers rely on);
 - ``between_get_and_patch``: a callback run once after the next GET, as a second
-  controller writing the node in between.
+  controller writing the node in between;
+- ``policies``: ValidatingAdmissionPolicies (as ``k8s manifests`` renders them) run
+  on every PATCH, by the stand-in policy plugin of tests/admission_policy.py, with the
+  identity a token stands for (``identities``: user name and the ``extra`` a bound
+  service-account token carries, such as its node name); a denial is 403 with the
+  API server's message (``ValidatingAdmissionPolicy 'P' with binding 'B' denied
+  request: ...``) and the node is not written.
 
-It is not an API server: no watch, no other resources, no admission, no validation
-beyond what the tests need.
+It is not an API server: no watch, no other resources, no other admission plugins,
+no validation beyond what the tests need.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.admission_policy import UserInfo, denials, request
+
 Json = Any
 PREFIX = "/api/v1/nodes/"
 
@@ -41,6 +49,8 @@ class ApiStandIn:
     # token -> verbs it may use on nodes
     tokens: dict[str, set[str]] = field(default_factory=dict)
     between_get_and_patch: Callable[[ApiStandIn, str], None] | None = None
+    identities: dict[str, UserInfo] = field(default_factory=dict)  # token -> user
+    policies: list[Json] = field(default_factory=list)
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, type
     conflicts: int = 0
     _version: int = 100
@@ -73,6 +83,19 @@ class ApiStandIn:
         self._version += 1
         node["metadata"]["resourceVersion"] = str(self._version)
 
+    def admit(self, token: str | None, old: Json, new: Json) -> str | None:
+        """The first denial of the admission policies, as the API server words it."""
+        user = self.identities.get(token or "", UserInfo("system:serviceaccount:test:smoke", {}))
+        for policy in self.policies:
+            refused = denials(policy, request(user, old, new))
+            if refused:
+                name = policy["metadata"]["name"]
+                return (
+                    f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied "
+                    f"request: {refused[0]}"
+                )
+        return None
+
     # ---------------------------------------------------------------- the server
 
     def serve(self) -> tuple[ThreadingHTTPServer, str]:
@@ -103,9 +126,12 @@ class ApiStandIn:
                     },
                 )
 
-            def _authorised(self, verb: str, name: str) -> bool:
+            def _token(self) -> str | None:
                 header = self.headers.get("Authorization", "")
-                token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+                return header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+
+            def _authorised(self, verb: str, name: str) -> bool:
+                token = self._token()
                 if token is None or token not in standin.tokens:
                     self._status(401, "Unauthorized", "Unauthorized")
                     return False
@@ -181,6 +207,10 @@ class ApiStandIn:
                         )
                         return
                     patched["metadata"]["resourceVersion"] = node["metadata"]["resourceVersion"]
+                    refused = standin.admit(self._token(), node, patched)
+                    if refused is not None:
+                        self._status(403, "Forbidden", f'nodes "{name}" is forbidden: {refused}')
+                        return
                     standin._bump(patched)
                     standin.nodes[name] = patched
                     out = copy.deepcopy(patched)

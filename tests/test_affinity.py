@@ -473,20 +473,23 @@ def test_manifests_validate_offline(cli: CliRunner, tmp_path: Path) -> None:
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ConfigMap",
         "DaemonSet",
         "Job",
     ]
     for d in docs:
         kubernetes_validate.validate(d, K8S_VERSION, strict=True)
-    role = docs[2]
+    by_kind = {d["kind"]: d for d in docs}
+    role = by_kind["ClusterRole"]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
-    assert docs[4]["data"]["pools.yaml"] == pools.read_text()
-    ds = docs[5]["spec"]["template"]["spec"]
+    assert by_kind["ConfigMap"]["data"]["pools.yaml"] == pools.read_text()
+    ds = by_kind["DaemonSet"]["spec"]["template"]["spec"]
     assert ds["containers"][0]["image"] == "registry.example.com/buildmatrix:1"
     assert "--load-test" in ds["containers"][0]["command"][-1]
     assert {t["key"] for t in ds["tolerations"]} == {"buildmatrix.io/unverified", "nvidia.com/gpu"}
-    job = docs[6]["spec"]["template"]["spec"]
+    job = by_kind["Job"]["spec"]["template"]["spec"]
     for sm in ("sm_89", "sm_90", "sm_100"):
         assert matches(job["affinity"], _node_labels(sm))
     assert not matches(job["affinity"], _node_labels("sm_80"))

@@ -82,7 +82,8 @@ def test_each_flag_adds_only_its_object_and_all_validate(
         )
         extra = ("--pools", str(pools))
     docs = _docs(cli, *flags, *extra, "--node-selector", "example.com/gpu-node=true")
-    kinds = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap"]
+    kinds = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+    kinds += ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap"]
     kinds += ["RuntimeClass"] if "--runtime-class" in flags else []
     kinds += ["DaemonSet"]
     kinds += ["Job"] if "--example-job" in flags else []

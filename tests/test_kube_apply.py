@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from buildmatrix.k8s import Settings, render
 from buildmatrix.labelkeys import GfdKeys
 from buildmatrix.node.apply import REPORT_ANNOTATION, TAINT_KEY, plan
-from tests.conftest import REPO, CliRunner
+from buildmatrix.profiles import load_profiles
+from tests.admission_policy import UserInfo
+from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 from tests.kube_standin import ApiStandIn, PatchError, apply_patch
 from tests.pod_standin import PodWouldNotStart, run_once
 from tests.pool_registry import FITS_HOPPER, SM80_ONLY, push, registry_secret
@@ -27,14 +30,34 @@ ADMISSION = {"key": TAINT_KEY, "effect": "NoSchedule"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
 
+AGENT = "system:serviceaccount:buildmatrix:buildmatrix-smoke"
+
+
+def agent_policy(gfd_keys: GfdKeys = GfdKeys.AUTO) -> Any:
+    """The ValidatingAdmissionPolicy exactly as ``k8s manifests`` renders it."""
+    settings = Settings(image="buildmatrix", gfd_keys=gfd_keys)
+    objects = render(settings, load_profiles(SHIPPED_PROFILES))
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    return policy
+
+
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, Path]]:
-    standin = ApiStandIn(tokens={"smoke": {"get", "patch"}, "reader": {"get"}, "nobody": set()})
+    """The stand-in API server with the agent's policy, the agent's token bound to
+    the node gpu-1 (its Pod runs there)."""
+    standin = ApiStandIn(
+        tokens={"smoke": {"get", "patch"}, "reader": {"get"}, "nobody": set()},
+        identities={
+            "smoke": UserInfo(AGENT, {"authentication.kubernetes.io/node-name": ["gpu-1"]})
+        },
+        policies=[agent_policy()],
+    )
     standin.add_node(
         "gpu-1",
         labels={"kubernetes.io/hostname": "gpu-1", "team": "ml"},
         taints=[ADMISSION, GPU_TAINT],
     )
+    standin.add_node("gpu-2", labels={"kubernetes.io/hostname": "gpu-2"}, taints=[ADMISSION])
     server, url = standin.serve()
     try:
         yield standin, standin.kubeconfig(tmp_path / "kubeconfig", url, "smoke")
@@ -42,14 +65,16 @@ def api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, Path]]:
         server.shutdown()
 
 
-def _smoke(cli: CliRunner, kubeconfig: Path, node: str, *args: str) -> tuple[int, Any]:
+def _smoke(
+    cli: CliRunner, kubeconfig: Path, node: str, *args: str, on: str = "gpu-1"
+) -> tuple[int, Any]:
     r = cli(
         "smoke",
         "--snapshot",
         str(NODES / f"{node}.json"),
         "--apply",
         "--node",
-        "gpu-1",
+        on,
         "--kubeconfig",
         str(kubeconfig),
         "--json",
@@ -281,6 +306,11 @@ def test_always_writes_gfds_keys_even_beside_gfd(
 ) -> None:
     standin, kubeconfig = api
     _gfd_node(standin)
+    # Deployed with the default (auto), the policy refuses the agent GFD's keys here.
+    code, doc = _smoke(cli, kubeconfig, "h100-535", "--gfd-keys", "always")
+    assert code == 3
+    assert "may only change the labels buildmatrix owns" in doc
+    standin.policies = [agent_policy(GfdKeys.ALWAYS)]  # k8s manifests --gfd-keys always
     code, doc = _smoke(cli, kubeconfig, "h100-535", "--gfd-keys", "always")
     assert code == 0, doc
     labels = _node(standin)["metadata"]["labels"]
@@ -600,3 +630,20 @@ def test_the_daemonsets_command_checks_the_pools_images_with_the_secret(
     objects["Secret/regcred"] = {"type": "kubernetes.io/dockercfg", "data": {".dockercfg": ""}}
     with pytest.raises(PodWouldNotStart, match=r"non-existent secret key: \.dockerconfigjson"):
         round_("dockercfg")
+
+
+def test_the_policy_keeps_the_agent_off_other_nodes(
+    cli: CliRunner, api: tuple[ApiStandIn, Path]
+) -> None:
+    """The agent's token is bound to gpu-1: admitting gpu-2 with it is refused by the
+    admission policy (exit 3, nothing written), while its own node is admitted."""
+    standin, kubeconfig = api
+    before = json.dumps(standin.nodes["gpu-2"], sort_keys=True)
+    code, out = _smoke(cli, kubeconfig, "h100-535", "--pools", POOLS, on="gpu-2")
+    assert code == 3
+    assert "admission policy refused to patch node 'gpu-2'" in out
+    assert "may only change the Node its Pod runs on" in out
+    assert json.dumps(standin.nodes["gpu-2"], sort_keys=True) == before
+    code, out = _smoke(cli, kubeconfig, "h100-535", "--pools", POOLS)
+    assert code == 0, out
+    assert out["applied"]["taint"] == "removed"

@@ -10,6 +10,7 @@ import click
 
 from buildmatrix.cli._common import ByteProgress, load, platform_option, profiles_option
 from buildmatrix.errors import InputError
+from buildmatrix.labelkeys import GfdKeys
 
 if TYPE_CHECKING:
     from buildmatrix.node.pools import Pools
@@ -190,6 +191,28 @@ def k8s() -> None:
     help="Print instead the Helm values that let a standalone NFD chart's worker run on "
     "nodes still tainted for admission.",
 )
+@click.option(
+    "--gfd-keys",
+    type=click.Choice([m.value for m in GfdKeys]),
+    default=GfdKeys.AUTO.value,
+    show_default=True,
+    help="Who writes GPU Feature Discovery's keys (smoke --gfd-keys; the admission policy "
+    "allows the agent exactly that): auto leaves them to GFD where it labels the node.",
+)
+@click.option(
+    "--kubernetes-version",
+    default="1.30",
+    show_default=True,
+    metavar="MAJOR.MINOR",
+    help="The cluster's Kubernetes version: the policy that confines the agent to its own "
+    "node needs 1.30 or newer.",
+)
+@click.option(
+    "--no-node-policy",
+    is_flag=True,
+    help="Leave out the ValidatingAdmissionPolicy (clusters older than 1.30): the agent can "
+    "then relabel and untaint every node (docs/kubernetes.md, Security).",
+)
 @click.option("--format", "fmt", type=_FORMATS, default="yaml", show_default=True)
 @profiles_option
 def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -204,6 +227,9 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     example_job: bool,
     operator_values: bool,
     nfd_values: bool,
+    gfd_keys: str,
+    kubernetes_version: str,
+    no_node_policy: bool,
     fmt: str,
     profiles_dir: str | None,
 ) -> int:
@@ -213,6 +239,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     and --nfd-values print the Helm values the GPU stack needs instead."""
     from buildmatrix.k8s import Settings, is_dns_subdomain, render
     from buildmatrix.k8s_nodes import parse_selector
+    from buildmatrix.k8s_policy import require_node_policy
     from buildmatrix.node.pools import load_pools
 
     if operator_values and nfd_values:
@@ -243,6 +270,8 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
             "subdomain: at most 253 characters of lower-case letters, digits, '-' and '.', "
             "starting and ending with a letter or digit)."
         )
+    if not no_node_policy:
+        require_node_policy(kubernetes_version)
     settings = Settings(
         image=tool_image,
         namespace=namespace,
@@ -253,6 +282,8 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
         node_selectors=terms,
         runtime_class=runtime_class,
         example_job=example_job,
+        node_policy=not no_node_policy,
+        gfd_keys=GfdKeys(gfd_keys),
     )
     click.echo(_dump(render(settings, profiles), fmt), nl=False)
     return 0

@@ -209,6 +209,12 @@ def _api_error(verb: str, name: str, status: int | None, body: Any) -> str:
         message = str(body or "")[:300]
     if status == 401:
         return f"the Kubernetes API server refused the credentials (401): {message}"
+    if status == 403 and "ValidatingAdmissionPolicy" in message:
+        return (
+            f"the cluster's admission policy refused to {verb} node {name!r} (403): "
+            f"{message}. The agent may change only its own node, the labels buildmatrix "
+            "owns and its taint (docs/kubernetes.md, Security); the node stays as it was"
+        )
     if status == 403:
         return (
             f"not allowed to {verb} nodes (403): {message}. The ServiceAccount needs a "
