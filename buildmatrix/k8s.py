@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from buildmatrix.affinity import FAMILY, MEMORY, affinity_block
+from buildmatrix.k8s_nfd import FEATURE_FILE, nfd_pod, node_feature_rule
 from buildmatrix.k8s_nodes import SelectorTerm
 from buildmatrix.k8s_policy import policy_objects
 from buildmatrix.labelkeys import GfdKeys
@@ -74,6 +75,9 @@ class Settings:
     # The ValidatingAdmissionPolicy that confines the agent to its node and keys
     # (k8s_policy.py); off only for clusters older than Kubernetes 1.30.
     node_policy: bool = True
+    # apply: the agent patches its Node (RBAC + policy); nfd: it writes an NFD feature
+    # file and NFD labels and untaints (k8s_nfd.py); the agent has no API rights.
+    mode: str = "apply"
     gfd_keys: GfdKeys = GfdKeys.AUTO  # smoke --gfd-keys, and what the policy allows
 
 
@@ -90,7 +94,28 @@ def render(settings: Settings, profiles: ProfileSet) -> list[dict[str, Any]]:
     ns = settings.namespace
     labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "buildmatrix"}
     meta = {"name": APP, "namespace": ns, "labels": labels}
-    objects: list[dict[str, Any]] = [
+    if settings.mode == "nfd":  # no ServiceAccount rights, no policy: k8s_nfd.py
+        objects: list[dict[str, Any]] = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}},
+            node_feature_rule(name=APP, labels=labels),
+            _pools_config(settings, profiles, ns, labels),
+        ]
+    else:
+        objects = _apply_objects(settings, profiles, meta, labels)
+    if settings.runtime_class:
+        objects.append(runtime_class(labels))
+    objects.append(_daemonset(settings, meta, labels))
+    if settings.example_job:
+        objects.append(_example_job(profiles, ns))
+    return objects
+
+
+def _apply_objects(
+    settings: Settings, profiles: ProfileSet, meta: dict[str, Any], labels: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Mode apply: the ServiceAccount, its node rights, the policy narrowing them."""
+    ns = settings.namespace
+    return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
@@ -121,19 +146,8 @@ def render(settings: Settings, profiles: ProfileSet) -> list[dict[str, Any]]:
             if settings.node_policy
             else []
         ),
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": f"{APP}-pools", "namespace": ns, "labels": labels},
-            "data": {"pools.yaml": settings.pools or default_pools(profiles)},
-        },
+        _pools_config(settings, profiles, ns, labels),
     ]
-    if settings.runtime_class:
-        objects.append(runtime_class(labels))
-    objects.append(_daemonset(settings, meta, labels))
-    if settings.example_job:
-        objects.append(_example_job(profiles, ns))
-    return objects
 
 
 def runtime_class(labels: dict[str, str]) -> dict[str, Any]:
@@ -159,8 +173,22 @@ def node_selector_terms(selectors: tuple[SelectorTerm, ...]) -> list[dict[str, A
     ]
 
 
+def _pools_config(
+    settings: Settings, profiles: ProfileSet, ns: str, labels: dict[str, str]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{APP}-pools", "namespace": ns, "labels": labels},
+        "data": {"pools.yaml": settings.pools or default_pools(profiles)},
+    }
+
+
 def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
-    smoke = f"buildmatrix smoke --apply --pools {POOLS_PATH}"
+    if settings.mode == "nfd":
+        smoke = f"buildmatrix smoke --nfd-file {FEATURE_FILE} --pools {POOLS_PATH}"
+    else:
+        smoke = f"buildmatrix smoke --apply --pools {POOLS_PATH}"
     if settings.gfd_keys is not GfdKeys.AUTO:
         smoke += f" --gfd-keys {settings.gfd_keys.value}"
     if settings.load_test:
@@ -193,7 +221,7 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
             }
         )
         env.append({"name": "DOCKER_CONFIG", "value": REGISTRY_CONFIG_DIR})
-    return {
+    daemonset: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
         "metadata": meta,
@@ -244,6 +272,11 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
             },
         },
     }
+
+    if settings.mode == "nfd":
+        template = daemonset["spec"]["template"]
+        template["spec"] = nfd_pod(template["spec"])
+    return daemonset
 
 
 def _example_job(profiles: ProfileSet, ns: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ For an UPDATE of a Node by the agent's ServiceAccount the policy allows only:
 
 - the Node the requesting Pod runs on (the token's node claim; no claim, no update);
 - label changes (added, changed, removed) of keys buildmatrix owns
-  (:func:`buildmatrix.node.labels.owned_label`); GPU Feature Discovery's keys only
+  (:func:`buildmatrix.labelkeys.owned`); GPU Feature Discovery's keys only
   where the manifests say buildmatrix writes them and only on a node where GFD does
   not label (no ``nvidia.com/gfd.timestamp``);
 - annotation changes of ``buildmatrix.io/smoke-report`` alone;
@@ -228,7 +228,8 @@ def require_node_policy(version: str) -> None:
             f"--kubernetes-version {version}: the ValidatingAdmissionPolicy that holds the "
             f"admission agent to its own node needs Kubernetes {need} or newer "
             "(admissionregistration.k8s.io/v1, and the node-name claim in service-account "
-            f"tokens). Upgrade the cluster to {need}, or pass --no-node-policy to deploy "
-            "without it, knowing that the agent can then relabel and untaint every node "
-            "(docs/kubernetes.md, Security)."
+            f"tokens). Upgrade the cluster to {need}; or use --mode nfd, where the agent has no "
+            "Kubernetes API rights at all and NFD labels and untaints the node; or pass "
+            "--no-node-policy to deploy without the policy, knowing that the agent can then "
+            "relabel and untaint every node (docs/kubernetes.md, Security)."
         )

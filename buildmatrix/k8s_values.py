@@ -13,7 +13,8 @@ components that bring it tolerate the taint, and by default they do not:
   default ``node-role.kubernetes.io/control-plane`` and ``nvidia.com/gpu``.
 - NFD chart (kubernetes-sigs/node-feature-discovery
   ``deployment/helm/node-feature-discovery/values.yaml``, v0.19.0):
-  ``worker.tolerations: []``.
+  ``worker.tolerations: []``; ``master.enableTaints: false`` (NodeFeatureRule taints,
+  which ``k8s manifests --mode nfd`` needs, are off by default).
 
 A Helm values list replaces the chart's list whole (maps merge key by key, lists do
 not), so each overlay repeats the chart's default tolerations and adds the admission
@@ -57,19 +58,25 @@ def _with_admission(defaults: tuple[dict[str, str], ...]) -> list[dict[str, str]
     return [dict(t) for t in defaults] + [dict(ADMISSION_TOLERATION)]
 
 
-def gpu_operator_values() -> dict[str, Any]:
-    """Values for ``helm install/upgrade gpu-operator nvidia/gpu-operator -f FILE``."""
+def _nfd(worker_default: tuple[dict[str, str], ...], *, taints: bool) -> dict[str, Any]:
+    values: dict[str, Any] = {"worker": {"tolerations": _with_admission(worker_default)}}
+    if taints:  # k8s manifests --mode nfd: the master sets taints from NodeFeatureRules
+        values["master"] = {"enableTaints": True}
+    return values
+
+
+def gpu_operator_values(*, nfd_taints: bool = False) -> dict[str, Any]:
+    """Values for ``helm install/upgrade gpu-operator nvidia/gpu-operator -f FILE``;
+    ``nfd_taints`` for ``k8s manifests --mode nfd``, whose taint NFD's master sets."""
     return {
         "daemonsets": {"tolerations": _with_admission(GPU_OPERATOR_DAEMONSETS_DEFAULT)},
-        "node-feature-discovery": {
-            "worker": {"tolerations": _with_admission(GPU_OPERATOR_NFD_WORKER_DEFAULT)}
-        },
+        "node-feature-discovery": _nfd(GPU_OPERATOR_NFD_WORKER_DEFAULT, taints=nfd_taints),
     }
 
 
-def nfd_values() -> dict[str, Any]:
+def nfd_values(*, nfd_taints: bool = False) -> dict[str, Any]:
     """Values for a standalone ``node-feature-discovery`` chart (``-f FILE``)."""
-    return {"worker": {"tolerations": _with_admission(NFD_WORKER_DEFAULT)}}
+    return _nfd(NFD_WORKER_DEFAULT, taints=nfd_taints)
 
 
 GPU_OPERATOR_NOTE = """\
@@ -89,3 +96,7 @@ taint buildmatrix.io/unverified:NoSchedule (and nvidia.com/gpu), so a node that 
 tainted gets its PCI labels and the admission DaemonSet is scheduled there.
   helm upgrade --install nfd nfd/node-feature-discovery -n node-feature-discovery -f THIS_FILE
 A values list replaces the chart's list: merge any tolerations of your own into it."""
+
+NFD_TAINTS_NOTE = """
+--mode nfd: NFD's master sets and removes the admission taint from buildmatrix's
+NodeFeatureRule, which needs master.enableTaints (nfd-master -enable-taints)."""

@@ -200,6 +200,15 @@ def k8s() -> None:
     "allows the agent exactly that): auto leaves them to GFD where it labels the node.",
 )
 @click.option(
+    "--mode",
+    type=click.Choice(["apply", "nfd"]),
+    default="apply",
+    show_default=True,
+    help="apply: the agent labels and untaints its own Node (RBAC on nodes, held to its "
+    "node by an admission policy); nfd: it writes an NFD feature file and NFD labels and "
+    "untaints the node (no Kubernetes API rights in the agent; nfd-master -enable-taints).",
+)
+@click.option(
     "--kubernetes-version",
     default="1.30",
     show_default=True,
@@ -228,6 +237,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     operator_values: bool,
     nfd_values: bool,
     gfd_keys: str,
+    mode: str,
     kubernetes_version: str,
     no_node_policy: bool,
     fmt: str,
@@ -248,7 +258,8 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
             "charts: give one (the GPU Operator's values already cover its bundled NFD)."
         )
     if operator_values or nfd_values:
-        click.echo(_values("gpu-operator" if operator_values else "nfd", fmt), nl=False)
+        chart = "gpu-operator" if operator_values else "nfd"
+        click.echo(_values(chart, fmt, nfd_taints=mode == "nfd"), nl=False)
         return 0
     terms = tuple(parse_selector(s) for s in node_selectors)
     profiles = load(profiles_dir)
@@ -270,7 +281,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
             "subdomain: at most 253 characters of lower-case letters, digits, '-' and '.', "
             "starting and ending with a letter or digit)."
         )
-    if not no_node_policy:
+    if mode == "apply" and not no_node_policy:
         require_node_policy(kubernetes_version)
     settings = Settings(
         image=tool_image,
@@ -284,6 +295,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
         example_job=example_job,
         node_policy=not no_node_policy,
         gfd_keys=GfdKeys(gfd_keys),
+        mode=mode,
     )
     click.echo(_dump(render(settings, profiles), fmt), nl=False)
     return 0
@@ -301,13 +313,16 @@ def _every_pool_has_images(pool_map: Pools) -> None:
         )
 
 
-def _values(chart: str, fmt: str) -> str:
+def _values(chart: str, fmt: str, *, nfd_taints: bool) -> str:
     from buildmatrix import k8s_values
 
     if chart == "gpu-operator":
-        data, note = k8s_values.gpu_operator_values(), k8s_values.GPU_OPERATOR_NOTE
+        data = k8s_values.gpu_operator_values(nfd_taints=nfd_taints)
+        note = k8s_values.GPU_OPERATOR_NOTE
     else:
-        data, note = k8s_values.nfd_values(), k8s_values.NFD_NOTE
+        data, note = k8s_values.nfd_values(nfd_taints=nfd_taints), k8s_values.NFD_NOTE
+    if nfd_taints:
+        note += k8s_values.NFD_TAINTS_NOTE
     if fmt == "json":
         return _dump(data, fmt)
     return "".join(f"# {line}".rstrip() + "\n" for line in note.splitlines()) + _dump(data, fmt)
