@@ -15,6 +15,8 @@ from buildmatrix.errors import InputError
 class Family(StrEnum):
     """GPU Feature Discovery family names (``nvidia.com/gpu.family``)."""
 
+    TESLA = "tesla"  # compute capability 1.x
+    FERMI = "fermi"  # compute capability 2.x
     KEPLER = "kepler"
     MAXWELL = "maxwell"
     PASCAL = "pascal"
@@ -63,11 +65,16 @@ def gfd_family(cc: ComputeCapability) -> Family:
     """Family by compute capability, as GPU Feature Discovery computes it.
 
     Source: NVIDIA/k8s-device-plugin ``internal/lm/resource.go`` (getArchFamily,
-    v0.20): 7.0-7.4 volta, 7.5 turing, 8.0-8.8 ampere, 8.9 ada-lovelace, 9.x
-    hopper, 10.x and 12.x blackwell, 13.x rubin; any other major is ``undefined``
-    (11.x among them), which an arch profile may name for such an SM.
+    v0.20.0): 1.x tesla, 2.x fermi, 3.x kepler, 5.x maxwell, 6.x pascal, 7.0-7.4
+    volta, 7.5 turing, 8.0-8.8 ampere, 8.9 ada-lovelace, 9.x hopper, 10.x and 12.x
+    blackwell, 13.x rubin; any other major is ``undefined`` (4.x and 11.x among
+    them), which an arch profile may name for such an SM.
     """
     match cc.major:
+        case 1:
+            return Family.TESLA
+        case 2:
+            return Family.FERMI
         case 3:
             return Family.KEPLER
         case 5:

@@ -91,3 +91,48 @@ def test_parse_cc() -> None:
 )
 def test_gfd_family(cc: ComputeCapability, family: Family) -> None:
     assert gfd_family(cc) == family
+
+
+# GPU Feature Discovery v0.20.0, internal/lm/resource.go getArchFamily, transcribed as
+# its switch reads: one row per `case` on the compute major; within 7 and 8 the
+# minor splits (`computeMinor < 5` volta, `< 9` ampere); every other major falls
+# through to "undefined".
+GFD_GET_ARCH_FAMILY: dict[int, str | tuple[int, str, str]] = {
+    1: "tesla",
+    2: "fermi",
+    3: "kepler",
+    5: "maxwell",
+    6: "pascal",
+    7: (5, "volta", "turing"),
+    8: (9, "ampere", "ada-lovelace"),
+    9: "hopper",
+    10: "blackwell",
+    12: "blackwell",
+    13: "rubin",
+}
+
+
+def test_gfd_family_is_getarchfamily_on_every_compute_capability() -> None:
+    """Every CC a profile can name (majors 1-99, minors 0-9) against GFD's table."""
+    for major in range(1, 100):
+        row = GFD_GET_ARCH_FAMILY.get(major, "undefined")
+        for minor in range(10):
+            if isinstance(row, tuple):
+                split, below, above = row
+                want = below if minor < split else above
+            else:
+                want = row
+            assert gfd_family(CC(major, minor)).value == want, (major, minor)
+
+
+def test_every_family_gfd_names_is_a_family_profiles_may_declare() -> None:
+    import json
+
+    from tests.conftest import REPO
+
+    schema = json.loads((REPO / "buildmatrix" / "schemas" / "arch-profile.schema.json").read_text())
+    declared = set(schema["properties"]["family"]["enum"])
+    gfd = {"undefined"}
+    for row in GFD_GET_ARCH_FAMILY.values():
+        gfd |= {row} if isinstance(row, str) else {row[1], row[2]}
+    assert gfd == {f.value for f in Family} == declared

@@ -259,6 +259,8 @@ def test_gfd_family_for_every_compute_capability() -> None:
         if major == 8:
             return "ampere" if minor < 9 else "ada-lovelace"
         return {
+            1: "tesla",
+            2: "fermi",
             3: "kepler",
             5: "maxwell",
             6: "pascal",

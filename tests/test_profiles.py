@@ -113,7 +113,7 @@ BAD_CASES = {
     ),
     "unknown family": (
         GOOD.replace("family: hopper", "family: hoper"),
-        "key 'family': 'hoper' is not one of kepler",
+        "key 'family': 'hoper' is not one of tesla, fermi, kepler",
     ),
     "unknown feature": (
         GOOD.replace("[bf16, fp8]", "[bf16, fp9]"),
