@@ -40,7 +40,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from buildmatrix.errors import InputError
-from buildmatrix.labelkeys import GFD_KEYS, GFD_TIMESTAMP, OWNED_KEYS, OWNED_PREFIXES, GfdKeys
+from buildmatrix.labelkeys import (
+    GFD_KEYS,
+    GFD_MIG_KEYS,
+    GFD_TIMESTAMP,
+    MIG_RESOURCE_PREFIX,
+    OWNED_KEYS,
+    OWNED_PREFIXES,
+    GfdKeys,
+)
 from buildmatrix.node.apply import REPORT_ANNOTATION, TAINT_EFFECT, TAINT_KEY
 
 MIN_KUBERNETES = (1, 30)
@@ -100,7 +108,9 @@ def variables(*, gfd_keys: GfdKeys) -> tuple[tuple[str, str], ...]:
     return (
         ("ownedPrefixes", _list(OWNED_PREFIXES)),
         ("ownedKeys", _list(OWNED_KEYS)),
-        ("gfdKeys", _list(() if gfd_keys is GfdKeys.NEVER else GFD_KEYS)),
+        ("gfdKeys", _list(() if gfd_keys is GfdKeys.NEVER else (*GFD_KEYS, *GFD_MIG_KEYS))),
+        # --mig-strategy mixed's nvidia.com/mig-<profile>.* keys (labelkeys.is_mig_key)
+        ("gfdPrefixes", _list(() if gfd_keys is GfdKeys.NEVER else (MIG_RESOURCE_PREFIX,))),
         ("gfdRuns", gfd_runs),
     )
 
@@ -108,7 +118,8 @@ def variables(*, gfd_keys: GfdKeys) -> tuple[tuple[str, str], ...]:
 # CEL over ``k``: a label key the agent may set or remove on this node.
 OWNED = (
     "(variables.ownedPrefixes.exists(p, k.startsWith(p)) || k in variables.ownedKeys || "
-    "(k in variables.gfdKeys && !variables.gfdRuns))"
+    "((k in variables.gfdKeys || variables.gfdPrefixes.exists(p, k.startsWith(p))) && "
+    "!variables.gfdRuns))"
 )
 
 

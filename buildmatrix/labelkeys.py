@@ -47,8 +47,9 @@ MEMORY = "nvidia.com/gpu.memory"
 FAMILY = "nvidia.com/gpu.family"
 GFD_TIMESTAMP = "nvidia.com/gfd.timestamp"
 # The keys of GFD's that buildmatrix can compute from a snapshot and writes where GFD
-# does not run. GFD writes more (gpu.replicas, gpu.sharing-strategy, gpu.mode,
-# gpu.machine, mig.*, the timestamp…): buildmatrix never writes or removes those.
+# does not run (and the MIG keys below). GFD writes more (gpu.replicas,
+# gpu.sharing-strategy, gpu.mode, gpu.machine, mig.capable, the timestamp…):
+# buildmatrix never writes or removes those.
 GFD_KEYS = (
     PRODUCT,
     FAMILY,
@@ -68,6 +69,27 @@ GFD_KEYS = (
 # key under these prefixes, and these keys.
 OWNED_PREFIXES = ("buildmatrix.io/", VERIFIED_PREFIX)
 OWNED_KEYS = (POOL, *SEED_KEYS)
+# GFD's MIG keys (internal/lm/mig-strategy.go, migStrategyLabeler and
+# newMigStrategyMixedLabeler; internal/resource/nvml-mig-device.go, GetAttributes):
+# the strategy, and per MIG resource (nvidia.com/gpu with --mig-strategy single,
+# nvidia.com/mig-<profile> with mixed) the MIG device's attributes beside product and
+# count. Written where GFD's keys are, under smoke's --mig-strategy.
+MIG_STRATEGY = "nvidia.com/mig.strategy"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+MIG_ATTRIBUTE_SUFFIXES = (
+    "memory",
+    "multiprocessors",
+    "slices.gi",
+    "slices.ci",
+    "engines.copy",
+    "engines.decoder",
+    "engines.encoder",
+    "engines.jpeg",
+    "engines.ofa",
+)
+# The fixed MIG keys (mig.strategy, and --mig-strategy single's attributes of
+# nvidia.com/gpu); mixed's keys are every key under MIG_RESOURCE_PREFIX.
+GFD_MIG_KEYS = (MIG_STRATEGY, *(f"nvidia.com/gpu.{s}" for s in MIG_ATTRIBUTE_SUFFIXES))
 
 
 class GfdKeys(StrEnum):
@@ -91,7 +113,16 @@ def writes_gfd_keys(mode: GfdKeys, node_labels: Mapping[str, str] | None) -> boo
     return mode is GfdKeys.ALWAYS
 
 
+def is_mig_key(key: str) -> bool:
+    """A GFD MIG key buildmatrix writes with ``--mig-strategy single`` or ``mixed``."""
+    return key.startswith(MIG_RESOURCE_PREFIX) or key in GFD_MIG_KEYS
+
+
 def owned(key: str, *, gfd_keys: bool) -> bool:
     """Whether buildmatrix writes, and so may remove, this label: its own keys, and
     GFD's listed keys only where it writes them (``gfd_keys``)."""
-    return key.startswith(OWNED_PREFIXES) or key in OWNED_KEYS or (gfd_keys and key in GFD_KEYS)
+    return (
+        key.startswith(OWNED_PREFIXES)
+        or key in OWNED_KEYS
+        or (gfd_keys and (key in GFD_KEYS or is_mig_key(key)))
+    )

@@ -26,7 +26,7 @@ from buildmatrix.cli._common import (
     table,
 )
 from buildmatrix.errors import BuildmatrixError, EnvironmentUnavailable, InputError
-from buildmatrix.labelkeys import GFD_KEYS, GfdKeys, writes_gfd_keys
+from buildmatrix.labelkeys import GFD_KEYS, GfdKeys, is_mig_key, writes_gfd_keys
 
 if TYPE_CHECKING:
     from buildmatrix.check import CheckResult
@@ -46,12 +46,13 @@ def _pools(path: Path | None, profiles: ProfileSet) -> Pools | None:
     return load_pools(path, profiles) if path is not None else None
 
 
-def _live_snapshot(node: str | None, record: Path | None) -> Snapshot:
-    """Probe NVML; with ``record``, write what it said first (before any judging)."""
+def _live_snapshot(node: str | None, record: Path | None, sysfs: Path) -> Snapshot:
+    """Probe NVML and the PCI bus; with ``record``, write what they said first
+    (before any judging)."""
     from buildmatrix.node.probe import probe
     from buildmatrix.node.snapshot import snapshot_from_doc
 
-    doc = probe(hostname=node)
+    doc = probe(hostname=node, sysfs=sysfs)
     if record is not None:
         try:
             record.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
@@ -60,7 +61,9 @@ def _live_snapshot(node: str | None, record: Path | None) -> Snapshot:
     return snapshot_from_doc(doc, source="NVML")
 
 
-def _snapshot(snapshot: Path | None, record: Path | None, node: str | None) -> Snapshot:
+def _snapshot(
+    snapshot: Path | None, record: Path | None, node: str | None, sysfs: Path
+) -> Snapshot:
     from buildmatrix.node.snapshot import load_snapshot
 
     if snapshot is not None and record is not None:
@@ -68,7 +71,30 @@ def _snapshot(snapshot: Path | None, record: Path | None, node: str | None) -> S
             "--snapshot and --record exclude each other: --record reads this node's GPUs "
             "and writes them to FILE, --snapshot judges a recorded node instead."
         )
-    return load_snapshot(snapshot) if snapshot is not None else _live_snapshot(node, record)
+    if snapshot is not None:
+        return load_snapshot(snapshot)
+    return _live_snapshot(node, record, sysfs)
+
+
+# GPU Feature Discovery's --mig-strategy values and default (NVIDIA/k8s-device-plugin
+# cmd/gpu-feature-discovery/main.go: Value spec.MigStrategyNone; internal/lm/mig-strategy.go).
+mig_strategy_option = click.option(
+    "--mig-strategy",
+    type=click.Choice(["none", "single", "mixed"]),
+    default="none",
+    show_default=True,
+    help="How MIG devices are labelled, as GPU Feature Discovery's --mig-strategy "
+    "(use the device plugin's setting).",
+)
+sysfs_option = click.option(
+    "--sysfs",
+    type=click.Path(file_okay=False, path_type=Path),
+    default="/sys",
+    envvar="BUILDMATRIX_SYSFS",
+    show_default=True,
+    metavar="DIR",
+    help="Where sysfs is mounted: the PCI bus is read from DIR/bus/pci/devices.",
+)
 
 
 @dataclass
@@ -192,6 +218,8 @@ def _print_report(
 @click.option("--expect-gpus", type=click.IntRange(min=1), metavar="N", help="Fail below N GPUs.")
 @click.option("--allow-mixed", is_flag=True, help="Admit a node with several GPU models.")
 @no_gfd_keys_option
+@mig_strategy_option
+@sysfs_option
 @click.option("--require-sass", is_flag=True, help="Fail an image that runs only by PTX JIT.")
 @click.option(
     "--load-test",
@@ -230,6 +258,8 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     allow_mixed: bool,
     gfd_keys: str | None,
     no_gfd_keys: bool,
+    mig_strategy: str,
+    sysfs: Path,
     require_sass: bool,
     load_test: bool,
     nfd_file: Path | None,
@@ -262,7 +292,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         require_images(images, pool_map)
     api = _node_api(node, kubeconfig) if apply_to_node else None
     try:
-        snap = _snapshot(snapshot, record, node)
+        snap = _snapshot(snapshot, record, node, sysfs)
     except EnvironmentUnavailable as exc:
         doc = _unavailable_report(exc)
         if nfd_file is not None:
@@ -297,7 +327,12 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         snap,
         profiles,
         load_cuda_facts(),
-        options=NodeOptions(expect_gpus=expect_gpus, allow_mixed=allow_mixed),
+        options=NodeOptions(
+            expect_gpus=expect_gpus,
+            allow_mixed=allow_mixed,
+            pools=pool_map,
+            mig_strategy=mig_strategy,
+        ),
         images=[o.result for o in outcomes if o.result is not None],
         unreadable=[(o.ref, str(o.error)) for o in outcomes if o.error is not None],
         loads=[x for o in outcomes for x in o.loads],
@@ -311,6 +346,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         pools=pool_map,
         gfd_keys=writes_gfd_keys(mode, None),
         verified=_verified(outcomes),
+        mig_strategy=mig_strategy,
     )
     if nfd_file is not None:
         _write_nfd(nfd_file, labels)
@@ -326,7 +362,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
             mode=mode,
         )
         if applied["gfd_keys"] != "written":  # GFD labels the node: its keys are its own
-            labels = {k: v for k, v in labels.items() if k not in GFD_KEYS}
+            labels = {k: v for k, v in labels.items() if k not in GFD_KEYS and not is_mig_key(k)}
     if as_json:
         doc = {
             "verdict": "pass" if report.passed else "fail",
@@ -409,6 +445,8 @@ def _apply(
 @pools_option
 @no_gfd_keys_option
 @click.option("--allow-mixed", is_flag=True, help="Label a node with several GPU models.")
+@mig_strategy_option
+@sysfs_option
 @click.option(
     "--format",
     "fmt",
@@ -432,6 +470,8 @@ def labels(  # noqa: PLR0917 - one parameter per option, as click passes them
     gfd_keys: str | None,
     no_gfd_keys: bool,
     allow_mixed: bool,
+    mig_strategy: str,
+    sysfs: Path,
     fmt: str,
     node: str | None,
     namespace: str,
@@ -451,13 +491,12 @@ def labels(  # noqa: PLR0917 - one parameter per option, as click passes them
 
     profiles = load(profiles_dir)
     pool_map = _pools(pools, profiles)
-    snap = _snapshot(snapshot, None, node)
-    report = evaluate(
-        snap, profiles, load_cuda_facts(), options=NodeOptions(allow_mixed=allow_mixed)
-    )
+    snap = _snapshot(snapshot, None, node, sysfs)
+    options = NodeOptions(allow_mixed=allow_mixed, pools=pool_map, mig_strategy=mig_strategy)
+    report = evaluate(snap, profiles, load_cuda_facts(), options=options)
     # no Node to look at: auto writes GFD's keys (labelkeys.writes_gfd_keys)
     writes = writes_gfd_keys(gfd_mode(no_gfd_keys, gfd_keys), None)
-    found = node_labels(snap, report, pools=pool_map, gfd_keys=writes)
+    found = node_labels(snap, report, pools=pool_map, gfd_keys=writes, mig_strategy=mig_strategy)
     name = node or snap.hostname
     if fmt == "json":
         echo_json({"node": name, "verdict": "pass" if report.passed else "fail", "labels": found})

@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from buildmatrix.arch import ComputeCapability
+from buildmatrix.arch import ComputeCapability, gfd_family
 from buildmatrix.check import CheckResult
 from buildmatrix.compat import Floor, driver_floors
 from buildmatrix.compat import check_driver as compat_check_driver
 from buildmatrix.cuda import CudaFacts, DriverVersion
+from buildmatrix.node import mig
+from buildmatrix.node.pools import Pools
 from buildmatrix.node.snapshot import Gpu, Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
 
@@ -73,6 +75,8 @@ class NodeOptions:
     expect_gpus: int | None = None
     allow_mixed: bool = False
     require_sass: bool = False
+    pools: Pools | None = None  # its pools.<pool>.gpus is a count the node must show
+    mig_strategy: str = "none"  # GPU Feature Discovery's --mig-strategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,36 +107,93 @@ def least_capable(models: Sequence[Model]) -> Model:
     return min(models, key=lambda m: (m.cc, m.memory_mib or 0, m.name))
 
 
+# The NVIDIA container toolkit lets a container read a MIG-enabled GPU's aggregate
+# state only with NVIDIA_MIG_MONITOR_DEVICES=all, and honours that variable only in a
+# container whose bounding set holds CAP_SYS_ADMIN (NVIDIA/nvidia-container-toolkit
+# cmd/nvidia-container-runtime/README.md "NVIDIA_MIG_MONITOR_DEVICES";
+# cmd/nvidia-container-runtime-hook/container_config.go, getNvidiaConfig;
+# internal/config/image/privileged.go, IsPrivileged).
+MIG_MONITOR_HINT = (
+    "NVML refuses a MIG-enabled GPU's aggregate queries without MIG monitoring: run "
+    "smoke with NVIDIA_MIG_MONITOR_DEVICES=all in a container with CAP_SYS_ADMIN "
+    "(buildmatrix k8s manifests --mig-monitor; docs/smoke.md, MIG), as the GPU Operator "
+    "runs GPU Feature Discovery"
+)
+
+
 def check_nvml(snapshot: Snapshot) -> NodeCheck:
     if snapshot.errors:
+        mig_on = {g.index for g in snapshot.gpus if g.mig_mode}
+        refused = [
+            e
+            for e in snapshot.errors
+            if e.error == "NVML_ERROR_NO_PERMISSION" and e.index in mig_on
+        ]
+        why = (
+            MIG_MONITOR_HINT
+            if refused
+            else "A lost GPU or one needing reset must be serviced before the node is admitted"
+        )
         return NodeCheck(
             name="nvml",
             ok=False,
             message="NVML reported errors: "
             + "; ".join(str(e) for e in snapshot.errors)
-            + ". A lost GPU or one needing reset must be serviced before the node is admitted.",
+            + f". {why}.",
         )
     return NodeCheck(
         name="nvml", ok=True, message=f"driver {snapshot.driver}, {len(snapshot.gpus)} GPU(s) read"
     )
 
 
-def check_count(snapshot: Snapshot, expect: int | None) -> NodeCheck:
+def check_count(snapshot: Snapshot, expected: Sequence[tuple[int, str]]) -> NodeCheck:
+    """NVML's GPUs against the kernel's PCI bus and each expected count.
+
+    ``expected``: (count, where it comes from), e.g. (8, "--expect-gpus"). A GPU the
+    kernel enumerated but the driver did not bring up is not counted by NVML and
+    raises no NVML error: only the PCI bus shows it (node/pci.py).
+    """
     seen = len(snapshot.gpus)
     if seen == 0:
         return NodeCheck(
             name="gpus", ok=False, message="no GPU is visible to NVML; nothing to admit"
         )
-    if expect is None:
-        return NodeCheck(name="gpus", ok=True, message=f"{seen} GPU(s) visible")
-    if seen < expect:
-        return NodeCheck(
-            name="gpus",
-            ok=False,
-            message=f"{seen} GPU(s) visible, {expect} expected (--expect-gpus): a GPU has "
-            "fallen off the bus or is hidden; check dmesg for Xid 79 and lspci",
+    problems = []
+    on_bus = snapshot.pci_gpus
+    missing = snapshot.pci_missing_from_nvml()
+    if missing or (on_bus is not None and len(on_bus) > seen):
+        named = f": {', '.join(missing)} not shown by NVML" if missing else ""
+        problems.append(
+            f"the PCI bus has {len(on_bus or ())} NVIDIA GPU(s), NVML shows {seen}{named}. "
+            "The driver did not bring a GPU up (dmesg: Xid 79, RmInitAdapter failed) or the "
+            "container sees only some GPUs (NVIDIA_VISIBLE_DEVICES)"
         )
-    return NodeCheck(name="gpus", ok=True, message=f"{seen} GPU(s) visible, {expect} expected")
+    counts = [seen] if on_bus is None else [seen, len(on_bus)]
+    for count, where in expected:
+        if min(counts) < count:
+            problems.append(
+                f"{min(counts)} GPU(s) visible, {count} expected ({where}): a GPU has fallen "
+                "off the bus or is hidden; check dmesg for Xid 79 and lspci"
+            )
+    if problems:
+        return NodeCheck(name="gpus", ok=False, message="; ".join(problems))
+    bus = " (PCI bus not read)" if on_bus is None else f", {len(on_bus)} on the PCI bus"
+    want = "".join(f", {count} expected ({where})" for count, where in expected)
+    return NodeCheck(name="gpus", ok=True, message=f"{seen} GPU(s) visible{bus}{want}")
+
+
+def expected_counts(options: NodeOptions, labelled: Model | None) -> list[tuple[int, str]]:
+    """The GPU counts the node must show: --expect-gpus, and its pool's
+    ``pools.<pool>.gpus`` (the pool of the model its labels describe)."""
+    found = []
+    if options.expect_gpus is not None:
+        found.append((options.expect_gpus, "--expect-gpus"))
+    if options.pools is not None and labelled is not None:
+        pool = options.pools.pool_for(product=labelled.name, family=gfd_family(labelled.cc).value)
+        gpus = options.pools.spec(pool).gpus
+        if gpus is not None:
+            found.append((gpus, f"pools.{pool}.gpus in {options.pools.source}"))
+    return found
 
 
 def check_profiles(models: Sequence[Model], profiles: ProfileSet) -> NodeCheck:
@@ -281,6 +342,29 @@ def check_persistence(gpus: Sequence[Gpu]) -> NodeCheck:
     return NodeCheck(name="persistence", ok=True, message="persistence mode on or not reported")
 
 
+def check_mig(gpus: Sequence[Gpu], strategy: str) -> NodeCheck:
+    """MIG devices labelled under GFD's strategy (node/mig.py); ``none`` is a warning."""
+    problems = mig.strategy_problems(gpus, strategy)
+    if problems:
+        return NodeCheck(
+            name="mig",
+            ok=False,
+            message=f"--mig-strategy {strategy}: "
+            + "; ".join(problems)
+            + (
+                ". GPU Feature Discovery labels such a node <product>-MIG-INVALID"
+                if strategy == "single"
+                else ""
+            ),
+        )
+    return NodeCheck(
+        name="mig",
+        ok=True,
+        warning=strategy == "none",
+        message=mig.strategy_summary(gpus, strategy),
+    )
+
+
 def check_image(result: CheckResult) -> NodeCheck:
     name = f"image {result.image.ref}"
     if result.passed:
@@ -325,10 +409,11 @@ def evaluate(
     failed check, since the node cannot be shown to run them.
     """
     models = models_of(snapshot, profiles)
+    labelled = least_capable(models) if models else None
     floors = node_floors(models, images, facts)
     checks = [
         check_nvml(snapshot),
-        check_count(snapshot, options.expect_gpus),
+        check_count(snapshot, expected_counts(options, labelled)),
     ]
     if models:
         checks += [
@@ -338,6 +423,8 @@ def evaluate(
             check_health(snapshot.gpus),
             check_persistence(snapshot.gpus),
         ]
+        if any(g.mig_mode for g in snapshot.gpus):
+            checks.append(check_mig(snapshot.gpus, options.mig_strategy))
     checks += [check_image(r) for r in images]
     checks += [
         NodeCheck(name=f"image {ref}", ok=False, message=f"cannot be checked: {why}")
@@ -347,6 +434,6 @@ def evaluate(
     return NodeReport(
         checks=tuple(checks),
         models=models,
-        labelled=least_capable(models) if models else None,
+        labelled=labelled,
         driver_floor=max((f.driver for f in floors if f.driver is not None), default=None),
     )

@@ -27,6 +27,9 @@ from buildmatrix.labelkeys import (
     GFD_KEYS,
     MEMORY,
     MEMORY_MB,
+    MIG_ATTRIBUTE_SUFFIXES,
+    MIG_RESOURCE_PREFIX,
+    MIG_STRATEGY,
     MIXED,
     POOL,
     PRODUCT,
@@ -36,8 +39,9 @@ from buildmatrix.labelkeys import (
     present_key,
 )
 from buildmatrix.node.checks import NodeReport
+from buildmatrix.node.mig import gfd_name
 from buildmatrix.node.pools import Pools
-from buildmatrix.node.snapshot import Snapshot
+from buildmatrix.node.snapshot import MigDevice, Snapshot
 from buildmatrix.node.values import label_value
 
 __all__ = [
@@ -51,6 +55,7 @@ __all__ = [
     "VerifiedImage",
     "gfd_family_label",
     "gfd_product",
+    "mig_labels",
     "node_labels",
 ]
 
@@ -73,6 +78,70 @@ def gfd_product(name: str) -> str:
 def gfd_family_label(cc: ComputeCapability) -> str:
     """``gpu.family`` as GFD v0.20 writes it (13.x rubin, unknown majors undefined)."""
     return gfd_family(cc).value
+
+
+def _mig_resource(resource: str, parent: str, device: MigDevice, count: int) -> dict[str, str]:
+    """GFD's NewMIGResourceLabeler for one resource: product ``<parent>-MIG-<profile>``
+    (getProductName: each part sanitised, joined by ``-``), the count, and the MIG
+    device's attributes (newMigAttributeLabels)."""
+    profile = gfd_name(device.profile or "")
+    product = "-".join(gfd_product(part) for part in (parent, "MIG", profile))
+    labels = {f"{resource}.product": label_value(product), f"{resource}.count": str(count)}
+    a = device.attributes
+    if a is not None:
+        values = (
+            a.memory,
+            a.multiprocessors,
+            a.slices_gi,
+            a.slices_ci,
+            a.engines_copy,
+            a.engines_decoder,
+            a.engines_encoder,
+            a.engines_jpeg,
+            a.engines_ofa,
+        )
+        labels |= {
+            f"{resource}.{k}": str(v) for k, v in zip(MIG_ATTRIBUTE_SUFFIXES, values, strict=True)
+        }
+    return labels
+
+
+def mig_labels(snapshot: Snapshot, *, strategy: str, gfd_keys: bool = True) -> dict[str, str]:
+    """The MIG labels of GFD's ``--mig-strategy`` (``internal/lm/mig-strategy.go``):
+
+    - ``none``: none (whole-GPU labels only);
+    - ``single``: ``nvidia.com/gpu.*`` describe one MIG device: product
+      ``<product>-MIG-<profile>``, count = MIG devices on the node, memory = the
+      slice's ``memorySizeMB`` (newMigStrategySingleLabeler); the seed's
+      ``gpu.memory-mb`` follows the slice too, since that is what a Pod gets;
+    - ``mixed``: ``nvidia.com/mig-<profile>.*`` per profile, whole-GPU labels stay
+      (newMigStrategyMixedLabeler).
+
+    Both set ``nvidia.com/mig.strategy``. The node's MIG check has already failed
+    any layout the strategy cannot describe (node/mig.py)."""
+    found: dict[str, tuple[str, MigDevice, int]] = {}  # name -> (parent, first device, count)
+    for gpu in sorted(snapshot.gpus, key=lambda g: g.index):
+        for device in gpu.mig_devices or () if gpu.mig_mode else ():
+            if device.profile is None:
+                continue
+            name = gfd_name(device.profile)
+            parent, first, count = found.get(name, (gpu.name, device, 0))
+            found[name] = (parent, first, count + 1)
+    if strategy == "none" or not found:
+        return {}
+    labels: dict[str, str] = {}
+    if strategy == "single":
+        ((parent, device, count),) = found.values()
+        if gfd_keys:
+            labels |= _mig_resource("nvidia.com/gpu", parent, device, count)
+        if device.attributes is not None:
+            labels[MEMORY_MB] = str(device.attributes.memory)
+    elif gfd_keys:
+        for name, (parent, device, count) in sorted(found.items()):
+            labels |= _mig_resource(MIG_RESOURCE_PREFIX + name, parent, device, count)
+    if gfd_keys:
+        labels[MIG_STRATEGY] = strategy
+    return labels
 
 
 def _driver_labels(snapshot: Snapshot) -> dict[str, str]:
@@ -117,6 +186,7 @@ def node_labels(
     pools: Pools | None = None,
     gfd_keys: bool = True,
     verified: Sequence[VerifiedImage] = (),
+    mig_strategy: str = "none",
 ) -> dict[str, str]:
     """The labels for this node: all layers on pass, only the failure mark on fail.
 
@@ -143,6 +213,7 @@ def node_labels(
     labels[COMPUTE_CAPABILITY] = str(model.cc)
     if memory:
         labels[MEMORY_MB] = str(memory)
+    labels |= mig_labels(snapshot, strategy=mig_strategy, gfd_keys=gfd_keys)
     labels |= _own_driver_labels(snapshot)
     if pools is not None:
         pool = pools.pool_for(product=model.name, family=gfd_family_label(model.cc))

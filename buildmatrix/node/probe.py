@@ -14,11 +14,14 @@ Calls and their meaning: NVML API reference (docs.nvidia.com/deploy/nvml-api),
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from buildmatrix.errors import EnvironmentUnavailable
+from buildmatrix.node import mig, pci
 
 
 class _Unsupported:
@@ -53,14 +56,24 @@ class _Reader:
         self.nvml = nvml
         self.errors: list[dict[str, Any]] = []
 
-    def call(self, name: str, fn: Callable[[], Any], index: int | None = None) -> Any:
-        """The call's value, UNSUPPORTED, or None after recording the error."""
+    def call(
+        self,
+        name: str,
+        fn: Callable[[], Any],
+        index: int | None = None,
+        *,
+        skip: tuple[str, ...] = (),
+    ) -> Any:
+        """The call's value, UNSUPPORTED, or None after recording the error (or
+        without recording it, for an error in ``skip``: an answer, not a fault)."""
         try:
             return fn()
         except self.nvml.NVMLError as exc:
             code = error_name(self.nvml, exc)
             if code == "NVML_ERROR_NOT_SUPPORTED":
                 return UNSUPPORTED
+            if code in skip:
+                return None
             entry: dict[str, Any] = {"call": name, "error": code}
             if index is not None:
                 entry["index"] = index
@@ -94,12 +107,19 @@ def _gpu(r: _Reader, i: int) -> dict[str, Any] | None:
     pci = r.call("nvmlDeviceGetPciInfo", lambda: n.nvmlDeviceGetPciInfo(handle), i)
     _put(gpu, "pci_bus_id", pci, lambda p: _text(p.busId))
     gpu["compute_capability"] = f"{cc[0]}.{cc[1]}"
+    # In MIG mode this aggregate query answers NO_PERMISSION unless the caller may
+    # monitor MIG (nvml.h, nvmlDeviceGetMemoryInfo: "In MIG mode, if device handle is
+    # provided, the API returns aggregate information, only if the caller has
+    # appropriate privileges"): the error is recorded, and check_nvml says what grants it.
     memory = r.call("nvmlDeviceGetMemoryInfo", lambda: n.nvmlDeviceGetMemoryInfo(handle), i)
-    if memory is not None and memory is not UNSUPPORTED:
-        gpu["memory_total_mib"] = int(memory.total) // (1 << 20)  # as GFD: total / 1 MiB
-    mig = r.call("nvmlDeviceGetMigMode", lambda: n.nvmlDeviceGetMigMode(handle), i)
-    _put(gpu, "mig_mode", mig, lambda m: bool(m[0]))
-    _put(gpu, "mig_mode_pending", mig, lambda m: bool(m[1]))
+    total = int(memory.total) if memory is not None and memory is not UNSUPPORTED else 0
+    if total:
+        gpu["memory_total_mib"] = total // (1 << 20)  # as GFD: total / 1 MiB
+    mig_mode = r.call("nvmlDeviceGetMigMode", lambda: n.nvmlDeviceGetMigMode(handle), i)
+    _put(gpu, "mig_mode", mig_mode, lambda m: bool(m[0]))
+    _put(gpu, "mig_mode_pending", mig_mode, lambda m: bool(m[1]))
+    if gpu.get("mig_mode"):
+        gpu["mig_devices"] = _mig_devices(r, i, handle, total)
     ecc = r.call(
         "nvmlDeviceGetTotalEccErrors",
         lambda: n.nvmlDeviceGetTotalEccErrors(
@@ -135,8 +155,113 @@ def _gpu(r: _Reader, i: int) -> dict[str, Any] | None:
     return gpu
 
 
-def probe(hostname: str | None = None) -> dict[str, Any]:
-    """Read every GPU on this node; returns a snapshot document (schema node-snapshot)."""
+def _gi_profiles(r: _Reader, i: int, parent: Any) -> dict[int, int]:
+    """GPU-instance profile ID -> NVML_GPU_INSTANCE_PROFILE_* value on this GPU, by
+    asking for every profile value as go-nvlib does (``migdevice.GetProfile``: values
+    answering NOT_SUPPORTED or INVALID_ARGUMENT are skipped)."""
+    n = r.nvml
+    found: dict[int, int] = {}
+    for p in range(mig.GPU_INSTANCE_PROFILE_COUNT):
+        info = r.call(
+            "nvmlDeviceGetGpuInstanceProfileInfo",
+            functools.partial(n.nvmlDeviceGetGpuInstanceProfileInfo, parent, p, version=1),
+            i,
+            skip=("NVML_ERROR_INVALID_ARGUMENT",),
+        )
+        if info is not None and info is not UNSUPPORTED:
+            found.setdefault(int(info.id), p)
+    return found
+
+
+def _mig_device(r: _Reader, i: int, parent: Any, handle: Any) -> dict[str, Any]:
+    """One MIG device: ids, memory, attributes (nvml.h "Multi Instance GPU Management")."""
+    n = r.nvml
+    dev: dict[str, Any] = {}
+    _put(dev, "uuid", r.call("nvmlDeviceGetUUID", lambda: n.nvmlDeviceGetUUID(handle), i), _text)
+    gi_id = r.call("nvmlDeviceGetGpuInstanceId", lambda: n.nvmlDeviceGetGpuInstanceId(handle), i)
+    _put(dev, "gpu_instance_id", gi_id, int)
+    ci_id = r.call(
+        "nvmlDeviceGetComputeInstanceId", lambda: n.nvmlDeviceGetComputeInstanceId(handle), i
+    )
+    _put(dev, "compute_instance_id", ci_id, int)
+    if isinstance(gi_id, int):
+        gi = r.call(
+            "nvmlDeviceGetGpuInstanceById", lambda: n.nvmlDeviceGetGpuInstanceById(parent, gi_id), i
+        )
+        info = (
+            None
+            if gi in (None, UNSUPPORTED)
+            else r.call("nvmlGpuInstanceGetInfo", lambda: n.nvmlGpuInstanceGetInfo(gi), i)
+        )
+        if info is not None and info is not UNSUPPORTED:
+            dev["gi_profile_id"] = int(info.profileId)
+    memory = r.call("nvmlDeviceGetMemoryInfo", lambda: n.nvmlDeviceGetMemoryInfo(handle), i)
+    _put(dev, "memory_total_mib", memory, lambda m: int(m.total) // (1 << 20))
+    attrs = r.call("nvmlDeviceGetAttributes", lambda: n.nvmlDeviceGetAttributes(handle), i)
+    _put(
+        dev,
+        "attributes",
+        attrs,
+        lambda a: {
+            "memory": int(a.memorySizeMB),
+            "multiprocessors": int(a.multiprocessorCount),
+            "slices_gi": int(a.gpuInstanceSliceCount),
+            "slices_ci": int(a.computeInstanceSliceCount),
+            "engines_copy": int(a.sharedCopyEngineCount),
+            "engines_decoder": int(a.sharedDecoderCount),
+            "engines_encoder": int(a.sharedEncoderCount),
+            "engines_jpeg": int(a.sharedJpegCount),
+            "engines_ofa": int(a.sharedOfaCount),
+        },
+    )
+    return dev
+
+
+def _mig_devices(r: _Reader, i: int, parent: Any, parent_total: int) -> list[dict[str, Any]]:
+    """The MIG devices of GPU ``i``, as go-nvlib enumerates them (``VisitMigDevices``):
+    every index below nvmlDeviceGetMaxMigDeviceCount; NOT_FOUND (no MIG device there)
+    and INVALID_ARGUMENT are answers, not faults (nvml.h,
+    nvmlDeviceGetMigDeviceHandleByIndex)."""
+    n = r.nvml
+    count = r.call(
+        "nvmlDeviceGetMaxMigDeviceCount", lambda: n.nvmlDeviceGetMaxMigDeviceCount(parent), i
+    )
+    if not isinstance(count, int):
+        return []
+    profiles = _gi_profiles(r, i, parent)
+    found = []
+    for j in range(count):
+        handle = r.call(
+            "nvmlDeviceGetMigDeviceHandleByIndex",
+            functools.partial(n.nvmlDeviceGetMigDeviceHandleByIndex, parent, j),
+            i,
+            skip=("NVML_ERROR_NOT_FOUND", "NVML_ERROR_INVALID_ARGUMENT"),
+        )
+        if handle is None or handle is UNSUPPORTED:
+            continue
+        dev = {"index": j, **_mig_device(r, i, parent, handle)}
+        gi_profile = profiles.get(dev.pop("gi_profile_id", -1))
+        if gi_profile is not None:
+            dev["gpu_instance_profile"] = gi_profile
+        attrs = dev.get("attributes")
+        if gi_profile is not None and attrs is not None and parent_total:
+            name = mig.profile_name(
+                gpu_instance_profile=gi_profile,
+                ci_slices=attrs["slices_ci"],
+                memory_size_mb=attrs["memory"],
+                parent_total_bytes=parent_total,
+            )
+            if name is not None:
+                dev["profile"] = name
+        found.append(dev)
+    return found
+
+
+def probe(hostname: str | None = None, *, sysfs: Path = Path("/sys")) -> dict[str, Any]:
+    """Read every GPU on this node; returns a snapshot document (schema node-snapshot).
+
+    The PCI bus under ``sysfs`` is read too: NVIDIA GPU functions the kernel lists,
+    whether or not the driver brought them up (node/pci.py)."""
     try:
         import pynvml
     except ImportError:
@@ -177,6 +302,9 @@ def probe(hostname: str | None = None) -> dict[str, Any]:
         count = count if isinstance(count, int) else 0
         doc["gpu_count"] = count
         doc["gpus"] = [g for g in (_gpu(reader, i) for i in range(count)) if g is not None]
+        on_bus = pci.read_gpus(sysfs)
+        if on_bus is not None:
+            doc["pci_gpus"] = [g.to_json() for g in on_bus]
         doc["errors"] = reader.errors
         return doc
     finally:

@@ -23,6 +23,7 @@ from buildmatrix import schema
 from buildmatrix.arch import ComputeCapability, parse_cc
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
+from buildmatrix.node.pci import PciGpu, bus_id_key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +34,37 @@ class RemappedRows:
     uncorrected: int
     pending: bool
     failure: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigAttributes:
+    """``nvmlDeviceGetAttributes`` of a MIG device (nvmlDeviceAttributes_t); the
+    names are GPU Feature Discovery's label suffixes for them (NVIDIA/k8s-device-plugin
+    ``internal/resource/nvml-mig-device.go``, ``GetAttributes``)."""
+
+    memory: int  # memorySizeMB
+    multiprocessors: int
+    slices_gi: int
+    slices_ci: int
+    engines_copy: int
+    engines_decoder: int
+    engines_encoder: int
+    engines_jpeg: int
+    engines_ofa: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigDevice:
+    """One MIG device (a compute instance) of a GPU in MIG mode."""
+
+    index: int  # nvmlDeviceGetMigDeviceHandleByIndex index under its parent
+    profile: str | None  # "1g.10gb", "1c.2g.20gb", "1g.10gb+me": go-nvlib's MigProfile
+    uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    gpu_instance_profile: int | None = None  # NVML_GPU_INSTANCE_PROFILE_* value
+    memory_total_mib: int | None = None  # nvmlDeviceGetMemoryInfo on the MIG handle
+    attributes: MigAttributes | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +82,7 @@ class Gpu:
     remapped_rows: RemappedRows | None = None
     persistence_mode: bool | None = None
     brand: int | None = None  # nvmlDeviceGetBrand (nvmlBrandType_t)
+    mig_devices: tuple[MigDevice, ...] | None = None  # None: not recorded / MIG off
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +107,15 @@ class Snapshot:
     errors: tuple[NvmlError, ...]
     source: str
     gpu_count: int | None = None  # what nvmlDeviceGetCount said (lost GPUs included)
+    pci_gpus: tuple[PciGpu, ...] | None = None  # the kernel's view; None: not recorded
+
+    def pci_missing_from_nvml(self) -> tuple[str, ...]:
+        """Bus ids of NVIDIA GPUs on the PCI bus that NVML does not show (a GPU whose
+        NVML record has no bus id cannot be matched, so none is named then)."""
+        if self.pci_gpus is None or any(g.pci_bus_id is None for g in self.gpus):
+            return ()
+        seen = {bus_id_key(g.pci_bus_id or "") for g in self.gpus}
+        return tuple(p.bus_id for p in self.pci_gpus if bus_id_key(p.bus_id) not in seen)
 
 
 def _remapped(doc: Mapping[str, Any] | None) -> RemappedRows | None:
@@ -84,6 +126,31 @@ def _remapped(doc: Mapping[str, Any] | None) -> RemappedRows | None:
         uncorrected=doc["uncorrected"],
         pending=doc["pending"],
         failure=doc["failure"],
+    )
+
+
+def _mig_device(doc: Mapping[str, Any]) -> MigDevice:
+    a = doc.get("attributes")
+    return MigDevice(
+        index=doc["index"],
+        profile=doc.get("profile"),
+        uuid=doc.get("uuid"),
+        gpu_instance_id=doc.get("gpu_instance_id"),
+        compute_instance_id=doc.get("compute_instance_id"),
+        gpu_instance_profile=doc.get("gpu_instance_profile"),
+        memory_total_mib=doc.get("memory_total_mib"),
+        attributes=None if a is None else MigAttributes(**a),
+    )
+
+
+def _pci(doc: Any) -> tuple[PciGpu, ...] | None:
+    if doc is None:
+        return None
+    return tuple(
+        PciGpu(
+            bus_id=bus_id_key(p["bus_id"]) or p["bus_id"], device=p["device"], pci_class=p["class"]
+        )
+        for p in doc
     )
 
 
@@ -105,6 +172,9 @@ def snapshot_from_doc(doc: Any, *, source: str) -> Snapshot:
             remapped_rows=_remapped(g.get("remapped_rows")),
             persistence_mode=g.get("persistence_mode"),
             brand=g.get("brand"),
+            mig_devices=None
+            if g.get("mig_devices") is None
+            else tuple(_mig_device(m) for m in g["mig_devices"]),
         )
         for g in doc["gpus"]
     )
@@ -121,6 +191,7 @@ def snapshot_from_doc(doc: Any, *, source: str) -> Snapshot:
             for e in doc.get("errors", [])
         ),
         gpu_count=doc.get("gpu_count"),
+        pci_gpus=_pci(doc.get("pci_gpus")),
         source=source,
     )
 

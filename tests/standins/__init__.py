@@ -45,16 +45,85 @@ def build(out: Path) -> Path:
     return out
 
 
+# GPU-instance profile IDs an A100 reports for each NVML_GPU_INSTANCE_PROFILE_* value
+# (nvidia-smi mig -lgip: 1g.5gb 19, 1g.5gb+me 20, 1g.10gb 15, 2g.10gb 14, 3g.20gb 9,
+# 4g.20gb 5, 7g.40gb 0): the stand-in answers nvmlDeviceGetGpuInstanceProfileInfo
+# with them, so the probe must match IDs to profile values as go-nvlib does.
+GI_PROFILE_IDS = {0x0: 19, 0x1: 14, 0x2: 9, 0x3: 5, 0x4: 0, 0x7: 20, 0x9: 15}
+_ATTRIBUTES = (  # nvmlDeviceAttributes_t field order
+    "multiprocessors",
+    "engines_copy",
+    "engines_decoder",
+    "engines_encoder",
+    "engines_jpeg",
+    "engines_ofa",
+    "slices_gi",
+    "slices_ci",
+    "memory",
+)
+
+
+def _mig_scenario(g: dict[str, Any]) -> dict[str, Any]:
+    """A MIG parent's answers: its profiles, and its MIG devices at their indexes."""
+    devices: list[Any] = [None] * max(7, *(m["index"] + 1 for m in g["mig_devices"]))
+    for m in g["mig_devices"]:
+        p = m.get("gpu_instance_profile", 0)
+        a = m.get("attributes")
+        devices[m["index"]] = {
+            "uuid": m.get("uuid", "NVML_ERROR_UNKNOWN"),
+            "gpu_instance_id": m["gpu_instance_id"],
+            "compute_instance_id": m["compute_instance_id"],
+            "gi_profile_id": GI_PROFILE_IDS.get(p, 100 + p),
+            "memory_total_bytes": m["memory_total_mib"] * 2**20 + 4_321,
+            "attributes": "NVML_ERROR_UNKNOWN" if a is None else [a[k] for k in _ATTRIBUTES],
+        }
+    used = {m.get("gpu_instance_profile", 0) for m in g["mig_devices"]}
+    return {
+        "max_mig_devices": len(devices),
+        "gi_profiles": [
+            {"profile": p, "id": GI_PROFILE_IDS.get(p, 100 + p)}
+            for p in sorted(set(GI_PROFILE_IDS) | used)
+        ],
+        "mig_devices": devices,
+    }
+
+
+def sysfs_tree(root: Path, functions: list[dict[str, str]]) -> Path:
+    """A STAND-IN sysfs under ``root``, laid out as the kernel's: each PCI function a
+    folder ``devices/pci0000:00/BDF`` with ``vendor``, ``device`` and ``class`` files
+    (``0x%04x`` / ``0x%06x`` and a newline, drivers/pci/pci-sysfs.c), linked from
+    ``bus/pci/devices/BDF``. ``functions``: {"bus_id", "vendor", "device", "class"}."""
+    bus = root / "bus" / "pci" / "devices"
+    bus.mkdir(parents=True, exist_ok=True)
+    for f in functions:
+        folder = root / "devices" / "pci0000:00" / f["bus_id"]
+        folder.mkdir(parents=True, exist_ok=True)
+        for key in ("vendor", "device", "class"):
+            (folder / key).write_text(f[key] + "\n")
+        (bus / f["bus_id"]).symlink_to(Path("../../../devices/pci0000:00") / f["bus_id"])
+    return root
+
+
+def pci_functions(snapshot: dict[str, Any]) -> list[dict[str, str]]:
+    """The sysfs functions behind a snapshot's ``pci_gpus`` (the probe's inverse)."""
+    return [
+        {"bus_id": p["bus_id"], "vendor": "0x10de", "device": p["device"], "class": p["class"]}
+        for p in snapshot.get("pci_gpus", [])
+    ]
+
+
 def nvml_scenario(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The stand-in NVML scenario that reports ``snapshot`` (the probe's inverse).
 
     Memory is given in bytes with a remainder, so the probe's MiB rounding is tested;
-    ``null`` fields answer NOT_SUPPORTED; a lost GPU's handle fails with its error.
+    ``null`` fields answer NOT_SUPPORTED; a lost GPU's handle fails with its error;
+    MIG monitoring is granted unless the snapshot records its refusal.
     """
     unsupported = "NVML_ERROR_NOT_SUPPORTED"
     major, _, minor = snapshot["cuda_driver_version"].partition(".")
     by_index = {g["index"]: g for g in snapshot["gpus"]}
-    lost = {e["index"]: e["error"] for e in snapshot.get("errors", []) if "index" in e}
+    errors = snapshot.get("errors", [])
+    lost = {e["index"]: e["error"] for e in errors if e["call"] == "nvmlDeviceGetHandleByIndex"}
     gpus = []
     for i in range(snapshot.get("gpu_count", len(snapshot["gpus"]))):
         if i in lost:
@@ -69,12 +138,13 @@ def nvml_scenario(snapshot: dict[str, Any]) -> dict[str, Any]:
             return unsupported if v is None else int(v)
 
         gpus.append(
-            {
+            ({} if g.get("mig_devices") is None else _mig_scenario(g))
+            | {
                 "name": g["name"],
                 "uuid": g["uuid"],
                 "pci_bus_id": g["pci_bus_id"],
                 "compute_capability": [int(x) for x in g["compute_capability"].split(".")],
-                "memory_total_bytes": g["memory_total_mib"] * 2**20 + 123_456,
+                "memory_total_bytes": g.get("memory_total_mib", 0) * 2**20 + 123_456,
                 "mig_mode": unsupported if None in mig else [int(mig[0]), int(mig[1])],
                 "ecc_uncorrected_volatile": value("ecc_uncorrected_volatile"),
                 "retired_pages_pending": value("retired_pages_pending"),
@@ -94,6 +164,7 @@ def nvml_scenario(snapshot: dict[str, Any]) -> dict[str, Any]:
         "driver_version": snapshot["driver_version"],
         "cuda_driver_version": int(major) * 1000 + int(minor) * 10,
         "gpus": gpus,
+        "mig_monitor": not any(e["error"] == "NVML_ERROR_NO_PERMISSION" for e in errors),
     }
 
 
@@ -104,13 +175,17 @@ def run_cli(
     tmp: Path,
     nvml: dict[str, Any] | None = None,
     cuda: dict[str, Any] | None = None,
+    sysfs: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``buildmatrix ARGS`` in a new process whose loader sees only the stand-ins.
 
     ``libs=None`` runs with no GPU library at all (as on a CPU-only machine).
+    ``sysfs``: the PCI bus the probe reads (default: none, so this machine's own
+    /sys never enters a test).
     """
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "NODE_NAME")}
     env.pop("BUILDMATRIX_PROFILES", None)
+    env["BUILDMATRIX_SYSFS"] = str(sysfs if sysfs is not None else tmp / "no-sysfs")
     if libs is not None:
         env["LD_LIBRARY_PATH"] = str(libs)
     if nvml is not None:

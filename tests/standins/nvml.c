@@ -7,6 +7,18 @@
  * value may be an error name such as "NVML_ERROR_GPU_IS_LOST": the call that reads
  * it then returns that error, as the real library does.
  *
+ * MIG (nvml.h, "Multi Instance GPU Management"): a GPU whose "mig_mode" is current
+ * on answers nvmlDeviceGetMemoryInfo with NVML_ERROR_NO_PERMISSION unless the
+ * scenario's "mig_monitor" is true (nvml.h: in MIG mode the parent handle gives
+ * aggregate information "only if the caller has appropriate privileges"; the NVIDIA
+ * container toolkit grants them with NVIDIA_MIG_MONITOR_DEVICES). Its MIG devices
+ * ("mig_devices", null for an unused index) are reached through
+ * nvmlDeviceGetMigDeviceHandleByIndex below "max_mig_devices": NOT_FOUND for an
+ * index without a device, INVALID_ARGUMENT past the maximum, as nvml.h documents.
+ *
+ * Handles: a GPU is index + 1; a MIG device (GPU + 1) << 16 | (index + 1); a GPU
+ * instance (GPU + 1) << 16 | 0x8000 | id.
+ *
  * Build: gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 nvml.c
  */
 #include <stdint.h>
@@ -44,13 +56,35 @@ static int error_of(const jval *v) {
     return 999;
 }
 
+#define MIG_SHIFT 16
+#define GI_FLAG 0x8000
+
 static jval *gpu(nvmlDevice_t device) {
-    return jat(jget(scn, "gpus"), (int)(uintptr_t)device - 1);
+    uintptr_t h = (uintptr_t)device;
+    if (h >> MIG_SHIFT) return NULL; /* a MIG device or GPU instance, not a GPU */
+    return jat(jget(scn, "gpus"), (int)h - 1);
 }
 
-/* Field `key` of the GPU; returns the error to answer with, or 0 and sets *out. */
+static jval *parent_of(uintptr_t h) { return jat(jget(scn, "gpus"), (int)(h >> MIG_SHIFT) - 1); }
+
+/* The MIG device a handle names, or NULL. */
+static jval *mig(nvmlDevice_t device) {
+    uintptr_t h = (uintptr_t)device;
+    if (!(h >> MIG_SHIFT) || (h & GI_FLAG)) return NULL;
+    jval *m = jat(jget(parent_of(h), "mig_devices"), (int)(h & 0xffff) - 1);
+    return m && m->type == J_OBJ ? m : NULL;
+}
+
+static int mig_enabled(const jval *g) {
+    jval *mode = jget(g, "mig_mode");
+    return mode && mode->type == J_ARR && jat(mode, 0)->num == 1;
+}
+
+/* Field `key` of the GPU or MIG device; returns the error to answer with, or 0 and
+ * sets *out. */
 static int field(nvmlDevice_t device, const char *key, jval **out) {
     jval *g = gpu(device);
+    if (!g) g = mig(device);
     if (!scn) return 1;              /* NVML_ERROR_UNINITIALIZED */
     if (!g) return 2;                /* NVML_ERROR_INVALID_ARGUMENT */
     jval *v = jget(g, key);
@@ -157,7 +191,9 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
-    jval *v;
+    jval *v, *monitor = jget(scn, "mig_monitor");
+    jval *g = gpu(device);
+    if (g && mig_enabled(g) && !(monitor && monitor->num)) return 4; /* NO_PERMISSION */
     int err = field(device, "memory_total_bytes", &v);
     if (err) return err;
     memory->total = (unsigned long long)v->num;
@@ -217,4 +253,124 @@ nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode) {
     int err = field(device, "persistence_mode", &v);
     if (!err) *mode = (int)v->num;
     return err;
+}
+
+/* ---- MIG (nvml.h, "Multi Instance GPU Management") ---- */
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    jval *g = gpu(device);
+    if (!g) return 2;
+    jval *max = jget(g, "max_mig_devices");
+    *count = mig_enabled(g) && max ? (unsigned int)max->num : 0; /* zero when MIG is off */
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                 nvmlDevice_t *migDevice) {
+    jval *g = gpu(device);
+    if (!g) return 2;
+    if (!mig_enabled(g)) return 3;
+    jval *max = jget(g, "max_mig_devices");
+    if (!max || index >= (unsigned int)max->num) return 2; /* INVALID_ARGUMENT */
+    jval *m = jat(jget(g, "mig_devices"), (int)index);
+    if (!m || m->type != J_OBJ) return 6; /* NOT_FOUND: no MIG device at index */
+    *migDevice = (nvmlDevice_t)(((uintptr_t)device << MIG_SHIFT) | (index + 1));
+    return 0;
+}
+
+static int mig_number(nvmlDevice_t device, const char *key, unsigned int *out) {
+    jval *v;
+    if (!mig(device)) return 2;
+    int err = field(device, key, &v);
+    if (!err) *out = (unsigned int)v->num;
+    return err;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return mig_number(device, "gpu_instance_id", id);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return mig_number(device, "compute_instance_id", id);
+}
+
+/* nvmlDeviceAttributes_t (nvml.h) */
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
+        sharedEncoderCount, sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount,
+        computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *a) {
+    jval *v;
+    if (!mig(device)) return 3; /* "currently only supports MIG device handles" */
+    int err = field(device, "attributes", &v);
+    if (err) return err;
+    unsigned int *u = &a->multiprocessorCount;
+    for (int i = 0; i < 8; i++) u[i] = (unsigned int)jat(v, i)->num;
+    a->memorySizeMB = (unsigned long long)jat(v, 8)->num;
+    return 0;
+}
+
+/* nvmlGpuInstanceProfileInfo_t (nvml.h, v1 layout) */
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount,
+        copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                 nvmlGpuInstanceProfileInfo_t *info) {
+    jval *g = gpu(device), *profiles;
+    if (!g || profile >= 0x12) return 2; /* past NVML_GPU_INSTANCE_PROFILE_COUNT */
+    if (!(profiles = jget(g, "gi_profiles"))) return 3; /* no MIG on this GPU */
+    for (int i = 0; i < profiles->len; i++) {
+        jval *p = jat(profiles, i);
+        if (jget(p, "profile")->num != profile) continue;
+        memset(info, 0, sizeof *info);
+        info->id = (unsigned int)jget(p, "id")->num;
+        return 0;
+    }
+    return 3; /* profile not supported on this GPU */
+}
+
+typedef void *nvmlGpuInstance_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    struct { unsigned int start, size; } placement;
+} nvmlGpuInstanceInfo_t;
+
+/* The first MIG device of the GPU in GPU instance `id`, or NULL. */
+static jval *in_instance(const jval *g, unsigned int id) {
+    jval *migs = jget(g, "mig_devices");
+    for (int i = 0; migs && i < migs->len; i++) {
+        jval *m = jat(migs, i);
+        if (m->type == J_OBJ && jget(m, "gpu_instance_id")->num == id) return m;
+    }
+    return NULL;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                          nvmlGpuInstance_t *gpuInstance) {
+    jval *g = gpu(device);
+    if (!g || id >= GI_FLAG) return 2;
+    if (!mig_enabled(g)) return 3;
+    if (!in_instance(g, id)) return 6;
+    *gpuInstance = (nvmlGpuInstance_t)(((uintptr_t)device << MIG_SHIFT) | GI_FLAG | id);
+    return 0;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info) {
+    uintptr_t h = (uintptr_t)gpuInstance;
+    if (!(h & GI_FLAG)) return 2;
+    unsigned int id = (unsigned int)(h & (GI_FLAG - 1));
+    jval *m = in_instance(parent_of(h), id);
+    if (!m) return 2;
+    memset(info, 0, sizeof *info);
+    info->device = (nvmlDevice_t)(h >> MIG_SHIFT);
+    info->id = id;
+    info->profileId = (unsigned int)jget(m, "gi_profile_id")->num;
+    return 0;
 }
