@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.standins import nvml_scenario, run_cli
+from tests.standins import nvml_scenario, pci_functions, run_cli, sysfs_tree
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
 FIXTURES = sorted(NODES.glob("*.json"))
@@ -27,14 +27,18 @@ def _doc(path: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.stem for f in FIXTURES])
 def test_record_reproduces_the_snapshot(standin_libs: Path, tmp_path: Path, fixture: Path) -> None:
-    """probe(stand-in answering as snapshot S) == S, for every fixture node."""
+    """probe(stand-in answering as snapshot S) == S, for every fixture node: NVML
+    (MIG devices included) through the stand-in library, the PCI bus through a fake
+    sysfs holding the snapshot's ``pci_gpus`` (none where the snapshot has none)."""
     want = _doc(fixture)
     out = tmp_path / "recorded.json"
+    sysfs = sysfs_tree(tmp_path / "sys", pci_functions(want)) if "pci_gpus" in want else None
     proc = run_cli(
         ["smoke", "--record", str(out), "--node", want["hostname"], "--json"],
         libs=standin_libs,
         tmp=tmp_path,
         nvml=nvml_scenario(want),
+        sysfs=sysfs,
     )
     assert proc.returncode in (0, 1), proc.stderr
     assert _doc(out) == want

@@ -347,15 +347,7 @@ def check_mig(gpus: Sequence[Gpu], strategy: str) -> NodeCheck:
     problems = mig.strategy_problems(gpus, strategy)
     if problems:
         return NodeCheck(
-            name="mig",
-            ok=False,
-            message=f"--mig-strategy {strategy}: "
-            + "; ".join(problems)
-            + (
-                ". GPU Feature Discovery labels such a node <product>-MIG-INVALID"
-                if strategy == "single"
-                else ""
-            ),
+            name="mig", ok=False, message=f"--mig-strategy {strategy}: " + "; ".join(problems)
         )
     return NodeCheck(
         name="mig",

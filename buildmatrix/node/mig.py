@@ -107,25 +107,29 @@ def strategy_problems(gpus: Sequence[Gpu], strategy: str) -> list[str]:
             f"GPU {','.join(unrecorded)}: MIG is on but the snapshot records no MIG devices "
             "(recorded before buildmatrix read them: record it again)"
         )
-    unnamed = [
-        f"GPU {g.index} MIG device {m.index}"
-        for g in enabled
-        for m in g.mig_devices or ()
-        if m.profile is None
-    ]
+    unnamed = [g for g in enabled if any(m.profile is None for m in g.mig_devices or ())]
     if unnamed:
-        problems.append(f"no MIG profile could be read for {', '.join(unnamed)}")
+        count = sum(m.profile is None for g in unnamed for m in g.mig_devices or ())
+        problems.append(
+            f"no profile could be read for {count} MIG device(s) on GPU "
+            f"{','.join(str(g.index) for g in unnamed)} (naming a profile needs the GPU's "
+            "total memory, which NVML gives only to a caller allowed to monitor MIG)"
+        )
     if strategy == "single":
+        invalid = []
         if any(g.mig_devices is not None and not g.mig_devices for g in enabled):
-            problems.append("at least one MIG-enabled GPU has no MIG devices")
+            invalid.append("a MIG-enabled GPU has no MIG devices")
         if len(enabled) != len(gpus):
-            problems.append("GPUs with MIG enabled and disabled on one node")
+            invalid.append("GPUs with MIG enabled and disabled on one node")
         if len(_profiles(gpus)) > 1:
-            problems.append(
+            invalid.append(
                 "more than one MIG profile on the node ("
                 + ", ".join(sorted(_profiles(gpus)))
                 + "): use --mig-strategy mixed"
             )
+        if invalid:
+            problems += invalid
+            problems.append("GPU Feature Discovery labels such a node <product>-MIG-INVALID")
     return problems
 
 
