@@ -62,6 +62,11 @@ TABLE = {
     "a100-remap-failure": ("fail", ["health"], None, None),
     "future-gpu": ("fail", ["profiles", "driver"], None, None),
     "rtx-consumer": ("pass", [], "training-blackwell", "NVIDIA-GeForce-RTX-5090"),
+    "hgx-h100-8": ("pass", [], "training-hopper", "NVIDIA-H100-80GB-HBM3"),
+    "hgx-h100-7-of-8": ("fail", ["gpus"], None, None),
+    "a100-mig-1g5gb": ("pass", [], "training-ampere", "NVIDIA-A100-SXM4-40GB"),
+    "a100-mig-no-monitor": ("fail", ["nvml"], None, None),
+    "h100-mig-mixed": ("pass", [], "training-hopper", "NVIDIA-H100-80GB-HBM3"),
 }
 
 

@@ -575,3 +575,52 @@ def test_on_the_node_the_images_variant_for_its_machine_is_checked(
         "aarch64", standin_libs, tmp_path, "--image", ref, "--platform", "linux/amd64"
     )
     assert code == 0, doc
+
+
+def test_smoke_snapshot_of_a_node_missing_a_gpu_on_nvml_fails(cli: CliRunner) -> None:
+    """7 of an HGX board's 8 GPUs under NVML, 8 on the PCI bus: the node is refused,
+    the message names the missing GPU's bus id and says where to look."""
+    r = cli("smoke", "--snapshot", str(NODES / "hgx-h100-7-of-8.json"), "--pools", POOLS)
+    assert r.code == 1
+    lines = [line for line in r.out.splitlines() if line.split()[:2] == ["gpus", "FAIL"]]
+    assert len(lines) == 1
+    assert (
+        "the PCI bus has 8 NVIDIA GPU(s), NVML shows 7: 0000:9a:00.0 not shown by NVML"
+        in (lines[0])
+    )
+    assert "Xid 79" in lines[0]
+    assert r.out.rstrip().endswith("FAIL: the node is not admitted")
+
+
+def test_smoke_snapshot_with_every_gpu_on_nvml_and_the_bus_passes(cli: CliRunner) -> None:
+    code, doc = _smoke(cli, "hgx-h100-8", "--pools", POOLS, "--expect-gpus", "8")
+    assert code == 0, _failed(doc)
+    assert doc["labels"]["gpu-pool"] == "training-hopper"
+
+
+def test_the_pool_states_the_gpu_count(cli: CliRunner, tmp_path: Path) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("families: {hopper: training-hopper}\npools: {training-hopper: {gpus: 8}}\n")
+    code, doc = _smoke(cli, "h100-lost-gpu", "--pools", str(pools))
+    assert code == 1
+    assert (
+        f"7 GPU(s) visible, 8 expected (pools.training-hopper.gpus in {pools})"
+        in (_failed(doc)["gpus"])
+    )
+    code, doc = _smoke(cli, "h100-535", "--pools", str(pools))
+    assert code == 0, _failed(doc)
+    r = cli("labels", "--snapshot", str(NODES / "hgx-h100-7-of-8.json"), "--pools", str(pools))
+    assert r.code == 1
+    assert r.json()["labels"] == {"buildmatrix.io/smoke": "failed"}
+
+
+def test_mig_strategy_option(cli: CliRunner) -> None:
+    code, doc = _smoke(cli, "a100-mig-1g5gb", "--mig-strategy", "single")
+    assert code == 0, _failed(doc)
+    assert doc["labels"]["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    code, doc = _smoke(cli, "a100-mig-1g5gb")  # GFD's default: none
+    assert code == 0
+    assert "nvidia.com/mig.strategy" not in doc["labels"]
+    assert doc["labels"]["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    r = cli("smoke", "--snapshot", str(NODES / "a100-mig-1g5gb.json"), "--mig-strategy", "all")
+    assert r.code == 2

@@ -134,3 +134,120 @@ def test_labels_reads_the_live_node(standin_libs: Path, tmp_path: Path) -> None:
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
     assert labels["nvidia.com/gpu.memory"] == "143771"
     assert labels["nvidia.com/cuda.runtime-version.full"] == "12.4"
+
+
+HGX_SYSFS = REPO / "tests" / "fixtures" / "sysfs" / "hgx-h100"
+
+
+def _failed(report: dict[str, Any]) -> dict[str, str]:
+    return {c["name"]: c["message"] for c in report["checks"] if not c["ok"]}
+
+
+def test_pci_bus_shows_the_gpu_nvml_lost(standin_libs: Path, tmp_path: Path) -> None:
+    """NVML (stand-in) brings up 7 of the HGX board's 8 GPUs; sysfs (fake tree) lists
+    all 8 beside 4 NVSwitches, an audio function and the BMC's VGA."""
+    out = tmp_path / "r.json"
+    proc = run_cli(
+        ["smoke", "--record", str(out), "--json", "--expect-gpus", "7"],
+        libs=standin_libs,
+        tmp=tmp_path,
+        nvml=nvml_scenario(_doc(NODES / "hgx-h100-7-of-8.json")),
+        sysfs=HGX_SYSFS,
+    )
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert list(_failed(report)) == ["gpus"]
+    assert "0000:9a:00.0 not shown by NVML" in _failed(report)["gpus"]
+    assert len(_doc(out)["pci_gpus"]) == 8
+    replay = run_cli(["smoke", "--snapshot", str(out), "--json"], libs=None, tmp=tmp_path)
+    assert replay.returncode == 1
+    assert _failed(json.loads(replay.stdout)) == _failed(report)
+
+
+def test_all_eight_gpus_on_nvml_and_the_bus_pass(standin_libs: Path, tmp_path: Path) -> None:
+    proc = run_cli(
+        ["smoke", "--json", "--expect-gpus", "8"],
+        libs=standin_libs,
+        tmp=tmp_path,
+        nvml=nvml_scenario(_doc(NODES / "hgx-h100-8.json")),
+        sysfs=HGX_SYSFS,
+    )
+    assert proc.returncode == 0, proc.stdout
+    (gpus,) = [c for c in json.loads(proc.stdout)["checks"] if c["name"] == "gpus"]
+    assert gpus["message"] == "8 GPU(s) visible, 8 on the PCI bus, 8 expected (--expect-gpus)"
+
+
+def test_mig_single_through_nvml(standin_libs: Path, tmp_path: Path) -> None:
+    proc = run_cli(
+        ["smoke", "--json", "--mig-strategy", "single"],
+        libs=standin_libs,
+        tmp=tmp_path,
+        nvml=nvml_scenario(_doc(NODES / "a100-mig-1g5gb.json")),
+    )
+    assert proc.returncode == 0, proc.stdout
+    labels = json.loads(proc.stdout)["labels"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    assert labels["nvidia.com/gpu.count"] == "14"
+    assert labels["nvidia.com/gpu.memory"] == "4864"
+    assert labels["nvidia.com/mig.strategy"] == "single"
+
+
+def test_mig_mixed_through_nvml(standin_libs: Path, tmp_path: Path) -> None:
+    proc = run_cli(
+        ["labels", "--mig-strategy", "mixed"],
+        libs=standin_libs,
+        tmp=tmp_path,
+        nvml=nvml_scenario(_doc(NODES / "h100-mig-mixed.json")),
+    )
+    assert proc.returncode == 0, proc.stdout
+    labels = json.loads(proc.stdout)["labels"]
+    assert labels["nvidia.com/mig-3g.40gb.count"] == "1"
+    assert labels["nvidia.com/mig-2g.20gb.count"] == "2"
+    assert labels["nvidia.com/mig-1g.10gb.count"] == "7"
+    assert labels["nvidia.com/mig-1g.10gb.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"
+    assert labels["nvidia.com/gpu.memory"] == "81559"  # the parent's, read with monitoring
+
+
+def test_mig_without_monitoring_fails_naming_the_grant(standin_libs: Path, tmp_path: Path) -> None:
+    """The stand-in refuses the parent's memory info in MIG mode (NO_PERMISSION), as
+    NVML does for a caller that may not monitor MIG."""
+    scenario = nvml_scenario(_doc(NODES / "a100-mig-1g5gb.json"))
+    scenario["mig_monitor"] = False
+    out = tmp_path / "r.json"
+    proc = run_cli(
+        ["smoke", "--record", str(out), "--json", "--mig-strategy", "single"],
+        libs=standin_libs,
+        tmp=tmp_path,
+        nvml=scenario,
+    )
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    nvml = _failed(report)["nvml"]
+    assert "nvmlDeviceGetMemoryInfo on GPU 0: NVML_ERROR_NO_PERMISSION" in nvml
+    assert "NVIDIA_MIG_MONITOR_DEVICES=all" in nvml
+    assert report["labels"] == {"buildmatrix.io/smoke": "failed"}
+    # what was readable is recorded: the MIG devices, without a profile name
+    want = _doc(NODES / "a100-mig-no-monitor.json")
+    del want["pci_gpus"]  # no sysfs in this run
+    recorded = _doc(out)
+    assert recorded == want | {"hostname": recorded["hostname"]}
+
+
+def test_unused_mig_indexes_are_skipped(standin_libs: Path, tmp_path: Path) -> None:
+    """NOT_FOUND below nvmlDeviceGetMaxMigDeviceCount means "no MIG device at this
+    index" (nvml.h), not an error: destroyed instances leave such gaps."""
+    scenario = nvml_scenario(_doc(NODES / "a100-mig-1g5gb.json"))
+    devices = scenario["gpus"][0]["mig_devices"]
+    scenario["gpus"][0]["mig_devices"] = [devices[0], None, devices[2], None]  # 4..6 absent
+    out = tmp_path / "r.json"
+    proc = run_cli(
+        ["smoke", "--record", str(out), "--json", "--mig-strategy", "single"],
+        libs=standin_libs,
+        tmp=tmp_path,
+        nvml=scenario,
+    )
+    recorded = _doc(out)
+    assert recorded["errors"] == []
+    assert [m["index"] for m in recorded["gpus"][0]["mig_devices"]] == [0, 2]
+    assert proc.returncode == 0, proc.stdout
+    assert json.loads(proc.stdout)["labels"]["nvidia.com/gpu.count"] == "9"
