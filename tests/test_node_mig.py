@@ -113,11 +113,11 @@ def profiles() -> ProfileSet:
 
 
 def _judge(
-    snap: Snapshot, profiles: ProfileSet, strategy: str, **kw: bool
+    snap: Snapshot, profiles: ProfileSet, strategy: str, *, gfd_keys: bool = True
 ) -> tuple[NodeReport, dict[str, str]]:
     opts = NodeOptions(mig_strategy=strategy)
     report = evaluate(snap, profiles, load_cuda_facts(), options=opts)
-    return report, node_labels(snap, report, mig_strategy=strategy, **kw)
+    return report, node_labels(snap, report, mig_strategy=strategy, gfd_keys=gfd_keys)
 
 
 def _mig_keys(labels: dict[str, str]) -> dict[str, str]:
