@@ -79,6 +79,7 @@ class Settings:
     # file and NFD labels and untaints (k8s_nfd.py); the agent has no API rights.
     mode: str = "apply"
     gfd_keys: GfdKeys = GfdKeys.AUTO  # smoke --gfd-keys, and what the policy allows
+    mig_strategy: str | None = None  # a cluster with MIG GPUs: GFD's strategy (grants monitoring)
 
 
 def is_dns_subdomain(name: str) -> bool:
@@ -193,6 +194,8 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
         smoke += f" --gfd-keys {settings.gfd_keys.value}"
     if settings.load_test:
         smoke += " --load-test"
+    if settings.mig_strategy is not None:
+        smoke += f" --mig-strategy {settings.mig_strategy}"
     # A failed check is exit 1 and leaves the node tainted; the loop goes on so that
     # a node that is repaired is admitted at the next round without a restart.
     script = f"while true; do {smoke}; sleep {settings.interval}; done"
@@ -254,17 +257,21 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
                                 {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
                                 {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": capabilities},
                                 *env,
+                                *_mig_monitoring(settings).get("env", []),
                             ],
                             "volumeMounts": mounts,
                             "resources": {
                                 "requests": {"cpu": "50m", "memory": "128Mi"},
                                 "limits": {"memory": "512Mi"},
                             },
-                            "securityContext": {
-                                "allowPrivilegeEscalation": False,
-                                "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
+                            "securityContext": _mig_monitoring(settings).get(
+                                "securityContext",
+                                {
+                                    "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                            ),
                         }
                     ],
                     "volumes": volumes,
@@ -277,6 +284,31 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
         template = daemonset["spec"]["template"]
         template["spec"] = nfd_pod(template["spec"])
     return daemonset
+
+
+def _mig_monitoring(settings: Settings) -> dict[str, Any]:
+    """What reading a MIG-enabled GPU needs: NVML answers its aggregate queries
+    (nvmlDeviceGetMemoryInfo on the GPU) only to a caller allowed to monitor MIG, which
+    the NVIDIA container toolkit grants with NVIDIA_MIG_MONITOR_DEVICES=all, honoured
+    only in a container whose bounding set holds CAP_SYS_ADMIN (nvidia-container-toolkit
+    cmd/nvidia-container-runtime/README.md; cmd/nvidia-container-runtime-hook/
+    container_config.go, getNvidiaConfig). The GPU Operator sets the same variable on
+    its own NVML readers (gpu-operator controllers/object_controls.go,
+    applyMIGConfiguration) and runs GPU Feature Discovery privileged. A non-root user
+    would also need read access to /proc/driver/nvidia/capabilities/mig/monitor, so the
+    container runs as root; Kubernetes refuses allowPrivilegeEscalation false beside
+    CAP_SYS_ADMIN (pkg/apis/core/validation, ValidateSecurityContext)."""
+    if settings.mig_strategy is None:
+        return {}
+    return {
+        "env": [{"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}],
+        "securityContext": {
+            "allowPrivilegeEscalation": True,
+            "readOnlyRootFilesystem": True,
+            "runAsUser": 0,
+            "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
+        },
+    }
 
 
 def _example_job(profiles: ProfileSet, ns: str) -> dict[str, Any]:

@@ -222,6 +222,12 @@ def k8s() -> None:
     help="Leave out the ValidatingAdmissionPolicy (clusters older than 1.30): the agent can "
     "then relabel and untaint every node (docs/kubernetes.md, Security).",
 )
+@click.option(
+    "--mig-strategy",
+    type=click.Choice(["none", "single", "mixed"]),
+    help="The cluster has MIG GPUs: smoke labels them with this GPU Feature Discovery "
+    "strategy and may monitor MIG (root, CAP_SYS_ADMIN; docs/smoke.md, MIG).",
+)
 @click.option("--format", "fmt", type=_FORMATS, default="yaml", show_default=True)
 @profiles_option
 def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -240,6 +246,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     mode: str,
     kubernetes_version: str,
     no_node_policy: bool,
+    mig_strategy: str | None,
     fmt: str,
     profiles_dir: str | None,
 ) -> int:
@@ -296,6 +303,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
         node_policy=not no_node_policy,
         gfd_keys=GfdKeys(gfd_keys),
         mode=mode,
+        mig_strategy=mig_strategy,
     )
     click.echo(_dump(render(settings, profiles), fmt), nl=False)
     return 0

@@ -116,7 +116,7 @@ def least_capable(models: Sequence[Model]) -> Model:
 MIG_MONITOR_HINT = (
     "NVML refuses a MIG-enabled GPU's aggregate queries without MIG monitoring: run "
     "smoke with NVIDIA_MIG_MONITOR_DEVICES=all in a container with CAP_SYS_ADMIN "
-    "(buildmatrix k8s manifests --mig-monitor; docs/smoke.md, MIG), as the GPU Operator "
+    "(buildmatrix k8s manifests --mig-strategy; docs/smoke.md, MIG), as the GPU Operator "
     "runs GPU Feature Discovery"
 )
 

@@ -1,0 +1,94 @@
+"""``k8s manifests --mig-strategy``: the admission DaemonSet on a cluster with MIG GPUs.
+
+Facts checked, with their sources:
+- the NVIDIA container toolkit grants MIG monitoring with NVIDIA_MIG_MONITOR_DEVICES
+  and refuses that variable in a container without CAP_SYS_ADMIN in its bounding set
+  (nvidia-container-toolkit cmd/nvidia-container-runtime-hook/container_config.go,
+  getNvidiaConfig: "cannot set MIG_MONITOR_DEVICES in non privileged container";
+  internal/config/image/privileged.go, IsPrivileged);
+- Kubernetes refuses allowPrivilegeEscalation false beside privileged or an added
+  CAP_SYS_ADMIN (pkg/apis/core/validation/validation.go, ValidateSecurityContext).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import CliRunner
+
+K8S_VERSION = "1.34.0"
+
+
+def _container(cli: CliRunner, *args: str) -> dict[str, Any]:
+    r = cli("k8s", "manifests", *args)
+    assert r.code == 0, r.err
+    (ds,) = [d for d in yaml.safe_load_all(r.out) if d["kind"] == "DaemonSet"]
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubernetes_validate.validate(ds, K8S_VERSION, strict=True)
+    container: dict[str, Any] = ds["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _toolkit_accepts(container: dict[str, Any]) -> bool:
+    """getNvidiaConfig's rule: MIG monitoring only with CAP_SYS_ADMIN in the bounding set
+    (the container runtime prefixes CAP_ to the names Kubernetes passes)."""
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    caps = container["securityContext"].get("capabilities", {})
+    bounding = {f"CAP_{c}" for c in caps.get("add", [])}
+    privileged = container["securityContext"].get("privileged", False)
+    return not env.get("NVIDIA_MIG_MONITOR_DEVICES") or privileged or "CAP_SYS_ADMIN" in bounding
+
+
+def _kubernetes_accepts(container: dict[str, Any]) -> bool:
+    """ValidateSecurityContext's rule on allowPrivilegeEscalation: false."""
+    sc = container["securityContext"]
+    if sc.get("allowPrivilegeEscalation") is not False:
+        return True
+    added = sc.get("capabilities", {}).get("add", [])
+    return not sc.get("privileged") and "CAP_SYS_ADMIN" not in added and "SYS_ADMIN" not in added
+
+
+@pytest.mark.parametrize("strategy", ["none", "single", "mixed"])
+def test_mig_cluster_daemonset_may_monitor_mig(cli: CliRunner, strategy: str) -> None:
+    c = _container(cli, "--mig-strategy", strategy, "--load-test")
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility,compute"
+    assert f"--mig-strategy {strategy}" in c["command"][-1]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert c["securityContext"]["runAsUser"] == 0
+    assert _toolkit_accepts(c)
+    assert _kubernetes_accepts(c)
+
+
+def test_without_mig_nothing_is_granted(cli: CliRunner) -> None:
+    c = _container(cli)
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in {e["name"] for e in c["env"]}
+    assert "--mig-strategy" not in c["command"][-1]
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert _toolkit_accepts(c)
+    assert _kubernetes_accepts(c)
+
+
+def test_the_rules_catch_what_they_name() -> None:
+    """The two rules above can fail: each refuses the container it describes."""
+    monitor_unprivileged = {
+        "env": [{"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}],
+        "securityContext": {"capabilities": {"drop": ["ALL"]}},
+    }
+    assert not _toolkit_accepts(monitor_unprivileged)
+    no_escalation = {
+        "env": [],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"add": ["CAP_SYS_ADMIN"]},
+        },
+    }
+    assert not _kubernetes_accepts(no_escalation)
