@@ -183,6 +183,13 @@ def _print_report(
         click.echo(f"gpus     {len(m.gpus)} x {m.name} ({m.cc}{memory}; GPU {m.indexes})")
     if plan.from_pool:
         click.echo(f"pool     {plan.pool}: checks its images {', '.join(plan.from_pool)}")
+    if snap.pci_gpus is not None:
+        click.echo(f"pci      {len(snap.pci_gpus)} NVIDIA GPU(s) on the bus")
+    for g in snap.gpus:
+        if g.mig_mode and g.mig_devices is not None:
+            profiles = [m.profile or "?" for m in g.mig_devices]
+            found = ", ".join(f"{profiles.count(p)} x {p}" for p in sorted(set(profiles)))
+            click.echo(f"mig      GPU {g.index}: {found or 'no MIG devices'}")
     rows = [
         [c.name, "ok" if c.ok and not c.warning else ("warn" if c.ok else "FAIL"), c.message]
         for c in report.checks
