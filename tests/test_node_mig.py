@@ -271,3 +271,24 @@ def test_every_label_is_valid_on_every_fixture(
         if not gfd_keys:
             assert _mig_keys(labels) == {}
             assert "nvidia.com/gpu.product" not in labels
+
+
+def test_every_mig_key_written_is_one_apply_may_remove(profiles: ProfileSet) -> None:
+    """On a later failure, --apply removes the labels buildmatrix owns: every MIG key
+    it writes must be among them (else a failed node would keep admitting labels),
+    and GFD's own mig.capable, which buildmatrix never writes, must not."""
+    from buildmatrix.labelkeys import is_mig_key, owned
+
+    written: set[str] = set()
+    for name in ("a100-mig-1g5gb", "h100-mig-mixed"):
+        for strategy in ("single", "mixed"):
+            _, labels = _judge(load_snapshot(NODES / f"{name}.json"), profiles, strategy)
+            written |= set(labels)
+    mig = {k for k in written if is_mig_key(k)}
+    assert "nvidia.com/mig.strategy" in mig
+    assert "nvidia.com/mig-2g.20gb.engines.ofa" in mig
+    assert "nvidia.com/gpu.multiprocessors" in mig
+    assert all(owned(k, gfd_keys=True) for k in written)
+    assert not any(owned(k, gfd_keys=False) for k in mig)
+    assert not is_mig_key("nvidia.com/mig.capable")
+    assert not owned("nvidia.com/mig.capable", gfd_keys=True)
