@@ -624,3 +624,33 @@ def test_mig_strategy_option(cli: CliRunner) -> None:
     assert doc["labels"]["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
     r = cli("smoke", "--snapshot", str(NODES / "a100-mig-1g5gb.json"), "--mig-strategy", "all")
     assert r.code == 2
+
+
+def test_image_check_on_a_mig_node_judges_the_parent_gpu(cli: CliRunner, tmp_path: Path) -> None:
+    """MIG devices have no compute capability of their own (GFD's nvmlMigDevice:
+    GetCudaComputeCapability not supported): an image is judged on the parent's."""
+    image = _image(tmp_path, "libsass_sm80.so")
+    code, doc = _smoke(cli, "a100-mig-1g5gb", "--image", image, "--mig-strategy", "single")
+    assert code == 0, _failed(doc)
+    assert doc["labels"]["verified.buildmatrix.io/rootfs"] == "true"
+    code, doc = _smoke(cli, "h100-mig-mixed", "--image", image, "--mig-strategy", "mixed")
+    assert code == 1
+    assert (
+        "sm_80 SASS runs only on compute capability 8.x, not 9.0" in _failed(doc)[f"image {image}"]
+    )
+
+
+def test_malformed_new_snapshot_keys_are_bad_input(cli: CliRunner, tmp_path: Path) -> None:
+    doc = json.loads((NODES / "a100-mig-1g5gb.json").read_text())
+    doc["pci_gpus"][0]["bus_id"] = "slot 3"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    r = cli("smoke", "--snapshot", str(bad))
+    assert r.code == 2
+    assert "pci_gpus" in r.out + r.err
+    doc = json.loads((NODES / "a100-mig-1g5gb.json").read_text())
+    doc["gpus"][0]["mig_devices"][0]["attributes"]["sms"] = 14
+    bad.write_text(json.dumps(doc))
+    r = cli("smoke", "--snapshot", str(bad))
+    assert r.code == 2
+    assert "mig_devices" in r.out + r.err
