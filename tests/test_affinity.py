@@ -321,6 +321,8 @@ def test_on_every_admitted_fixture_node_affinity_matches_iff_check_snapshot_pass
         "h100-ecc",
         "a100-remap-failure",
         "future-gpu",  # no profile
+        "hgx-h100-7-of-8",  # a GPU on the PCI bus that NVML does not show
+        "a100-mig-no-monitor",  # MIG without monitoring: NVML refuses the GPUs' memory
     }
     refs = list(fixture_refs.values())
     checked: dict[tuple[str, str], bool] = {}
