@@ -107,20 +107,6 @@ def least_capable(models: Sequence[Model]) -> Model:
     return min(models, key=lambda m: (m.cc, m.memory_mib or 0, m.name))
 
 
-# The NVIDIA container toolkit lets a container read a MIG-enabled GPU's aggregate
-# state only with NVIDIA_MIG_MONITOR_DEVICES=all, and honours that variable only in a
-# container whose bounding set holds CAP_SYS_ADMIN (NVIDIA/nvidia-container-toolkit
-# cmd/nvidia-container-runtime/README.md "NVIDIA_MIG_MONITOR_DEVICES";
-# cmd/nvidia-container-runtime-hook/container_config.go, getNvidiaConfig;
-# internal/config/image/privileged.go, IsPrivileged).
-MIG_MONITOR_HINT = (
-    "NVML refuses a MIG-enabled GPU's aggregate queries without MIG monitoring: run "
-    "smoke with NVIDIA_MIG_MONITOR_DEVICES=all in a container with CAP_SYS_ADMIN "
-    "(buildmatrix k8s manifests --mig-strategy; docs/smoke.md, MIG), as the GPU Operator "
-    "runs GPU Feature Discovery"
-)
-
-
 def check_nvml(snapshot: Snapshot) -> NodeCheck:
     if snapshot.errors:
         mig_on = {g.index for g in snapshot.gpus if g.mig_mode}
@@ -130,7 +116,7 @@ def check_nvml(snapshot: Snapshot) -> NodeCheck:
             if e.error == "NVML_ERROR_NO_PERMISSION" and e.index in mig_on
         ]
         why = (
-            MIG_MONITOR_HINT
+            mig.MONITOR_HINT
             if refused
             else "A lost GPU or one needing reset must be serviced before the node is admitted"
         )

@@ -49,6 +49,20 @@ GPU_INSTANCE_PROFILES: dict[int, tuple[int, str]] = {
 }
 GPU_INSTANCE_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT
 
+# The NVIDIA container toolkit lets a container read a MIG-enabled GPU's aggregate
+# state only with NVIDIA_MIG_MONITOR_DEVICES=all, and honours that variable only in a
+# container whose bounding set holds CAP_SYS_ADMIN (NVIDIA/nvidia-container-toolkit
+# cmd/nvidia-container-runtime/README.md "NVIDIA_MIG_MONITOR_DEVICES";
+# cmd/nvidia-container-runtime-hook/container_config.go, getNvidiaConfig;
+# internal/config/image/privileged.go, IsPrivileged).
+MONITOR_HINT = (
+    "NVML refuses a MIG-enabled GPU's aggregate queries without MIG monitoring: run "
+    "smoke with NVIDIA_MIG_MONITOR_DEVICES=all in a container with CAP_SYS_ADMIN "
+    "(buildmatrix k8s manifests --mig-strategy; docs/smoke.md, MIG), as the GPU Operator "
+    "runs GPU Feature Discovery"
+)
+
+
 _MIB = 1 << 20
 _GIB = 1 << 30
 
