@@ -92,3 +92,65 @@ def test_the_rules_catch_what_they_name() -> None:
         },
     }
     assert not _kubernetes_accepts(no_escalation)
+
+
+def test_the_admission_policy_lets_the_agent_write_its_mig_keys(cli: CliRunner) -> None:
+    """The policy that holds the agent to the keys it owns (k8s_policy.py) allows the
+    MIG keys smoke writes, as it allows GFD's other keys: on a node where GFD does not
+    label; and refuses them where GFD does (nvidia.com/gfd.timestamp). The patches are
+    the agent's own (node/apply.py plan), applied as the API server applies them;
+    the policy is evaluated by cel-python (tests/admission_policy.py)."""
+    import copy
+
+    from buildmatrix.cuda import load_cuda_facts
+    from buildmatrix.labelkeys import GfdKeys, is_mig_key
+    from buildmatrix.node.apply import TAINT_EFFECT, TAINT_KEY, plan
+    from buildmatrix.node.checks import NodeOptions, evaluate
+    from buildmatrix.node.labels import node_labels
+    from buildmatrix.node.snapshot import load_snapshot
+    from buildmatrix.profiles import load_profiles
+    from tests.admission_policy import UserInfo, denials, request
+    from tests.conftest import REPO, SHIPPED_PROFILES
+    from tests.kube_standin import apply_patch
+
+    pytest.importorskip("celpy")
+    r = cli("k8s", "manifests", "--mig-strategy", "mixed")
+    assert r.code == 0, r.err
+    (policy,) = [
+        d for d in yaml.safe_load_all(r.out) if d and d["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    agent = UserInfo(
+        "system:serviceaccount:buildmatrix:buildmatrix-smoke",
+        {"authentication.kubernetes.io/node-name": ["gpu-a"]},
+    )
+    fresh: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "gpu-a",
+            "labels": {"kubernetes.io/hostname": "gpu-a"},
+            "annotations": {},
+            "resourceVersion": "7",
+        },
+        "spec": {"taints": [{"key": TAINT_KEY, "effect": TAINT_EFFECT}]},
+        "status": {},
+    }
+    profiles = load_profiles(SHIPPED_PROFILES)
+    nodes = REPO / "tests" / "fixtures" / "nodes"
+    for name, strategy in (("a100-mig-1g5gb", "single"), ("h100-mig-mixed", "mixed")):
+        snap = load_snapshot(nodes / f"{name}.json")
+        opts = NodeOptions(mig_strategy=strategy)
+        report = evaluate(snap, profiles, load_cuda_facts(), options=opts)
+        labels = node_labels(snap, report, mig_strategy=strategy)
+        assert any(is_mig_key(k) for k in labels)
+        body, _ = plan(fresh, labels=labels, passed=True, report="r", gfd_keys=GfdKeys.AUTO)
+        admitted = apply_patch(fresh, body, "application/strategic-merge-patch+json")
+        assert {k for k in labels if is_mig_key(k)} <= set(admitted["metadata"]["labels"])
+        assert denials(policy, request(agent, fresh, admitted)) == []
+        # where GFD labels the node, a MIG key written by the agent is refused
+        gfd = copy.deepcopy(fresh)
+        gfd["metadata"]["labels"]["nvidia.com/gfd.timestamp"] = "1764590000"
+        key = next(k for k in labels if is_mig_key(k))
+        written = copy.deepcopy(gfd)
+        written["metadata"]["labels"][key] = labels[key]
+        assert denials(policy, request(agent, gfd, written))
