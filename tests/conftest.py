@@ -65,6 +65,7 @@ def standin_libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 from tests.services import (  # noqa: E402, F401
     auth_registry,
+    containerd_socket,
     docker_host,
     overlay2_host,
     registry,

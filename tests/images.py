@@ -86,13 +86,15 @@ class Image:
     layers: list[Layer]
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    platform: dict[str, str] = field(
+        default_factory=lambda: {"os": "linux", "architecture": "amd64"}
+    )
 
     def config(self, diff_ids: list[str]) -> bytes:
         env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
         env += [f"{k}={v}" for k, v in self.env.items()]
         doc = {
-            "architecture": "amd64",
-            "os": "linux",
+            **self.platform,
             "config": {"Labels": self.labels, "Env": env},
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
             "history": [{"created_by": "buildmatrix test"} for _ in diff_ids],
@@ -179,4 +181,45 @@ def write_oci_layout(
     }
     (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
     (path / "index.json").write_text(json.dumps(index))
+    return path
+
+
+def write_platform_layout(
+    path: Path, entries: list[tuple[dict[str, str] | None, Image]], *, tag: str = "multi"
+) -> Path:
+    """An OCI layout tagged ``tag`` whose image is an index of the given images, in
+    the given order, each entry with its ``platform`` (None: an entry without one)."""
+    descs = []
+    for i, (platform, image) in enumerate(entries):
+        single = write_oci_layout(path.parent / f"{path.name}-entry{i}", image, tag="one")
+        blobs = path / "blobs" / "sha256"
+        blobs.mkdir(parents=True, exist_ok=True)
+        for blob in (single / "blobs" / "sha256").iterdir():
+            (blobs / blob.name).write_bytes(blob.read_bytes())
+        desc = json.loads((single / "index.json").read_text())["manifests"][0]
+        del desc["annotations"]
+        if platform is not None:
+            desc["platform"] = platform
+        descs.append(desc)
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": descs,
+    }
+    body = json.dumps(index).encode()
+    digest = _sha(body)
+    (path / "blobs" / "sha256" / digest.split(":")[1]).write_bytes(body)
+    top = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": index["mediaType"],
+                "digest": digest,
+                "size": len(body),
+                "annotations": {"org.opencontainers.image.ref.name": tag},
+            }
+        ],
+    }
+    (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (path / "index.json").write_text(json.dumps(top))
     return path

@@ -223,3 +223,39 @@ def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registr
         )
         with serve_registry(root, extra) as host:
             yield Registry(host, user, password)
+
+
+@pytest.fixture(scope="session")
+def containerd_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A containerd of its own (the machine's binary, the CRI plugin off), its state
+    under a temporary folder: the oracle for what containerd pulls. Returns the
+    socket path for ``ctr -a``."""
+    if shutil.which("containerd") is None or shutil.which("ctr") is None:
+        pytest.skip("no containerd: install containerd (a dependency of docker.io)")
+    if os.geteuid() != 0:
+        pytest.skip("containerd needs root")
+    root = tmp_path_factory.mktemp("containerd")
+    socket_path = f"{root}/containerd.sock"
+    (root / "config.toml").write_text(
+        f'version = 2\nroot = "{root}/root"\nstate = "{root}/state"\n'
+        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+        f'[grpc]\n  address = "{socket_path}"\n[ttrpc]\n  address = "{socket_path}.ttrpc"\n'
+    )
+    log = (root / "containerd.log").open("wb")
+    proc = subprocess.Popen(
+        ["containerd", "--config", str(root / "config.toml")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+
+    def up() -> bool:
+        r = subprocess.run(["ctr", "-a", socket_path, "version"], capture_output=True, check=False)
+        return r.returncode == 0
+
+    try:
+        _wait(up, "containerd")
+        yield socket_path
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

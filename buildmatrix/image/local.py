@@ -16,7 +16,6 @@ from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, find_compat
 from buildmatrix.image.model import (
-    DEFAULT_PLATFORM,
     MAX_JSON,
     ImageConfig,
     LayerBlob,
@@ -28,6 +27,10 @@ from buildmatrix.image.model import (
     problem_line,
     read_json_blob,
     scan_blobs,
+)
+from buildmatrix.image.platform import (
+    DEFAULT_PLATFORM,
+    require_config_platform,
     select_platform,
 )
 from buildmatrix.image.ref import ImageRef
@@ -84,12 +87,17 @@ def scan_oci_layout(
         )
     desc = chosen[0]
     doc = check_manifest(_json_blob(layout, desc, name=name), name=name)
+    unplaced = False  # picked from an index entry without a platform
     while is_index(doc):
         desc = select_platform(doc.get("manifests") or [], platform, name=name)
+        unplaced = not isinstance(desc.get("platform"), dict)
         doc = check_manifest(_json_blob(layout, desc, name=name), name=name)
     config_desc = doc.get("config") or {}
+    config_doc = _json_blob(layout, config_desc, name=name)
+    if unplaced:
+        require_config_platform(config_doc, platform, name=ref.given)
     config = ImageConfig.from_json(
-        _json_blob(layout, config_desc, name=name),
+        config_doc,
         image_id=config_desc.get("digest"),
         source=f"{name} image config",
     )

@@ -7,7 +7,7 @@ import io
 import json
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -21,7 +21,6 @@ from buildmatrix.image.inplace import scan_layer_at
 from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.tree import ImageTree, LayerSummary, merge
 
-DEFAULT_PLATFORM = "linux/amd64"
 MAX_JSON = 16 << 20  # manifests and configs are small; refuse to buffer more
 
 # Media types (OCI image spec; Docker image manifest v2 schema 2).
@@ -264,26 +263,6 @@ def problem_line(path: str, message: str) -> str:
 def _at(report: FileReport, path: str) -> FileReport:
     """The report under the path where the final view has it (hard links differ)."""
     return report if report.path == path else replace(report, path=path)
-
-
-def select_platform(
-    manifests: Iterable[dict[str, Any]], platform: str, *, name: str
-) -> dict[str, Any]:
-    """Pick the manifest for ``os/arch[/variant]`` from an index's descriptors."""
-    want = platform.split("/")
-    found: list[str] = []
-    for desc in manifests:
-        p = desc.get("platform") or {}
-        have = [p.get("os", ""), p.get("architecture", "")] + (
-            [p["variant"]] if p.get("variant") else []
-        )
-        found.append("/".join(have))
-        if have[: len(want)] == want or (len(want) == 2 and have[:2] == want):
-            return desc
-    raise InputError(
-        f"{name}: no image for platform {platform}; the index has "
-        f"{', '.join(x for x in found if x) or 'no platforms'}. Pass --platform."
-    )
 
 
 PREFETCH_BYTES = 32 << 20  # how far the engine's save stream is read ahead

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from buildmatrix.errors import EnvironmentUnavailable
-from buildmatrix.image.model import DEFAULT_PLATFORM, Progress, ScannedImage
+from buildmatrix.image.model import Progress, ScannedImage
+from buildmatrix.image.platform import DEFAULT_PLATFORM
 from buildmatrix.image.ref import ImageRef, Transport, parse_ref
 
 

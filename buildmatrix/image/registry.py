@@ -22,7 +22,6 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.dockerconfig import Lookup, find_credentials
 from buildmatrix.image.model import (
-    DEFAULT_PLATFORM,
     INDEX_TYPES,
     MANIFEST_TYPES,
     MAX_JSON,
@@ -35,6 +34,10 @@ from buildmatrix.image.model import (
     is_index,
     read_json_blob,
     scan_blobs,
+)
+from buildmatrix.image.platform import (
+    DEFAULT_PLATFORM,
+    require_config_platform,
     select_platform,
 )
 from buildmatrix.image.ref import ImageRef
@@ -208,9 +211,11 @@ def scan_registry(
     client = RegistryClient(ref)
     doc, digest = client.manifest(ref.reference, digest=ref.digest or None)
     where = f"{ref.host}/{ref.repository} manifest"
+    unplaced = False  # picked from an index entry without a platform
     while is_index(doc):
         check_manifest(doc, name=where)
         desc = select_platform(doc.get("manifests") or [], platform, name=ref.given)
+        unplaced = not isinstance(desc.get("platform"), dict)
         doc, digest = client.manifest(str(desc["digest"]), digest=str(desc["digest"]))
     if doc.get("schemaVersion") != 2 or "layers" not in doc:
         raise InputError(
@@ -219,8 +224,11 @@ def scan_registry(
         )
     check_manifest(doc, name=where)
     config_digest = str((doc.get("config") or {}).get("digest", ""))
+    config_doc = client.json_blob(config_digest)
+    if unplaced:
+        require_config_platform(config_doc, platform, name=ref.given)
     config = ImageConfig.from_json(
-        client.json_blob(config_digest),
+        config_doc,
         image_id=config_digest,
         source=f"{ref.host}/{ref.repository} image config",
     )
