@@ -8,6 +8,7 @@ headers and mutated layers)."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import shutil
 import subprocess
@@ -84,8 +85,9 @@ def test_a_sparse_member_is_read_through_its_map(tmp_path: Path) -> None:
 
 def _archive_with(tmp_path: Path, layer: bytes, name: str = "layer.tar") -> Path:
     """A docker-archive whose single layer member holds ``layer`` as given."""
+    plain = gzip.decompress(layer) if layer[:2] == b"\x1f\x8b" else layer
     config = Image(layers=[], labels={"io.buildmatrix.family": "hopper"}).config(
-        ["sha256:" + "0" * 64]
+        ["sha256:" + hashlib.sha256(plain).hexdigest()]  # the diff_id: uncompressed
     )
     return write_archive_blobs(tmp_path / "image.tar", config, [(name, layer)], tag="bmtest/x:v1")
 

@@ -14,6 +14,7 @@ from buildmatrix.binary.scan import ScanProblem, inspect_image_file
 from buildmatrix.binary.source import CorruptBinary, FileSource, SliceSource
 from buildmatrix.errors import InputError
 from buildmatrix.image.layers import (
+    check_diff_id,
     clean_member_name,
     file_result,
     read_as_layer,
@@ -28,12 +29,16 @@ from buildmatrix.image.tree import LayerSummary, Result
 from buildmatrix.image.workers import run_all
 
 
-def scan_layer_at(file: Path, offset: int, size: int, *, name: str) -> LayerSummary:
+def scan_layer_at(
+    file: Path, offset: int, size: int, *, name: str, diff_id: str | None = None
+) -> LayerSummary:
     """One layer whose tar lies in ``[offset, offset + size)`` of a regular file (a
     ``docker save`` archive): as :func:`scan_layer` reads it, but an uncompressed tar
     is read in place — headers only, each file that may hold device code inspected
     where it lies, the rest skipped — instead of streamed and spooled. A compressed
-    layer is streamed."""
+    layer is streamed. With ``diff_id``, the layer's bytes must have that SHA-256
+    (:func:`layers.check_diff_id`): hashed from the page cache, by a worker beside
+    the candidates' where workers read them."""
     import os
 
     fd = os.open(file, os.O_RDONLY)
@@ -41,12 +46,12 @@ def scan_layer_at(file: Path, offset: int, size: int, *, name: str) -> LayerSumm
         window = _Window(fd, offset, size)
         head = os.pread(fd, min(4, size), offset)
         if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
-            return scan_layer(cast(IO[bytes], window), name=name)
+            return scan_layer(cast(IO[bytes], window), name=name, diff_id=diff_id)
         archive = FileSource(fd, name=str(file))
         with read_as_layer(name):
             buffered = io.BufferedReader(window, buffer_size=TAR_BUFSIZE)
             with tarfile.open(fileobj=buffered, mode="r:", tarinfo=StrictTarInfo) as tar:
-                ahead = _read_ahead(tar, archive, file, offset, size)
+                ahead, digest = _read_ahead(tar, archive, file, offset, size, hashed=bool(diff_id))
                 end = buffered.tell()
 
                 def in_place(member: tarfile.TarInfo, path: str) -> Result:
@@ -61,22 +66,48 @@ def scan_layer_at(file: Path, offset: int, size: int, *, name: str) -> LayerSumm
                         return result
                     return _inspect_in_archive(_job(file, offset, size, member, path), archive)
 
-                return summarise(tar, name, in_place)
+                summary = summarise(tar, name, in_place)
+        if diff_id is not None:
+            check_diff_id(name, diff_id, digest or sha256_at(str(file), offset, size))
+        return summary
     finally:
         os.close(fd)
 
 
+_HASH = "\0sha256"  # a job's path that asks for the SHA-256 of its bytes
+
+
+def sha256_at(file: str, offset: int, size: int) -> str:
+    """The SHA-256 of ``[offset, offset + size)`` of ``file``, hashed straight from
+    the mapped page cache (no copy; hashlib releases the GIL while it hashes)."""
+    import hashlib
+    import mmap
+
+    digest = hashlib.sha256()
+    if size:
+        with Path(file).open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            m.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(m)
+            try:
+                for at in range(offset, offset + size, 8 << 20):
+                    digest.update(view[at : min(at + (8 << 20), offset + size)])
+            finally:
+                view.release()
+    return f"sha256:{digest.hexdigest()}"
+
+
 def _read_ahead(
-    tar: tarfile.TarFile, archive: FileSource, file: Path, offset: int, size: int
-) -> dict[int, Result]:
+    tar: tarfile.TarFile, archive: FileSource, file: Path, offset: int, size: int, *, hashed: bool
+) -> tuple[dict[int, Result], str | None]:
     """The device code of a layer's candidate files (regular, not sparse, whose first
-    bytes may be code) by member offset, read by workers (buildmatrix.image.workers);
-    none when the layer is small or its headers do not all read — the summary then
-    reads each file as it comes, and refuses the layer where the reader does."""
+    bytes may be code) by member offset, read by workers (buildmatrix.image.workers),
+    and with ``hashed`` the layer's SHA-256, one more job; none when the layer is
+    small or its headers do not all read — the summary then reads each file as it
+    comes, and refuses the layer where the reader does."""
     from buildmatrix.image.workers import PARALLEL_BYTES
 
     if size < PARALLEL_BYTES:
-        return {}
+        return {}, None
     ahead: dict[int, Result] = {}
     refused: tuple[type[Exception], ...] = (TarHeaderError, InputError, *unreadable())
     try:
@@ -93,10 +124,14 @@ def _read_ahead(
             else:
                 ahead[m.offset] = None  # no device code: nothing to read again
     except refused:
-        return {}
+        return {}, None
+    if hashed:  # the biggest job, so the first a worker takes
+        jobs.append((-1, (str(file), offset, size, _HASH)))
     results = run_all(_inspect_archived, [job for _, job in jobs], [job[2] for _, job in jobs])
-    ahead.update((at, result) for (at, _), result in zip(jobs, results, strict=True))
-    return ahead
+    digest = str(results.pop()) if hashed else None
+    jobs = jobs[:-1] if hashed else jobs
+    ahead.update((at, result) for (at, _), result in zip(jobs, results, strict=True))  # type: ignore[misc]
+    return ahead, digest
 
 
 def _job(
@@ -108,10 +143,13 @@ def _job(
     return str(file), start, min(member.size, offset + size - start), path
 
 
-def _inspect_archived(job: tuple[str, int, int, str]) -> Result:
-    """A worker's :func:`_inspect_in_archive`: it opens the archive itself."""
+def _inspect_archived(job: tuple[str, int, int, str]) -> Result | str:
+    """A worker's :func:`_inspect_in_archive`: it opens the archive itself (or the
+    layer's SHA-256, for the hash job)."""
     import os
 
+    if job[3] == _HASH:
+        return sha256_at(job[0], job[1], job[2])
     fd = os.open(job[0], os.O_RDONLY)
     try:
         return _inspect_in_archive(job, FileSource(fd, name=job[0]))

@@ -20,7 +20,13 @@ from typing import IO, cast
 from buildmatrix.errors import InputError
 from buildmatrix.image.spool import inspect_member, might_hold_code
 from buildmatrix.image.tarheaders import TarHeaderError
-from buildmatrix.image.tarstream import check_end, member_data, open_tar_stream
+from buildmatrix.image.tarstream import (
+    DiffIdMismatch,
+    check_end,
+    member_data,
+    open_tar_stream,
+    tar_digest,
+)
 from buildmatrix.image.tree import OPAQUE, WHITEOUT, LayerSummary, Node, Result
 
 
@@ -36,14 +42,49 @@ def clean_member_name(name: str, *, layer: str) -> str:
     return path.lstrip("/")
 
 
-def scan_layer(stream: IO[bytes], *, name: str, keep: Path | None = None) -> LayerSummary:
+def scan_layer(
+    stream: IO[bytes],
+    *,
+    name: str,
+    keep: Path | None = None,
+    diff_id: str | None = None,
+    blob_digest: str | None = None,
+) -> LayerSummary:
     """Read one layer tar stream into a summary; device code is inspected on the way.
 
     With ``keep`` (a private folder), every file with device code is kept there and
-    its report says where (``FileReport.stored``).
+    its report says where (``FileReport.stored``). With ``diff_id``, the layer's
+    uncompressed content must have that digest (``blob_digest``: the blob's own,
+    verified by the caller, which is the diff_id of an uncompressed blob).
     """
-    with read_as_layer(name), open_tar_stream(stream, name=name) as tar:
-        return summarise(tar, name, lambda member, path: file_result(tar, member, path, keep))
+    with read_as_layer(name):
+        try:
+            tar = open_tar_stream(stream, name=name, diff_id=diff_id, blob_digest=blob_digest)
+        except DiffIdMismatch as exc:
+            check_diff_id(name, diff_id, str(exc))
+            raise  # pragma: no cover - check_diff_id raises on a mismatch
+        with tar:
+            summary = summarise(
+                tar, name, lambda member, path: file_result(tar, member, path, keep)
+            )
+            check_diff_id(name, diff_id, tar_digest(tar))
+            return summary
+
+
+def check_diff_id(name: str, diff_id: str | None, got: str | None) -> None:
+    """The engine refuses a layer whose uncompressed digest is not its config's
+    diff_id (moby ``image/tarexport/load.go``: "invalid diffID for layer"; containerd
+    ``core/unpack/unpacker.go``: "wrong diff id calculated on extraction") — but only
+    when it reads the layer at all: one that already holds a layer of that diff_id
+    runs that one instead. So a layer is judged only as the content its config names."""
+    if diff_id is None or got is None or got == diff_id:
+        return
+    raise InputError(
+        f"{name}: the layer's uncompressed content has digest {got}, but the image "
+        f"config's rootfs.diff_ids names {diff_id} for it. An engine that already holds "
+        f"a layer {diff_id[:19]} runs that one instead, and one that does not refuses "
+        "the image; so it is refused here. Nothing was checked."
+    )
 
 
 def summarise(

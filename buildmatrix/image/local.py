@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import tarfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -16,7 +12,6 @@ from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, find_compat
 from buildmatrix.image.model import (
-    MAX_JSON,
     ImageConfig,
     LayerBlob,
     Progress,
@@ -24,6 +19,7 @@ from buildmatrix.image.model import (
     check_manifest,
     finish,
     is_index,
+    layer_diff_ids,
     problem_line,
     read_json_blob,
     scan_blobs,
@@ -101,8 +97,10 @@ def scan_oci_layout(
         image_id=config_desc.get("digest"),
         source=f"{name} image config",
     )
+    descs = doc.get("layers") or []
+    diff_ids = layer_diff_ids(config_doc, count=len(descs), source=f"{name} image config")
     blobs = []
-    for i, layer in enumerate(doc.get("layers") or []):
+    for i, (layer, diff_id) in enumerate(zip(descs, diff_ids, strict=True)):
         digest = str(layer.get("digest", ""))
         path = _blob_path(layout, digest, name=name)
         blobs.append(
@@ -110,84 +108,11 @@ def scan_oci_layout(
                 name=f"{name} layer {i} ({digest[:19]})",
                 open=partial(_open_binary, path),
                 digest=digest,
+                diff_id=diff_id,
             )
         )
     layers = scan_blobs(blobs, progress, keep=keep)
     return finish(ref=ref.given, digest=desc.get("digest"), config=config, layers=layers)
-
-
-@contextmanager
-def _member(archive: Path, member: str) -> Iterator[IO[bytes]]:
-    """A regular file of the archive; links are not followed (a loop would recurse)."""
-    with tarfile.open(archive, mode="r:") as tar:
-        try:
-            info = tar.getmember(member)
-        except KeyError:
-            raise InputError(
-                f"{archive}: manifest names '{member}', which is not in the archive."
-            ) from None
-        data = tar.extractfile(info) if info.isreg() else None
-        if data is None:
-            raise InputError(f"{archive}: '{member}' is not a regular file in the archive.")
-        yield data
-
-
-def _place(archive: Path, member: str) -> tuple[Path, int, int] | None:
-    """Where a member's bytes lie in the archive, if in one run (a regular, not
-    sparse, file); else None and it is read through the tar reader."""
-    with tarfile.open(archive, mode="r:") as tar:
-        try:
-            info = tar.getmember(member)
-        except KeyError:
-            return None  # reported when it is opened
-        if not info.isreg() or info.issparse():
-            return None
-        return archive, info.offset_data, info.size
-
-
-def scan_docker_archive(
-    ref: ImageRef, *, progress: Progress | None = None, keep: Path | None = None
-) -> ScannedImage:
-    """``docker-archive:PATH``: a ``docker save`` tar (legacy or OCI-style inside)."""
-    archive = ref.path
-    if archive is None or not archive.is_file():
-        raise InputError(f"'{ref.given}': {archive} is not a file.")
-    try:
-        with _member(archive, "manifest.json") as f:
-            data = f.read(MAX_JSON + 1)
-        if len(data) > MAX_JSON:
-            raise InputError(f"'{ref.given}': manifest.json is over {MAX_JSON >> 20} MiB.")
-        manifest = json.loads(data)
-    except (tarfile.TarError, OSError) as exc:
-        raise InputError(f"'{ref.given}': not a docker-archive tar ({exc}).") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"'{ref.given}': manifest.json is not valid JSON ({exc}).") from None
-    except UnicodeDecodeError:
-        raise InputError(f"'{ref.given}': manifest.json is not UTF-8 JSON.") from None
-    if isinstance(manifest, list) and len(manifest) != 1:
-        raise InputError(
-            f"'{ref.given}': expected one image in manifest.json, found {len(manifest)}."
-        )
-    from buildmatrix import schema
-
-    schema.validate(manifest, "docker-archive-manifest", source=f"{archive}:manifest.json")
-    entry = manifest[0]
-    with _member(archive, entry["Config"]) as f:
-        config_doc = read_json_blob(f, name=f"{archive}:{entry['Config']}", digest=None)
-    image_id = "sha256:" + Path(entry["Config"]).name.removesuffix(".json")
-    config = ImageConfig.from_json(
-        config_doc, image_id=image_id, source=f"{archive}:{entry['Config']}"
-    )
-    blobs = [
-        LayerBlob(
-            name=f"{archive}:{member}",
-            open=partial(_member, archive, member),
-            place=_place(archive, member),
-        )
-        for member in entry.get("Layers") or []
-    ]
-    layers = scan_blobs(blobs, progress, keep=keep)
-    return finish(ref=ref.given, digest=None, config=config, layers=layers)
 
 
 def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:

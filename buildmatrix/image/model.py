@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -86,8 +87,10 @@ class LayerBlob:
     open: Callable[[], AbstractContextManager[IO[bytes]]]
     digest: str | None = None
     # Where the blob lies whole in a regular file (file, offset, size): a blob with
-    # no digest to verify is then read in place (layers.scan_layer_at).
+    # no digest to verify is then read in place (inplace.scan_layer_at).
     place: tuple[Path, int, int] | None = None
+    # The config's rootfs.diff_ids entry: the digest of the uncompressed layer.
+    diff_id: str | None = None
 
 
 class VerifyingReader(io.RawIOBase):
@@ -178,15 +181,47 @@ def read_json_blob(stream: IO[bytes], *, name: str, digest: str | None) -> dict[
 def scan_blob(blob: LayerBlob, progress: Progress | None, keep: Path | None = None) -> LayerSummary:
     if blob.place is not None and blob.digest is None and keep is None:
         file, offset, size = blob.place
-        summary = scan_layer_at(file, offset, size, name=blob.name)
+        summary = scan_layer_at(file, offset, size, name=blob.name, diff_id=blob.diff_id)
         if progress is not None:
             progress(size)
         return summary
     with blob.open() as raw:
         reader = VerifyingReader(raw, digest=blob.digest, name=blob.name, progress=progress)
-        summary = scan_layer(reader, name=blob.name, keep=keep)  # type: ignore[arg-type]
+        summary = scan_layer(
+            reader,  # type: ignore[arg-type]
+            name=blob.name,
+            keep=keep,
+            diff_id=blob.diff_id,
+            blob_digest=blob.digest,
+        )
         reader.verify()
     return summary
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def layer_diff_ids(config: dict[str, Any], *, count: int, source: str) -> list[str]:
+    """The config's ``rootfs.diff_ids``, one per layer: what the engine checks each
+    layer against, and what a layer is judged as (layers.check_diff_id). An image
+    without them, or with another count than its layers, is refused, as the engine
+    refuses it (moby ``image/tarexport/load.go``: "layers length mismatch";
+    containerd's unpacker: "mismatched image rootfs and manifest layers")."""
+    rootfs = config.get("rootfs")
+    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    if not isinstance(diff_ids, list) or not all(
+        isinstance(d, str) and _DIGEST.fullmatch(d) for d in diff_ids
+    ):
+        raise InputError(
+            f"{source}: rootfs.diff_ids is missing or not a list of sha256 digests; the "
+            "engine cannot tell which layers the image is made of, so it is refused."
+        )
+    if len(diff_ids) != count:
+        raise InputError(
+            f"{source}: rootfs.diff_ids names {len(diff_ids)} layers, the manifest "
+            f"{count}; the engine refuses such an image, so it is refused."
+        )
+    return list(diff_ids)
 
 
 def scan_blobs(
@@ -198,7 +233,11 @@ def scan_blobs(
     """Summarise layers in parallel (decompression and reads release the GIL).
 
     With a layer cache in use (buildmatrix.image.cache) a blob whose digest is known
-    and cached is not read at all, and each one read and verified is cached.
+    and cached is not read at all, and each one read and verified is cached. Entries
+    are keyed by the layer's diff_id where the config names one: the summary of the
+    content that digest names, which is what an engine runs (the one it holds, or
+    this blob once it verified it) — a blob cached under its own digest could be
+    claimed for another diff_id by another image's config.
     """
     from buildmatrix.image.cache import active
 
@@ -206,7 +245,7 @@ def scan_blobs(
     found: dict[int, LayerSummary] = {}
     if cache is not None:
         for i, blob in enumerate(blobs):
-            if blob.digest is not None and (hit := cache.get(blob.digest)) is not None:
+            if blob.digest is not None and (hit := cache.get(_key(blob))) is not None:
                 found[i] = hit
     todo = [(i, b) for i, b in enumerate(blobs) if i not in found]
     if len(todo) <= 1 or workers <= 1:
@@ -217,8 +256,12 @@ def scan_blobs(
     for (i, blob), summary in zip(todo, scanned, strict=True):
         found[i] = summary
         if cache is not None and blob.digest is not None:
-            cache.put(blob.digest, summary)  # its digest was verified as it was read
+            cache.put(_key(blob), summary)  # its digests were verified as it was read
     return [found[i] for i in range(len(blobs))]
+
+
+def _key(blob: LayerBlob) -> str:
+    return blob.diff_id or str(blob.digest)
 
 
 def finish(

@@ -33,9 +33,9 @@ def scan_image(
 
             return scan_oci_layout(ref, platform=platform, progress=progress, keep=keep)
         case Transport.ARCHIVE:
-            from buildmatrix.image.local import scan_docker_archive
+            from buildmatrix.image.dockerarchive import scan_docker_archive
 
-            return scan_docker_archive(ref, progress=progress, keep=keep)
+            return scan_docker_archive(ref, platform=platform, progress=progress, keep=keep)
         case Transport.REGISTRY:
             from buildmatrix.image.registry import scan_registry
 

@@ -32,6 +32,7 @@ from buildmatrix.image.model import (
     check_manifest,
     finish,
     is_index,
+    layer_diff_ids,
     read_json_blob,
     scan_blobs,
 )
@@ -232,13 +233,17 @@ def scan_registry(
         image_id=config_digest,
         source=f"{ref.host}/{ref.repository} image config",
     )
+    diff_ids = layer_diff_ids(
+        config_doc, count=len(doc["layers"]), source=f"{ref.host}/{ref.repository} image config"
+    )
     blobs = [
         LayerBlob(
             name=f"{ref.host}/{ref.repository} layer {i} ({layer['digest'][:19]})",
             open=partial(client.blob, str(layer["digest"])),
             digest=str(layer["digest"]),
+            diff_id=diff_id,
         )
-        for i, layer in enumerate(doc["layers"])
+        for i, (layer, diff_id) in enumerate(zip(doc["layers"], diff_ids, strict=True))
     ]
     layers = scan_blobs(blobs, progress, keep=keep)
     return finish(ref=ref.given, digest=digest, config=config, layers=layers)
