@@ -28,6 +28,7 @@ from buildmatrix.image.model import (
 )
 from buildmatrix.image.overlay2 import UnreadableLayer, scan_layer_dir
 from buildmatrix.image.ref import ImageRef
+from buildmatrix.image.savetar import SaveTree, member_of
 from buildmatrix.image.tarstream import member_data, open_forward
 from buildmatrix.image.tree import LayerSummary
 
@@ -177,7 +178,7 @@ def _scan_saved(
     stream = iter_chunks_reader(iter(chunks))
     counter = VerifyingReader(stream, digest=None, name=ref.given, progress=progress)
     try:
-        summaries, documents = scan_save_stream(
+        tree, summaries, documents = scan_save_stream(
             counter,  # type: ignore[arg-type]
             name=ref.given,
             keep=keep,
@@ -189,9 +190,11 @@ def _scan_saved(
     finally:
         stream.close()
     try:
-        manifest = json.loads(documents["manifest.json"])
+        manifest = json.loads(documents[tree.resolve("manifest.json", what="manifest").offset])
         schema.validate(manifest, "docker-archive-manifest", source=f"{ref.given} manifest.json")
-        return [summaries[name] for name in manifest[0]["Layers"]]
+        return [
+            summaries[tree.resolve(layer, what="layer").offset] for layer in manifest[0]["Layers"]
+        ]
     except (KeyError, ValueError) as exc:
         raise InputError(
             f"'{ref.given}': the engine's save stream has no usable manifest ({exc})."
@@ -200,24 +203,32 @@ def _scan_saved(
 
 def scan_save_stream(
     stream: IO[bytes], *, name: str, keep: Path | None = None
-) -> tuple[dict[str, LayerSummary], dict[str, bytes]]:
-    """Read a ``docker save`` tar as one stream: layer summaries and JSON documents by
-    member name (the manifest says which layer is which)."""
-    summaries: dict[str, LayerSummary] = {}
-    documents: dict[str, bytes] = {}
+) -> tuple[SaveTree, dict[int, LayerSummary], dict[int, bytes]]:
+    """Read a ``docker save`` tar as one stream: the folder it extracts to
+    (buildmatrix.image.savetar: names cleaned, symlinks kept, e.g. Docker 24 and
+    older write a repeated layer as one), and the layer summaries and JSON documents
+    by where their bytes start in the stream (the manifest says which layer is
+    which; a link resolves to the member it names)."""
+    tree = SaveTree(f"'{name}'")
+    summaries: dict[int, LayerSummary] = {}
+    documents: dict[int, bytes] = {}
     with open_forward(stream) as outer:
         for member in outer:
+            saved, link = member_of(member, source=tree.source)
+            tree.add(saved, link=link)
             if not member.isreg():
                 continue
             data = member_data(outer, member)
             head = data.read(512)
             if head[:1] in (b"{", b"[") and member.size <= MAX_JSON:  # manifest, config
-                documents[member.name] = head + data.read()
+                documents[member.offset_data] = head + data.read()
             elif head[257:262] == b"ustar":  # a layer tar
                 layer = _Prefixed(head, data)
                 label = f"{name} {member.name}"
-                summaries[member.name] = scan_layer(cast(IO[bytes], layer), name=label, keep=keep)
-    return summaries, documents
+                summaries[member.offset_data] = scan_layer(
+                    cast(IO[bytes], layer), name=label, keep=keep
+                )
+    return tree, summaries, documents
 
 
 class _Prefixed:

@@ -40,7 +40,7 @@ from buildmatrix.image.model import (
 )
 from buildmatrix.image.platform import DEFAULT_PLATFORM, select_platform
 from buildmatrix.image.ref import ImageRef
-from buildmatrix.image.savetar import Kind, SavedMember, SaveTree, clean_name
+from buildmatrix.image.savetar import SavedMember, SaveTree, member_of
 from buildmatrix.image.tarheaders import StrictTarInfo, TarHeaderError
 from buildmatrix.image.tarstream import check_end
 
@@ -66,33 +66,22 @@ class Archive:
         end = self.path.stat().st_size
         with tarfile.open(self.path, mode="r:", tarinfo=StrictTarInfo) as tar:
             for info in tar:
-                path = clean_name(info.name, source=self.tree.source)
-                kind: Kind = "other"
-                if info.isreg():
-                    # tarfile stops quietly where a header's size runs past the end
-                    # of the file; Go's reader (docker load) fails: refused.
-                    if not info.issparse() and info.offset_data + info.size > end:
-                        raise InputError(
-                            f"{self.tree.source}: member '{info.name}' claims {info.size} "
-                            f"bytes from offset {info.offset_data}, past the archive's end "
-                            f"({end} bytes); docker load fails on it, so it is refused."
-                        )
-                    self._infos[info.offset_data] = info
-                    kind = "file"
-                elif info.isdir():
-                    kind = "dir"
-                elif info.issym():
-                    kind = "symlink"
-                member = SavedMember(
-                    name=info.name,
-                    path=path,
-                    kind=kind,  # a hard link becomes the file it names (SaveTree.add)
-                    target=info.linkname if info.issym() else "",
-                    offset=info.offset_data,
-                    size=info.size,
-                    sparse=info.issparse(),
-                )
-                self.tree.add(member, link=info.linkname if info.islnk() else None)
+                member, link = member_of(info, source=self.tree.source)
+                # tarfile stops quietly where a header's size runs past the end of
+                # the file; Go's reader (docker load) fails: refused.
+                if (
+                    member.kind == "file"
+                    and not member.sparse
+                    and member.offset + member.size > end
+                ):
+                    raise InputError(
+                        f"{self.tree.source}: member '{info.name}' claims {info.size} bytes "
+                        f"from offset {info.offset_data}, past the archive's end ({end} "
+                        "bytes); docker load fails on it, so it is refused."
+                    )
+                if member.kind == "file":
+                    self._infos[member.offset] = info
+                self.tree.add(member, link=link)
             check_end(tar)
 
     @contextmanager

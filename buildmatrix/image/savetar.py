@@ -29,6 +29,7 @@ Pure: the caller reads the tar headers and hands each member in archive order.
 from __future__ import annotations
 
 import posixpath
+import tarfile
 from dataclasses import dataclass
 from typing import Literal, NoReturn
 
@@ -66,6 +67,28 @@ def clean_name(name: str, *, source: str) -> str:
         )
     relative = cleaned.lstrip("/")
     return "" if relative == "." else relative
+
+
+def member_of(info: tarfile.TarInfo, *, source: str) -> tuple[SavedMember, str | None]:
+    """A tar header as a member to :meth:`SaveTree.add`, and a hard link's target
+    (the member then becomes the file that target names)."""
+    kind: Kind = "other"
+    if info.isreg():
+        kind = "file"
+    elif info.isdir():
+        kind = "dir"
+    elif info.issym():
+        kind = "symlink"
+    member = SavedMember(
+        name=info.name,
+        path=clean_name(info.name, source=source),
+        kind=kind,
+        target=info.linkname if info.issym() else "",
+        offset=info.offset_data,
+        size=info.size,
+        sparse=info.issparse(),
+    )
+    return member, info.linkname if info.islnk() else None
 
 
 class SaveTree:
