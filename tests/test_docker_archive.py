@@ -6,6 +6,7 @@ OCI side of an archive."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -20,7 +21,9 @@ import pytest
 from buildmatrix.errors import InputError
 from buildmatrix.image.savetar import SavedMember, SaveTree, clean_name
 from tests.conftest import CliRunner
-from tests.images import Dir, Entry, Image, Symlink, fixture, layer_tar
+from tests.images import Dir, Entry, Image, Symlink, fixture, layer_tar, write_oci_layout
+from tests.services import Registry
+from tests.test_image_sources import skopeo
 
 Member = tuple[str, bytes | Symlink | Dir | tuple[str, str]]  # ("hardlink", target): links
 HOPPER, SM80 = fixture("libhopper_a.so"), fixture("libsass_sm80.so")
@@ -255,3 +258,268 @@ def test_a_member_under_a_symlink_member_is_refused() -> None:
     tree.add(SavedMember(name="d", path="d", kind="symlink", target="e"))
     with pytest.raises(InputError, match="lies under 'd', which is a symlink"):
         tree.add(SavedMember(name="d/layer.tar", path="d/layer.tar", kind="file"))
+
+
+# ------------------------------------------------------------ layers vs diff_ids
+
+
+def test_a_layer_that_is_not_its_diff_id_is_refused(
+    docker_host: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    """The config names the Hopper layer, the archive holds an sm_80 one: the engine
+    refuses the load ("invalid diffID"), or, where it already holds the Hopper
+    layer, runs that and never reads the archive's. Either way the sm_80 layer is
+    not what runs: refused, for a plain and a gzip layer."""
+    good, bad = _lib(HOPPER, "claimed"), _lib(SM80, "held")
+    config_name, config = _image([good])
+    for layer, stored in ((bad, "l/layer.tar"), (gzip.compress(bad, mtime=0), "l/layer.tar.gz")):
+        archive = write_outer(
+            tmp_path / "mismatch.tar",
+            [
+                (config_name, config),
+                (stored, layer),
+                ("manifest.json", _manifest(config_name, [stored])),
+            ],
+        )
+        with loaded(docker_host, archive) as r:
+            assert r.returncode != 0 and "invalid diffID" in r.stderr, r.stdout + r.stderr
+        result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
+        assert result.code == 2, result.out + result.err
+        assert f"rootfs.diff_ids names {_sha(good)}" in result.err
+
+
+def test_diff_ids_counted_as_layers(docker_host: str, cli: CliRunner, tmp_path: Path) -> None:
+    layer = _lib(SM80, "count")
+    config_name, config = _image([layer, layer])
+    archive = write_outer(
+        tmp_path / "count.tar",
+        [
+            (config_name, config),
+            ("l/layer.tar", layer),
+            ("manifest.json", _manifest(config_name, ["l/layer.tar"])),
+        ],
+    )
+    with loaded(docker_host, archive) as r:
+        assert r.returncode != 0 and "layers length mismatch" in r.stderr, r.stderr
+    result = cli("check", f"docker-archive:{archive}", "--sm", "8.0")
+    assert result.code == 2
+    assert "rootfs.diff_ids names 2 layers, the manifest 1" in result.err
+
+
+def _oci_with_claim(path: Path, stored: bytes, claimed: bytes) -> Path:
+    """An OCI layout whose one gzip layer holds ``stored`` while the config's
+    diff_id names ``claimed``."""
+    layout = write_oci_layout(path, Image(layers=[{"etc/x": b"placeholder"}]), tag="v1")
+    blobs = layout / "blobs" / "sha256"
+    index = json.loads((layout / "index.json").read_text())
+    manifest_path = blobs / index["manifests"][0]["digest"].split(":")[1]
+    manifest = json.loads(manifest_path.read_text())
+    config = json.loads((blobs / manifest["config"]["digest"].split(":")[1]).read_text())
+    config["rootfs"]["diff_ids"] = [_sha(claimed)]
+    config_bytes = json.dumps(config).encode()
+    blob = gzip.compress(stored, mtime=0)
+    for data in (config_bytes, blob):
+        (blobs / _sha(data).split(":")[1]).write_bytes(data)
+    manifest["config"].update(digest=_sha(config_bytes), size=len(config_bytes))
+    manifest["layers"][0].update(digest=_sha(blob), size=len(blob))
+    manifest_bytes = json.dumps(manifest).encode()
+    (blobs / _sha(manifest_bytes).split(":")[1]).write_bytes(manifest_bytes)
+    index["manifests"][0].update(digest=_sha(manifest_bytes), size=len(manifest_bytes))
+    (layout / "index.json").write_text(json.dumps(index))
+    return layout
+
+
+def test_oci_and_registry_layers_are_checked_against_diff_ids(
+    registry: Registry, cli: CliRunner, tmp_path: Path
+) -> None:
+    """Every blob digest verifies, but the gzip layer's content is not the config's
+    diff_id: refused from the layout and from the registry (skopeo copies it
+    as it is)."""
+    good, bad = _lib(HOPPER, "claimed"), _lib(SM80, "held")
+    layout = _oci_with_claim(tmp_path / "claim", bad, good)
+    dest = f"docker://{registry.host}/bmtest/claim:v1"
+    skopeo("copy", "--dest-tls-verify=false", f"oci:{layout}:v1", dest)
+    for source in (f"oci:{layout}:v1", dest):
+        result = cli("check", source, "--sm", "9.0")
+        assert result.code == 2, source + result.out + result.err
+        assert f"rootfs.diff_ids names {_sha(good)}" in result.err
+
+
+def test_a_cached_blob_claimed_for_another_diff_id_is_read_again(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    """The cache is keyed by diff_id: an image that pairs an already cached (and
+    honest) blob with another layer's diff_id is read, and refused, not served the
+    cached summary."""
+    good, bad = _lib(HOPPER, "claimed"), _lib(SM80, "held")
+    honest = _oci_with_claim(tmp_path / "honest", bad, bad)
+    cache = tmp_path / "cache"
+    assert cli("check", f"oci:{honest}:v1", "--sm", "8.0", "--cache", str(cache)).code == 0
+    lying = _oci_with_claim(tmp_path / "lying", bad, good)
+    result = cli("check", f"oci:{lying}:v1", "--sm", "9.0", "--cache", str(cache))
+    assert result.code == 2, result.out + result.err
+    assert "rootfs.diff_ids names" in result.err
+
+
+# ------------------------------------------------------- index.json vs manifest.json
+
+
+def _oci_archive(tmp_path: Path, *, index_image: bytes, manifest_image: bytes) -> Path:
+    """A Docker 25-style archive (``oci-layout``, ``index.json``, blobs, and a
+    ``manifest.json``) whose index names an image of ``index_image`` and whose
+    manifest.json one of ``manifest_image`` (layer tars)."""
+    members: list[Member] = [("oci-layout", b'{"imageLayoutVersion": "1.0.0"}')]
+    blobs: dict[str, bytes] = {}
+
+    def put(data: bytes) -> str:
+        blobs[_sha(data)] = data
+        return _sha(data)
+
+    configs = {}
+    for which, layer in (("index", index_image), ("manifest", manifest_image)):
+        config = Image(layers=[], labels={"io.buildmatrix.family": "hopper"}).config([_sha(layer)])
+        configs[which] = (put(config), len(config), put(layer), len(layer))
+    cdigest, csize, ldigest, lsize = configs["index"]
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": cdigest,
+                "size": csize,
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": ldigest,
+                    "size": lsize,
+                }
+            ],
+        }
+    ).encode()
+    mdigest = put(manifest)
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": mdigest,
+                "size": len(manifest),
+                "annotations": {"io.containerd.image.name": "docker.io/bmtest/archive:v1"},
+            }
+        ],
+    }
+    members += [(f"blobs/sha256/{d.split(':')[1]}", data) for d, data in blobs.items()]
+    members.append(("index.json", json.dumps(index).encode()))
+    cdigest, _, ldigest, _ = configs["manifest"]
+    members.append(
+        (
+            "manifest.json",
+            _manifest(
+                f"blobs/sha256/{cdigest.split(':')[1]}", [f"blobs/sha256/{ldigest.split(':')[1]}"]
+            ),
+        )
+    )
+    return write_outer(tmp_path / "oci-archive.tar", members)
+
+
+def test_index_and_manifest_naming_other_images_are_refused(
+    docker_host: str, containerd_socket: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    """index.json names a Hopper image, manifest.json an sm_80 one: the classic
+    engine loads the manifest.json image (its ID is that config's digest),
+    containerd imports the index.json image; buildmatrix refuses the archive."""
+    hopper, sm80 = _lib(HOPPER, "index"), _lib(SM80, "manifest")
+    archive = _oci_archive(tmp_path, index_image=hopper, manifest_image=sm80)
+    sm80_config = Image(layers=[], labels={"io.buildmatrix.family": "hopper"}).config([_sha(sm80)])
+    with loaded(docker_host, archive) as r:
+        assert r.returncode == 0, r.stderr
+        docker = ["docker", "-H", docker_host, "image", "inspect", "bmtest/archive:v1"]
+        image = json.loads(subprocess.run(docker, capture_output=True, check=True).stdout)[0]
+        assert image["Id"] == _sha(sm80_config)
+    ctr = ["ctr", "-a", containerd_socket, "-n", "oci-archive"]
+    subprocess.run(
+        [*ctr, "images", "import", "--no-unpack", str(archive)], capture_output=True, check=True
+    )
+    listed = subprocess.run(
+        [*ctr, "images", "ls"], capture_output=True, text=True, check=True
+    ).stdout
+    index = json.loads(next(data for name, data in _members(archive) if name == "index.json"))
+    assert index["manifests"][0]["digest"] in listed  # containerd's image: the index's
+    result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
+    assert result.code == 2, result.out + result.err
+    assert "ambiguous" in result.err
+    same = _oci_archive(tmp_path, index_image=sm80, manifest_image=sm80)
+    agreed = cli("check", f"docker-archive:{same}", "--sm", "9.0", "--json")
+    assert agreed.code == 1, agreed.out + agreed.err  # one image, judged: sm_80 fails 9.0
+
+
+def _members(archive: Path) -> list[tuple[str, bytes]]:
+    with tarfile.open(archive) as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar if m.isreg()]  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------ sizes past the end
+
+
+def _base256_size(raw: bytes, name: str, size: int) -> bytes:
+    """``raw`` with the ustar header of member ``name`` claiming ``size`` bytes in
+    base-256 (GNU), the checksum fixed."""
+    data = bytearray(raw)
+    at = next(
+        i
+        for i in range(0, len(data), 512)
+        if data[i : i + 100].rstrip(b"\0") == name.encode() and data[i + 156] in b"0\0"
+    )
+    data[at + 124 : at + 136] = b"\x80" + size.to_bytes(11, "big")
+    data[at + 148 : at + 156] = b" " * 8
+    data[at + 148 : at + 156] = b"%06o\0 " % sum(data[at : at + 512])
+    return bytes(data)
+
+
+def test_an_outer_member_claiming_more_than_the_archive_is_refused(
+    docker_host: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    layer = _lib(SM80, "huge")
+    config_name, config = _image([layer])
+    members: list[Member] = [
+        (config_name, config),
+        ("manifest.json", _manifest(config_name, ["l/layer.tar"])),
+        ("l/layer.tar", layer),  # last: a reader that skips it sees a clean end
+    ]
+    raw = write_outer(tmp_path / "plain.tar", members).read_bytes()
+    archive = tmp_path / "huge.tar"
+    archive.write_bytes(_base256_size(raw, "l/layer.tar", 1 << 60))
+    with loaded(docker_host, archive) as r:
+        assert r.returncode != 0, r.stdout
+    result = cli("check", f"docker-archive:{archive}", "--sm", "8.0")
+    assert result.code == 2, result.out + result.err
+    assert "past the archive's end" in result.err
+
+
+@pytest.mark.parametrize("position", ["first", "last"])
+def test_a_layer_member_claiming_more_than_the_layer_is_refused(
+    position: str, docker_host: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    """Inside the layer, in place (plain) and streamed (gzip): refused, as the
+    engine refuses to load it."""
+    files = {"usr/lib/a.so": SM80, "usr/lib/b.so": HOPPER}
+    target = "usr/lib/a.so" if position == "first" else "usr/lib/b.so"
+    layer = _base256_size(layer_tar(files), target, 1 << 60)  # type: ignore[arg-type]
+    config_name, config = _image([layer])
+    for stored, data in (("l/layer.tar", layer), ("l/layer.tar.gz", gzip.compress(layer, mtime=0))):
+        archive = write_outer(
+            tmp_path / "inner.tar",
+            [
+                (config_name, config),
+                (stored, data),
+                ("manifest.json", _manifest(config_name, [stored])),
+            ],
+        )
+        with loaded(docker_host, archive) as r:
+            assert r.returncode != 0, r.stdout
+        result = cli("check", f"docker-archive:{archive}", "--sm", "8.0")
+        assert result.code == 2, stored + result.out + result.err
+        assert "not a readable layer tar" in result.err
