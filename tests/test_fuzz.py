@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import io
+import json
 import os
 import struct
 import tarfile
@@ -29,7 +31,7 @@ from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.model import ImageConfig, check_manifest
 from buildmatrix.image.ref import parse_ref
 from buildmatrix.image.tree import LayerSummary, merge
-from tests.images import Hardlink, Symlink, fixture, layer_tar, scan_in_place
+from tests.images import Hardlink, Image, Symlink, fixture, layer_tar, scan_in_place
 
 EXAMPLES = int(os.environ.get("BUILDMATRIX_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(
@@ -213,3 +215,81 @@ def test_compat_driver_notes(data: st.DataObject) -> None:
     path = "usr/local/cuda/compat/libcuda.so.590.44.01"
     with contextlib.suppress(BuildmatrixError):
         read_compat_library(BytesSource(blob, name=path), path=path)
+
+
+# ------------------------------------------- docker save archives and platforms
+
+NAMES = st.sampled_from(
+    [
+        "manifest.json",
+        "./manifest.json",
+        "c.json",
+        "/c.json",
+        "l/layer.tar",
+        "l//layer.tar",
+        "l",
+        "m/layer.tar",
+        "../x",
+        "oci-layout",
+        "index.json",
+        "blobs/sha256/ab",
+        "/",
+        ".",
+    ]
+)
+
+
+@st.composite
+def outer_archives(draw: st.DrawFn) -> bytes:
+    """A docker save tar of members drawn from spellings, kinds and contents that
+    docker load reads differently (duplicates, links, folders, layers, documents)."""
+    layer = layer_tar({"usr/lib/libsass_ptx.so": SEEDS["libsass_ptx.so"]})
+    config = Image(layers=[]).config(["sha256:" + hashlib.sha256(layer).hexdigest()])
+    manifest = json.dumps([{"Config": "c.json", "Layers": ["l/layer.tar"]}]).encode()
+    contents = [layer, config, manifest, b'{"imageLayoutVersion": "1.0.0"}', b"{}", b"x"]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for _ in range(draw(st.integers(1, 8))):
+            info = tarfile.TarInfo(draw(NAMES))
+            kind = draw(st.sampled_from(["file", "file", "symlink", "hardlink", "dir"]))
+            if kind == "file":
+                data = draw(st.sampled_from(contents))
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+                continue
+            info.type = {"symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE}.get(
+                kind, tarfile.DIRTYPE
+            )
+            info.linkname = draw(NAMES) if kind != "dir" else ""
+            tar.addfile(info)
+    return draw(st.one_of(st.just(buf.getvalue()), mutated(buf.getvalue())))
+
+
+@FUZZ
+@given(outer_archives())
+def test_docker_archives(blob: bytes) -> None:
+    import tempfile
+
+    from buildmatrix.image.dockerarchive import scan_docker_archive
+
+    with tempfile.NamedTemporaryFile(prefix="bm-fuzz-", suffix=".tar") as f:
+        f.write(blob)
+        f.flush()
+        with contextlib.suppress(BuildmatrixError):
+            scan_docker_archive(parse_ref(f"docker-archive:{f.name}"))
+
+
+PLATFORM_PARTS = st.sampled_from(["linux", "amd64", "arm64", "arm", "v3", "v8", "v9.4", "x", ""])
+
+
+@FUZZ
+@given(
+    st.lists(PLATFORM_PARTS, min_size=1, max_size=4).map("/".join) | st.text(max_size=30),
+    st.lists(st.dictionaries(st.sampled_from(["os", "architecture", "variant"]), PLATFORM_PARTS)),
+)
+def test_platforms(requested: str, entries: list[dict[str, str]]) -> None:
+    from buildmatrix.image.platform import select_platform
+
+    descs = [{"digest": f"sha256:{i}", "platform": p} for i, p in enumerate(entries)]
+    with contextlib.suppress(BuildmatrixError):
+        select_platform(descs, requested, name="fuzz")
