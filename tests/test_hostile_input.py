@@ -52,7 +52,7 @@ def test_malformed_archive_documents(
     assert message in result.err
 
 
-def test_archive_member_that_is_a_link_is_refused(cli: CliRunner, tmp_path: Path) -> None:
+def test_archive_members_linked_in_a_loop_are_refused(cli: CliRunner, tmp_path: Path) -> None:
     path = tmp_path / "loop.tar"
     with tarfile.open(path, "w") as tar:
         for name, target in (("manifest.json", "m2"), ("m2", "manifest.json")):
