@@ -132,22 +132,31 @@ class CheckResult:
     def _forward_json(self) -> dict[str, Any] | None:
         """The image's cuda-compat driver and whether the given driver puts it in use."""
         if self.forward is not None:
-            return _compat_json(self.forward.library, self.forward.in_use, self.forward.why)
+            f = self.forward
+            return _compat_json(f.library, f.in_use, f.why, version=f.version)
         setup = self.image.compat
         if setup is None:
             return None
         if setup.library is None:  # a compat folder the container toolkit would not use
             return {"path": None, "in_use": False, "why": setup.why}
         why = "whether a node uses it depends on its driver (--driver or --snapshot)"
-        return _compat_json(setup.library, False, f"{setup.library.describe()}: {why}")
+        name = setup.library.path.rpartition("/")[2][len("libcuda.so.") :]
+        return _compat_json(setup.library, False, f"{setup.library.describe()}: {why}", name=name)
 
 
-def _compat_json(lib: CompatLibrary, in_use: bool, why: str) -> dict[str, Any]:
+def _compat_json(
+    lib: CompatLibrary,
+    in_use: bool,
+    why: str,
+    *,
+    version: DriverVersion | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
     return {
         "path": "/" + lib.path,
-        "driver": str(lib.version) if lib.version else None,
-        "cuda": str(lib.cuda) if lib.cuda else None,
-        "branches": list(lib.branches) if lib.branches is not None else None,
+        "driver": str(version) if version else name,
+        "cuda": lib.cuda or None,
+        "branches": list(lib.branches) if lib.note else None,
         "in_use": in_use,
         "why": why,
     }
@@ -280,6 +289,12 @@ def run_check(
     runtime = cuda_runtime(image)
     forward = compat_use(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
+    if driver is not None and image.compat is not None and image.compat.undetermined:
+        problems.append(
+            f"cuda-compat: {image.compat.undetermined}; buildmatrix cannot tell whether the "
+            f"NVIDIA container toolkit puts it in use on driver {driver}, so the image "
+            "fails (fail closed)"
+        )
     results: list[TargetResult] = []
     for target in targets:
         results.append(
@@ -358,8 +373,8 @@ def _judge_target(
     # Through a cuda-compat driver in use, the user-mode driver (runtime floor, PTX JIT)
     # is the compat library's; the kernel-mode driver (hardware floor) stays the node's.
     user_driver = driver
-    if forward is not None and forward.in_use and forward.library.version is not None:
-        user_driver = forward.library.version
+    if forward is not None and forward.in_use and forward.version is not None:
+        user_driver = forward.version
     for f in files:
         j = judge_units(f.units(), target.cc, driver=user_driver, facts=facts, strict=strict)
         verdicts.append(j.verdict)

@@ -10,14 +10,30 @@ The facts, and where they come from (docs/compatibility.md, "Forward compatibili
   boards and Jetson) only; elsewhere CUDA fails to start with
   ``cudaErrorCompatNotSupportedOnDevice`` (804, CUDA runtime API reference).
 - Whether a container uses it is decided when the container is created, by the NVIDIA
-  Container Toolkit's ``enable-cuda-compat`` hook (its source:
-  cmd/nvidia-cdi-hook/cudacompat): it looks for exactly one
-  ``/usr/local/cuda/compat/libcuda.so.*.*`` in the container. When that library
-  carries NVIDIA's ``.note.cuda.fwd_compatibility`` ELF note (JSON: the CUDA release,
-  the kernel driver branches it supports, and the device classes), the folder is put
-  first on the loader path iff the host driver's branch is listed and the compat
-  driver is newer than the host's; without the note, iff the host driver's major is
-  lower than the compat driver's.
+  Container Toolkit's ``enable-cuda-compat`` hook. Its source (NVIDIA/nvidia-container-
+  toolkit, ``cmd/nvidia-cdi-hook/cudacompat``), rule by rule:
+
+  1. ``getContainerForwardCompatDir``: ``/usr/local/cuda/compat`` is opened inside the
+     container root, every symlink on the way followed inside the root
+     (``root.hasPath``, ``pathrs.OpenatInRoot``), whatever the folder it ends in is
+     called;
+  2. ``root.globFiles`` (container-root_linux.go): the folder's entries that match
+     ``libcuda.so.*.*`` and are **regular files** (``dentry.Type().IsRegular()``): a
+     symlink or a folder of that name is not a candidate, a hard link is a regular
+     file like any other;
+  3. exactly one candidate, else nothing is used;
+  4. ``useCompatLibraries``: the compat and host driver versions are parsed with
+     Masterminds semver's ``NewVersion`` (``_semver`` below); the note is read
+     (buildmatrix.binary.compat_note); where a note was read, ``compatElfHeader.
+     UseCompat`` decides: the host major must be in the note's ``driver`` list (a
+     note without one lists nothing) and the compat driver must compare newer than
+     the host's; a version that does not parse means not used;
+  5. where no note was read (none, or unreadable): used iff the host major is lower
+     than the compat driver's.
+
+  The runtime passes the hook only ``--host-driver-version`` on an NVML host
+  (``internal/discover/compat_libs.go``, ``pkg/nvcdi/driver-nvml.go``), so the note's
+  CUDA-version rule (CSV mode, Jetson) never applies here.
 - The note's ``device`` values are the NVML brand types (``nvmlBrandType_t``) the
   library accepts: the lists NVIDIA ships leave out exactly GeForce, TITAN, NVS and
   GRID, the brands that are not data-center or professional boards. This reading is
@@ -31,31 +47,24 @@ through the compat library; the CUDA runtime floor and PTX JIT are.
 from __future__ import annotations
 
 import fnmatch
-import json
 import posixpath
 import re
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from packaging.version import InvalidVersion, Version
-
-from buildmatrix.binary.elf import read_elf
-from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
+from buildmatrix.binary.compat_note import NOTE_SECTION, CompatLibrary, read_compat_library
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Collection, Mapping, Sequence
 
-NOTE_SECTION = ".note.cuda.fwd_compatibility"
-NOTE_OWNER = "NVIDIA Corporation"
+__all__ = ["NOTE_SECTION", "CompatLibrary", "read_compat_library"]
+
 COMPAT_DIR = "usr/local/cuda/compat"  # where the container toolkit looks
 LIBRARY_GLOB = "libcuda.so.*.*"
-# Any compat folder's driver library is read while scanning; which one counts is
-# decided on the final view (find_compat).
-COMPAT_NAME = re.compile(r"(?:^|/)compat/libcuda\.so\.[^/]*\.[^/]*$")
-_MAX_NOTE = 64 << 10
+# A path whose name LIBRARY_GLOB matches (``*`` may hold dots), for the readers.
+COMPAT_NAME = re.compile(r"(?:^|/)libcuda\.so\.[^/]*\.[^/]*$")
 _MAX_LINK_HOPS = 40
 # nvmlBrandType_t values of boards forward compatibility never covers.
 CONSUMER_BRANDS = {
@@ -69,80 +78,18 @@ CONSUMER_BRANDS = {
 _CONSUMER_NAMES = ("geforce", "titan", "nvs ")
 
 
-@dataclass(frozen=True, kw_only=True)
-class CompatLibrary:
-    """One compat ``libcuda.so.<version>`` and what its note says (None: no note)."""
-
-    path: str
-    version: DriverVersion | None  # from the file name, as the container toolkit reads it
-    cuda: Version | None = None
-    branches: tuple[int, ...] | None = None
-    devices: tuple[int, ...] | None = None
-    problem: str | None = None  # a note that could not be read: the toolkit ignores it too
-
-    def describe(self) -> str:
-        parts = [f"/{self.path}"]
-        if self.cuda is not None:
-            parts.append(f"CUDA {self.cuda}")
-        if self.branches is not None:
-            parts.append("kernel driver branches " + ", ".join(f"R{b}" for b in self.branches))
-        return parts[0] + (f" ({'; '.join(parts[1:])})" if parts[1:] else "")
+def is_driver_name(path: str) -> bool:
+    """Whether the toolkit's glob matches the file's name (``filepath.Match``). Such a
+    file, in whatever folder, is read for its note: the compat folder is known only
+    on the final view, and may be reached through symlinks under any name."""
+    return fnmatch.fnmatchcase(posixpath.basename(path), LIBRARY_GLOB)
 
 
-def read_compat_library(src: ByteSource, *, path: str) -> CompatLibrary:
-    """The compat library at ``path``: its version from the name, its note if any."""
-    name = posixpath.basename(path)
-    try:
-        version: DriverVersion | None = parse_driver_version(name[len("libcuda.so.") :])
-    except InputError:
-        version = None
-    try:
-        note = _note(src)
-    except (CorruptBinary, ValueError) as exc:
-        return CompatLibrary(path=path, version=version, problem=f"unreadable note: {exc}")
-    if note is None:
-        return CompatLibrary(path=path, version=version)
-    try:
-        doc = json.loads(note)
-        fields = {k.lower(): v for k, v in doc.items()}  # Go's decoder ignores case
-        cuda = Version(str(fields["cuda version"])) if "cuda version" in fields else None
-        branches = _ints(fields.get("driver"))
-        devices = _ints(fields.get("device"))
-    except (ValueError, AttributeError, KeyError, TypeError, InvalidVersion) as exc:
-        return CompatLibrary(path=path, version=version, problem=f"unreadable note: {exc}")
-    return CompatLibrary(path=path, version=version, cuda=cuda, branches=branches, devices=devices)
-
-
-def _ints(value: object) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
-        raise ValueError(f"expected a list of integers, got {value!r}")
-    return tuple(value)
-
-
-def _note(src: ByteSource) -> bytes | None:
-    """The description of the NVIDIA forward-compatibility note, or None."""
-    info = read_elf(src)
-    section = info.section(NOTE_SECTION)
-    if section is None:
-        return None
-    if section.size > _MAX_NOTE:
-        raise ValueError(f"{NOTE_SECTION} is {section.size} bytes; refused")
-    data = read_exact(src, section.offset, section.size, what=NOTE_SECTION)
-    if len(data) < 12:
-        raise ValueError(f"{NOTE_SECTION} is shorter than a note header")
-    order = "<" if read_exact(src, 5, 1, what="ELF byte order") == b"\x01" else ">"
-    namesz, descsz, _type = struct.unpack(order + "III", data[:12])
-    name_end = 12 + namesz
-    desc_start = 12 + ((namesz + 3) & ~3)  # note fields are 4-byte aligned
-    if desc_start + descsz > len(data):
-        raise ValueError(f"{NOTE_SECTION}: sizes run past the section")
-    if data[12:name_end].rstrip(b"\0").decode("latin-1") != NOTE_OWNER:
-        return None
-    return data[desc_start : desc_start + descsz].rstrip(b"\0")
+def compat_code(setup: CompatSetup | None, libraries: Mapping[str, CompatLibrary]) -> list[str]:
+    """The paths whose device code counts although they were read as driver
+    libraries: all but the compat driver the toolkit finds (that one is the driver)."""
+    chosen = setup.library.path if setup is not None and setup.library is not None else None
+    return [p for p, lib in libraries.items() if lib.code is not None and p != chosen]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,23 +98,21 @@ class CompatSetup:
 
     library: CompatLibrary | None
     why: str  # how it was found, or why nothing is used
+    undetermined: str | None = None  # buildmatrix cannot tell what the toolkit does
 
 
 def find_compat(
-    libraries: Mapping[str, CompatLibrary], paths: Sequence[str], symlinks: Mapping[str, str]
+    libraries: Mapping[str, CompatLibrary],
+    regular: Collection[str],
+    symlinks: Mapping[str, str],
 ) -> CompatSetup | None:
-    """The container toolkit's lookup on the final view: ``/usr/local/cuda/compat``
-    resolved through the image's symlinks, then ``libcuda.so.*.*`` in it, which must
-    match exactly one entry. None when the image has no such folder or library."""
+    """The toolkit's lookup on the final view (rules 1-3 of the module docstring):
+    ``libraries`` by final path (hard links share the file's), ``regular`` the
+    regular files. None when the image has no such folder or candidate."""
     folder = resolve(COMPAT_DIR, symlinks)
     if folder is None:
         return None
-    names = sorted(
-        p
-        for p in {*paths, *symlinks}
-        if posixpath.dirname(p) == folder
-        and fnmatch.fnmatchcase(posixpath.basename(p), LIBRARY_GLOB)
-    )
+    names = sorted(p for p in regular if posixpath.dirname(p) == folder and is_driver_name(p))
     if not names:
         return None
     if len(names) > 1:
@@ -177,13 +122,16 @@ def find_compat(
             why=f"{len(names)} compat driver libraries ({listed}); the NVIDIA container "
             "toolkit uses none unless there is exactly one",
         )
-    target = resolve(names[0], symlinks)
-    library = libraries.get(target) if target is not None else None
+    name = names[0]
+    where = f"found at /{COMPAT_DIR}" + (f" (/{folder})" if folder != COMPAT_DIR else "")
+    library = libraries.get(name)
     if library is None:
-        return CompatSetup(
-            library=None, why=f"/{names[0]} is not a readable ELF library; it is not used"
+        why = (
+            f"/{name} was not read for a forward-compatibility note (a hard link to a "
+            "file of another name, or a file that could not be read)"
         )
-    return CompatSetup(library=library, why=f"found at /{COMPAT_DIR}")
+        return CompatSetup(library=None, why=why, undetermined=why)
+    return CompatSetup(library=library, why=where, undetermined=library.undetermined)
 
 
 def resolve(path: str, symlinks: Mapping[str, str]) -> str | None:
@@ -212,6 +160,51 @@ def resolve(path: str, symlinks: Mapping[str, str]) -> str | None:
     return "/".join(done)
 
 
+# Masterminds/semver v3 ``looseSemVerRegex``, which ``NewVersion`` uses (its default
+# ``CoerceNewVersion``); ``validatePrerelease``/``validateMetadata`` then check the parts.
+_LOOSE_SEMVER = re.compile(
+    r"v?([0-9]+)(\.[0-9]+)?(\.[0-9]+)?"
+    r"(-([0-9A-Za-z\-]+(\.[0-9A-Za-z\-]+)*))?"
+    r"(\+([0-9A-Za-z\-]+(\.[0-9A-Za-z\-]+)*))?"
+)
+_U64 = (1 << 64) - 1
+_SemVer = tuple[int, int, int, str]
+
+
+def _semver(text: str) -> _SemVer | None:
+    """Masterminds semver's ``NewVersion`` (version.go, ``coerceNewVersion``): None
+    where it returns an error."""
+    m = _LOOSE_SEMVER.fullmatch(text) if len(text) <= 256 else None
+    if m is None:
+        return None
+    nums = [int(m[1]), int((m[2] or ".0")[1:]), int((m[3] or ".0")[1:])]
+    if any(n > _U64 for n in nums):
+        return None  # strconv.ParseUint overflows
+    pre = m[5] or ""
+    for part in pre.split(".") if pre else ():
+        if part.isdigit() and len(part) > 1 and part[0] == "0":
+            return None  # validatePrerelease: ErrSegmentStartsZero
+    return (nums[0], nums[1], nums[2], pre)
+
+
+def _semver_newer(a: _SemVer, b: _SemVer) -> bool:
+    """``a.Compare(b) > 0`` (version.go ``Compare``, ``comparePrerelease``)."""
+    if a[:3] != b[:3]:
+        return a[:3] > b[:3]
+    if a[3] == b[3]:
+        return False
+    if not a[3] or not b[3]:
+        return not a[3]  # a release is newer than its prereleases
+    for x, y in zip(a[3].split("."), b[3].split("."), strict=False):
+        if x != y:
+            if x.isdigit() and y.isdigit():
+                return int(x) > int(y)
+            if x.isdigit() or y.isdigit():
+                return y.isdigit()  # numbers sort before words
+            return x > y
+    return len(a[3].split(".")) > len(b[3].split("."))
+
+
 @dataclass(frozen=True, kw_only=True)
 class CompatUse:
     """Whether a host with ``driver`` runs the image through its compat library."""
@@ -219,34 +212,43 @@ class CompatUse:
     library: CompatLibrary
     in_use: bool
     why: str
+    version: DriverVersion | None = None  # the compat driver's, from its file name
 
 
 def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | None:
-    """The container toolkit's decision (module docstring) for a host driver."""
+    """The container toolkit's decision (rules 4-5 of the module docstring)."""
     if setup is None or setup.library is None:
         return None
     lib = setup.library
-    branch = driver.key[0]
-    if lib.version is None:
+    name = posixpath.basename(lib.path)[len("libcuda.so.") :]
+    compat, host = _semver(name), _semver(driver.text)
+    try:
+        version: DriverVersion | None = parse_driver_version(name)
+    except InputError:
+        version = None
+
+    def use(in_use: bool, why: str) -> CompatUse:
         return CompatUse(
-            library=lib, in_use=False, why=f"{lib.describe()}: no driver version in its name"
+            library=lib, in_use=in_use, why=f"{lib.describe()}: {why}", version=version
         )
-    newer = lib.version > driver
-    if lib.branches is not None:
-        if branch not in lib.branches:
-            why = f"driver branch R{branch} is not one it supports"
-            return CompatUse(library=lib, in_use=False, why=f"{lib.describe()}: {why}")
-        if not newer:
-            why = f"driver {driver} is not older than {lib.version}"
-            return CompatUse(library=lib, in_use=False, why=f"{lib.describe()}: {why}")
-        why = f"used on driver {driver} (its branch is listed and {lib.version} is newer)"
-        return CompatUse(library=lib, in_use=True, why=f"{lib.describe()}: {why}")
-    note = f" ({lib.problem})" if lib.problem else " (no forward-compatibility note)"
-    if branch < lib.version.key[0]:
-        why = f"used on driver {driver}: its major is lower{note}"
-        return CompatUse(library=lib, in_use=True, why=f"{lib.describe()}: {why}")
-    why = f"driver {driver} is not of an older major{note}"
-    return CompatUse(library=lib, in_use=False, why=f"{lib.describe()}: {why}")
+
+    if compat is None or host is None:
+        which = f"'{name}'" if compat is None else f"'{driver}'"
+        return use(False, f"the toolkit cannot parse the driver version {which}")
+    if lib.note:
+        if host[0] not in lib.branches:
+            return use(False, f"driver branch R{host[0]} is not one its note lists")
+        if not _semver_newer(compat, host):
+            return use(False, f"driver {driver} is not older than {name}")
+        return use(True, f"used on driver {driver} (its branch is listed and {name} is newer)")
+    note = (
+        f" (it has a {NOTE_SECTION} note, but {lib.problem}, so the toolkit ignores it)"
+        if lib.problem
+        else " (no forward-compatibility note)"
+    )
+    if host[0] < compat[0]:
+        return use(True, f"used on driver {driver}: its major is lower{note}")
+    return use(False, f"driver {driver} is not of an older major{note}")
 
 
 def device_refusal(

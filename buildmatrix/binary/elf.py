@@ -25,12 +25,14 @@ MAX_SECTIONS = 1 << 20
 # e_type, e_machine, e_version, e_entry, e_phoff, e_shoff, e_flags, e_ehsize,
 # e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx
 _EHDR = {32: "HHIIIIIHHHHHH", 64: "HHIQQQIHHHHHH"}
-# sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link, (rest unused)
-_SHDR = {32: "IIIIIIII", 64: "IIQQQQII"}
+# sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link, sh_info,
+# sh_addralign, sh_entsize
+_SHDR = {32: "IIIIIIIIII", 64: "IIQQQQIIQQ"}
 _SHDR_SIZE = {32: 40, 64: 64}
 
 
 SHT_PROGBITS = 1
+SHT_NOTE = 7
 SHF_ALLOC = 0x2
 SHF_EXECINSTR = 0x4
 
@@ -42,6 +44,7 @@ class Section:
     offset: int
     size: int
     flags: int = 0
+    addralign: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,7 +111,7 @@ def read_elf(src: ByteSource) -> ElfInfo:
     str_off, str_size = raw[shstrndx][4], raw[shstrndx][5]
     names = read_exact(src, str_off, str_size, what="ELF section-name table")
     sections = []
-    for name_off, sh_type, sh_flags, _a, offset, size, *_ in raw:
+    for name_off, sh_type, sh_flags, _a, offset, size, _link, _info, align, *_ in raw:
         end = names.find(b"\0", name_off) if name_off < len(names) else -1
         name = names[name_off:end].decode("latin-1") if end >= 0 else ""
         sections.append(
@@ -118,6 +121,7 @@ def read_elf(src: ByteSource) -> ElfInfo:
                 offset=offset,
                 size=0 if sh_type == SHT_NOBITS else size,
                 flags=sh_flags,
+                addralign=align,
             )
         )
     return ElfInfo(

@@ -187,14 +187,21 @@ def inspect_source(
 def inspect_image_file(
     src: ByteSource, *, path: str, head: bytes, deep: bool = True
 ) -> FileReport | CompatLibrary | None:
-    """A file of an image's filesystem: a CUDA forward-compatibility driver
-    (``…/compat/libcuda.so.X.Y``) is read for its note, being the driver and not code
-    of the image's own; anything else for its device code."""
-    from buildmatrix.forward import COMPAT_NAME, read_compat_library
+    """A file of an image's filesystem, for its device code. A file the container
+    toolkit may take for a CUDA forward-compatibility driver (an ELF file named
+    ``libcuda.so.*.*``, or one with the driver's note section, which a hard link may
+    put in the compat folder under that name) is also read for its note
+    (buildmatrix.forward: which one the toolkit uses is known on the final view)."""
+    from buildmatrix.forward import COMPAT_NAME, NOTE_SECTION, read_compat_library
 
-    if is_elf(head) and COMPAT_NAME.search(path):
-        return read_compat_library(src, path=path)
-    return inspect_source(src, path=path, head=head, deep=deep) if len(head) >= 4 else None
+    if len(head) < 4:
+        return None
+    code = inspect_source(src, path=path, head=head, deep=deep)
+    if is_elf(head) and (
+        COMPAT_NAME.search(path) or read_elf(src).section(NOTE_SECTION) is not None
+    ):
+        return read_compat_library(src, path=path, code=code)
+    return code
 
 
 def _archive(src: ByteSource, path: str) -> FileReport | None:

@@ -36,7 +36,6 @@ from buildmatrix import __version__
 from buildmatrix.arch import Arch, parse_arch
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
 from buildmatrix.binary.scan import FileReport, ScanProblem
-from buildmatrix.cuda import parse_driver_version
 from buildmatrix.errors import BuildmatrixError
 from buildmatrix.forward import CompatLibrary
 from buildmatrix.image.tree import WHITED_OUT, Dir, Entry, LayerSummary, Leaf, Node
@@ -215,11 +214,13 @@ def _dump_result(result: Any) -> Any:
     return {
         "compat": {
             "path": result.path,
-            "version": str(result.version) if result.version else None,
-            "cuda": str(result.cuda) if result.cuda else None,
-            "branches": list(result.branches) if result.branches is not None else None,
+            "note": result.note,
+            "cuda": result.cuda,
+            "branches": list(result.branches),
             "devices": list(result.devices) if result.devices is not None else None,
             "problem": result.problem,
+            "undetermined": result.undetermined,
+            "code": _dump_result(result.code),
         }
     }
 
@@ -264,13 +265,16 @@ def _load_result(doc: Any) -> Any:
     if "problem" in doc:
         return ScanProblem(path=doc["problem"]["path"], message=doc["problem"]["message"])
     c = doc["compat"]
+    code = _load_result(c["code"])
     return CompatLibrary(
         path=c["path"],
-        version=parse_driver_version(c["version"]) if c["version"] else None,
-        cuda=Version(c["cuda"]) if c["cuda"] else None,
-        branches=tuple(c["branches"]) if c["branches"] is not None else None,
+        note=bool(c["note"]),
+        cuda=str(c["cuda"]),
+        branches=tuple(int(b) for b in c["branches"]),
         devices=tuple(c["devices"]) if c["devices"] is not None else None,
         problem=c["problem"],
+        undetermined=c["undetermined"],
+        code=code if isinstance(code, FileReport) else None,
     )
 
 

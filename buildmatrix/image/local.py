@@ -10,7 +10,7 @@ from typing import IO, Any
 
 from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_tree
 from buildmatrix.errors import InputError
-from buildmatrix.forward import CompatLibrary, find_compat
+from buildmatrix.forward import CompatLibrary, compat_code, find_compat
 from buildmatrix.image.model import (
     ImageConfig,
     LayerBlob,
@@ -141,6 +141,13 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
             files.append(replace(report, stored=str(path) if keep else None))
     paths = [f.path for f in files] if not path.is_dir() else _all_paths(path)
     symlinks = _symlinks(path) if path.is_dir() else {}
+    regular = [p for p in paths if p not in symlinks and (path / p).is_file()]
+    compat = find_compat(libraries, regular, symlinks)
+    for lib_path in compat_code(compat, libraries):
+        code = libraries[lib_path].code
+        if code is not None:
+            stored = str(path / lib_path) if keep else None
+            files.append(replace(code, path=lib_path, stored=stored))
     return ScannedImage(
         ref=ref.given,
         digest=None,
@@ -150,7 +157,7 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         paths=paths,
         layers=0,
         symlinks=symlinks,
-        compat=find_compat(libraries, paths, symlinks),
+        compat=compat,
     )
 
 

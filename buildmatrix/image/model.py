@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from buildmatrix.binary.scan import FileReport, ScanProblem
 from buildmatrix.errors import InputError
-from buildmatrix.forward import CompatLibrary, CompatSetup, find_compat
+from buildmatrix.forward import CompatLibrary, CompatSetup, compat_code, find_compat
 from buildmatrix.image.inplace import scan_layer_at
 from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.tree import ImageTree, LayerSummary, merge
@@ -273,18 +273,26 @@ def finish(
     problems: list[str] = []
     paths: list[str] = []
     symlinks: dict[str, str] = {}
+    regular: list[str] = []  # hard links included: the toolkit sees regular files
     compat_libraries: dict[str, CompatLibrary] = {}
     for path, node in tree.files():
         paths.append(path)
         result = node.result
         if node.kind == "symlink":
             symlinks[path] = node.target
+        elif node.kind == "file":
+            regular.append(path)
         if isinstance(result, FileReport):
             files.append(_at(result, path))
         elif isinstance(result, CompatLibrary):
             compat_libraries[path] = replace(result, path=path)
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
+    compat = find_compat(compat_libraries, regular, symlinks)
+    for path in compat_code(compat, compat_libraries):
+        code = compat_libraries[path].code
+        if code is not None:
+            files.append(_at(code, path))
     return ScannedImage(
         ref=ref,
         digest=digest,
@@ -294,7 +302,7 @@ def finish(
         paths=paths,
         layers=len(layers),
         symlinks=symlinks,
-        compat=find_compat(compat_libraries, paths, symlinks),
+        compat=compat,
     )
 
 

@@ -1,0 +1,211 @@
+"""The forward-compatibility note of a cuda-compat ``libcuda.so``, read exactly as the
+NVIDIA container toolkit reads it.
+
+Source: NVIDIA/nvidia-container-toolkit, ``cmd/nvidia-cdi-hook/cudacompat/
+cuda-elf-header.go``, ``GetCUDACompatElfHeaderFromReader`` (with ``getCUDAFwdCompat
+ibilitySection``, ``trim``, ``alignUp`` and the ``compatElfHeader`` struct that Go's
+``encoding/json`` fills). Each step below names the line of that function it follows:
+
+- the section is the first one of type ``SHT_NOTE`` named
+  ``.note.cuda.fwd_compatibility`` (a section of that name and another type is not
+  it); its whole content is read, whatever its size (``s.Data()``: no bound but the
+  file's own size);
+- a 12-byte ``Elf32_Nhdr`` in the file's byte order; a name or description size of 0
+  means no note;
+- the name is ``NameSize`` rounded up to the section's ``sh_addralign`` bytes after the
+  header, NULs trimmed at both ends, and must be ``NVIDIA Corporation``; the
+  description starts after that rounded name, runs ``DescSize`` bytes (clipped to the
+  section), NULs trimmed at both ends;
+- the description is decoded by Go's ``encoding/json`` into ``{Format int; CUDAVersion
+  string "CUDA Version"; Driver []int; Device []int}``: keys match field names without
+  regard to case, unknown keys are ignored, ``null`` leaves a field as it is, and any
+  value of the wrong type (or any JSON error) makes the whole note unreadable — the
+  toolkit then ignores the note (``m.logger.Warningf``) and falls back to comparing
+  driver majors.
+
+The result says which of three things the toolkit sees: a note (with its fields), no
+note, or a note it could not read. Where this reader cannot follow the toolkit (the
+ELF itself is unreadable here, a compressed section), ``undetermined`` says why and
+``check`` fails closed.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from buildmatrix.binary.elf import SHT_NOTE, read_elf
+from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
+
+if TYPE_CHECKING:
+    from buildmatrix.binary.scan import FileReport
+
+NOTE_SECTION = ".note.cuda.fwd_compatibility"
+NOTE_OWNER = "NVIDIA Corporation"
+SHF_COMPRESSED = 0x800
+_INT64 = (-(1 << 63), (1 << 63) - 1)  # Go's int on the 64-bit hosts the toolkit runs on
+# The compatElfHeader fields, by the name Go's decoder folds each key to.
+_FIELDS = {"FORMAT": "format", "CUDA VERSION": "cuda", "DRIVER": "driver", "DEVICE": "device"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompatLibrary:
+    """A file the container toolkit may take for the compat ``libcuda.so.*.*``.
+
+    ``note``: True when the toolkit reads a note from it (then ``branches`` is the
+    note's ``driver`` list, empty where the note has none), False when it sees none.
+    ``problem``: a note was there but the toolkit cannot read it (it ignores it).
+    ``undetermined``: this reader cannot tell what the toolkit reads (fail closed).
+    ``code``: device code in the file itself, judged like any other file's unless the
+    file is the compat driver the toolkit finds.
+    """
+
+    path: str
+    note: bool = False
+    cuda: str = ""  # the note's "CUDA Version", as written
+    branches: tuple[int, ...] = ()
+    devices: tuple[int, ...] | None = None
+    problem: str | None = None
+    undetermined: str | None = None
+    code: FileReport | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.cuda:
+            parts.append(f"CUDA {self.cuda}")
+        if self.note:
+            listed = ", ".join(f"R{b}" for b in self.branches) or "none"
+            parts.append(f"kernel driver branches {listed}")
+        return f"/{self.path}" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def read_compat_library(
+    src: ByteSource, *, path: str, code: FileReport | None = None
+) -> CompatLibrary:
+    """What the toolkit's ``GetCUDACompatElfHeaderFromReader`` reads from ``src``."""
+    try:
+        info = read_elf(src)
+    except CorruptBinary as exc:
+        return CompatLibrary(path=path, undetermined=f"not a readable ELF file: {exc}", code=code)
+    section = next(
+        (s for s in info.sections if s.type == SHT_NOTE and s.name == NOTE_SECTION), None
+    )
+    if section is None:
+        return CompatLibrary(path=path, code=code)
+    if section.flags & SHF_COMPRESSED:  # s.Data() would decompress it; this reader does not
+        return CompatLibrary(
+            path=path, undetermined=f"{NOTE_SECTION} is a compressed section", code=code
+        )
+    try:
+        data = read_exact(src, section.offset, section.size, what=NOTE_SECTION)
+        order = "<" if read_exact(src, 5, 1, what="ELF byte order") == b"\x01" else ">"
+    except CorruptBinary as exc:
+        return CompatLibrary(path=path, undetermined=str(exc), code=code)
+    desc = note_description(data, order=order, align=section.addralign)
+    if desc is None:
+        return CompatLibrary(path=path, code=code)
+    try:
+        fields = decode_note(desc)
+    except ValueError as exc:
+        return CompatLibrary(path=path, problem=f"its note is unreadable JSON ({exc})", code=code)
+    return CompatLibrary(
+        path=path,
+        note=True,
+        cuda=fields["cuda"],
+        branches=tuple(fields["driver"] or ()),
+        devices=tuple(fields["device"]) if fields["device"] is not None else None,
+        code=code,
+    )
+
+
+def note_description(data: bytes, *, order: str, align: int) -> bytes | None:
+    """The note's description as ``GetCUDACompatElfHeaderFromReader`` cuts it out of
+    the section's bytes; None where it finds no NVIDIA note."""
+    if len(data) < 12:  # binary.Read of the Elf32_Nhdr fails: the toolkit reads no note
+        return None
+    namesz, descsz, _type = struct.unpack(order + "III", data[:12])
+    if namesz == 0 or descsz == 0:
+        return None
+    name_len = _align_up(namesz, align)
+    if _trim(data, 12, name_len) != NOTE_OWNER.encode():
+        return None
+    return _trim(data, 12 + name_len, descsz)
+
+
+def _align_up(size: int, to: int) -> int:
+    """``alignUp``: ``(size + to - 1) &^ (to - 1)`` in uint32 arithmetic (``to`` is
+    converted to the size's type, so 0 gives 0)."""
+    mask = 0xFFFFFFFF
+    t = to & mask
+    return ((size + t - 1) & mask) & ~((t - 1) & mask) & mask
+
+
+def _trim(data: bytes, start: int, n: int) -> bytes:
+    """``trim``: ``data[min(len-1, from):min(len, from+n)]`` with NULs cut at both ends."""
+    if not data:
+        return b""
+    start = min(len(data) - 1, start)
+    return data[start : min(len(data), start + n)].strip(b"\0")
+
+
+def decode_note(desc: bytes) -> dict[str, Any]:
+    """The note's JSON as Go's ``json.Unmarshal`` fills ``compatElfHeader``; ValueError
+    where Go's decoder returns an error (the whole note is then ignored)."""
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    # Go reads invalid UTF-8 inside strings as U+FFFD, and fails on it outside them.
+    doc = json.loads(
+        desc.decode("utf-8", errors="replace"),
+        object_pairs_hook=_Object,
+        parse_constant=no_constant,
+    )
+    fields: dict[str, Any] = {"format": 0, "cuda": "", "driver": None, "device": None}
+    if doc is None:
+        return fields  # `null` into a struct: nothing is set, no error
+    if not isinstance(doc, _Object):
+        raise ValueError("the note is not a JSON object")
+    for key, value in doc:
+        field = _FIELDS.get(_fold(key))
+        if field is None or value is None:
+            continue  # unknown keys are ignored; null leaves the field as it is
+        if field == "cuda":
+            if not isinstance(value, str):
+                raise ValueError(f"'{key}' is not a string")
+            fields[field] = value
+        elif field == "format":
+            fields[field] = _go_int(value, key)
+        else:
+            if not isinstance(value, list) or isinstance(value, _Object):
+                raise ValueError(f"'{key}' is not a list of integers")
+            fields[field] = [0 if v is None else _go_int(v, key) for v in value]
+    return fields
+
+
+class _Object(list[tuple[str, Any]]):
+    """A JSON object's (key, value) pairs in order (Go assigns them in turn)."""
+
+
+def _go_int(value: object, key: str) -> int:
+    # Go parses the number's literal with strconv.ParseInt: 1.0 and 1e3 are not ints.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"'{key}' holds {value!r}, not an integer")
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise ValueError(f"'{key}' holds {value}, which overflows Go's int")
+    return value
+
+
+def _fold(key: str) -> str:
+    """Go's ``foldName`` (encoding/json/fold.go): ASCII letters upper-cased, other runes
+    to the smallest of their simple case-fold orbit. Of those, only U+017F (long s)
+    and U+212A (Kelvin sign) fold onto a letter of the field names."""
+    out = []
+    for ch in key:
+        if ch.isascii():
+            out.append(ch.upper())
+        else:
+            out.append({"\u017f": "S", "\u212a": "K"}.get(ch, ch))
+    return "".join(out)
