@@ -289,11 +289,13 @@ def run_check(
     runtime = cuda_runtime(image)
     forward = compat_use(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
-    if driver is not None and image.compat is not None and image.compat.undetermined:
+    unknown = image.compat.undetermined if image.compat is not None else None
+    unknown = unknown or (forward.undetermined if forward is not None else None)
+    if driver is not None and unknown:
         problems.append(
-            f"cuda-compat: {image.compat.undetermined}; buildmatrix cannot tell whether the "
-            f"NVIDIA container toolkit puts it in use on driver {driver}, so the image "
-            "fails (fail closed)"
+            f"cuda-compat: {unknown}; buildmatrix cannot tell whether the NVIDIA container "
+            f"toolkit's choice puts the compat driver in use on driver {driver}, so the "
+            "image fails (fail closed)"
         )
     results: list[TargetResult] = []
     for target in targets:

@@ -98,17 +98,23 @@ class CompatSetup:
 
     library: CompatLibrary | None
     why: str  # how it was found, or why nothing is used
-    undetermined: str | None = None  # buildmatrix cannot tell what the toolkit does
+    undetermined: str | None = None  # buildmatrix cannot tell what the toolkit decides
+    # The candidate is a regular file that was not read as an ELF library (not ELF,
+    # or a hard link to a file of another name): the toolkit reads no note in it, but
+    # whether the loader can then use it is not known.
+    unread: bool = False
 
 
 def find_compat(
     libraries: Mapping[str, CompatLibrary],
     regular: Collection[str],
     symlinks: Mapping[str, str],
+    unreadable: Collection[str] = (),
 ) -> CompatSetup | None:
     """The toolkit's lookup on the final view (rules 1-3 of the module docstring):
     ``libraries`` by final path (hard links share the file's), ``regular`` the
-    regular files. None when the image has no such folder or candidate."""
+    regular files, ``unreadable`` the files that could not be read. None when the
+    image has no such folder or candidate."""
     folder = resolve(COMPAT_DIR, symlinks)
     if folder is None:
         return None
@@ -124,13 +130,12 @@ def find_compat(
         )
     name = names[0]
     where = f"found at /{COMPAT_DIR}" + (f" (/{folder})" if folder != COMPAT_DIR else "")
+    if name in unreadable:
+        why = f"/{name} could not be read, so its forward-compatibility note is unknown"
+        return CompatSetup(library=None, why=why, undetermined=why)
     library = libraries.get(name)
     if library is None:
-        why = (
-            f"/{name} was not read for a forward-compatibility note (a hard link to a "
-            "file of another name, or a file that could not be read)"
-        )
-        return CompatSetup(library=None, why=why, undetermined=why)
+        return CompatSetup(library=CompatLibrary(path=name), why=where, unread=True)
     return CompatSetup(library=library, why=where, undetermined=library.undetermined)
 
 
@@ -213,6 +218,7 @@ class CompatUse:
     in_use: bool
     why: str
     version: DriverVersion | None = None  # the compat driver's, from its file name
+    undetermined: str | None = None  # the toolkit's choice is known, its effect is not
 
 
 def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | None:
@@ -228,9 +234,14 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
         version = None
 
     def use(in_use: bool, why: str) -> CompatUse:
-        return CompatUse(
-            library=lib, in_use=in_use, why=f"{lib.describe()}: {why}", version=version
-        )
+        why = f"{lib.describe()}: {why}"
+        if in_use and setup.unread:
+            unknown = (
+                f"{why}; but /{lib.path} was not read as an ELF library (not ELF, or a hard "
+                "link to a file of another name), so whether the loader uses it is unknown"
+            )
+            return CompatUse(library=lib, in_use=False, why=unknown, undetermined=unknown)
+        return CompatUse(library=lib, in_use=in_use, why=why, version=version)
 
     if compat is None or host is None:
         which = f"'{name}'" if compat is None else f"'{driver}'"

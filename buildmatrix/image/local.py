@@ -126,10 +126,12 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     files: list[FileReport] = []
     problems: list[str] = []
     libraries: dict[str, CompatLibrary] = {}
+    unreadable: list[str] = []
     if path.is_dir():
         for result in scan_tree(path, compat=True):
             if isinstance(result, ScanProblem):
                 problems.append(problem_line(result.path, result.message))
+                unreadable.append(result.path)
             elif isinstance(result, CompatLibrary):
                 libraries[result.path] = result
             else:
@@ -142,7 +144,7 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     paths = [f.path for f in files] if not path.is_dir() else _all_paths(path)
     symlinks = _symlinks(path) if path.is_dir() else {}
     regular = [p for p in paths if p not in symlinks and (path / p).is_file()]
-    compat = find_compat(libraries, regular, symlinks)
+    compat = find_compat(libraries, regular, symlinks, unreadable)
     for lib_path in compat_code(compat, libraries):
         code = libraries[lib_path].code
         if code is not None:

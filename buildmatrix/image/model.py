@@ -274,6 +274,7 @@ def finish(
     paths: list[str] = []
     symlinks: dict[str, str] = {}
     regular: list[str] = []  # hard links included: the toolkit sees regular files
+    unreadable: list[str] = []
     compat_libraries: dict[str, CompatLibrary] = {}
     for path, node in tree.files():
         paths.append(path)
@@ -288,7 +289,8 @@ def finish(
             compat_libraries[path] = replace(result, path=path)
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
-    compat = find_compat(compat_libraries, regular, symlinks)
+            unreadable.append(path)
+    compat = find_compat(compat_libraries, regular, symlinks, unreadable)
     for path in compat_code(compat, compat_libraries):
         code = compat_libraries[path].code
         if code is not None:

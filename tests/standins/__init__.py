@@ -205,12 +205,15 @@ def run_cli(
     )
 
 
-def compat_library(out: Path, version: str, note: dict[str, Any] | str | None) -> Path:
+def compat_library(
+    out: Path, version: str, note: dict[str, Any] | str | None, *, section_type: str = "@note"
+) -> Path:
     """A STAND-IN for cuda-compat's ``libcuda.so.VERSION``: an empty shared library
     built by gcc that carries NVIDIA's forward-compatibility ELF note (owner "NVIDIA
     Corporation", a JSON description, in a SHT_NOTE section named
     ``.note.cuda.fwd_compatibility``), laid out as in the libraries NVIDIA ships (the
     NVIDIA container toolkit's test data). ``note`` None: no note; a str: written as is.
+    ``section_type`` (gas syntax) gives the section another type, for the tests.
     """
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -224,7 +227,7 @@ def compat_library(out: Path, version: str, note: dict[str, Any] | str | None) -
         desc = note if isinstance(note, str) else json.dumps(note, separators=(",", ":"))
         quoted = desc.replace("\\", "\\\\").replace('"', '\\"')
         text += f"""
-    .section .note.cuda.fwd_compatibility,"a",@note
+    .section .note.cuda.fwd_compatibility,"a",{section_type}
     .balign 4
     .long 19
     .long .Ldesc_end - .Ldesc
