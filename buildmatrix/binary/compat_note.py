@@ -9,7 +9,7 @@ ibilitySection``, ``trim``, ``alignUp`` and the ``compatElfHeader`` struct that 
 - the section is the first one of type ``SHT_NOTE`` named
   ``.note.cuda.fwd_compatibility`` (a section of that name and another type is not
   it); its whole content is read, whatever its size (``s.Data()``: no bound but the
-  file's own size);
+  file's own size; here up to ``MAX_NOTE``, and past it ``check`` fails closed);
 - a 12-byte ``Elf32_Nhdr`` in the file's byte order; a name or description size of 0
   means no note;
 - the name is ``NameSize`` rounded up to the section's ``sh_addralign`` bytes after the
@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 NOTE_SECTION = ".note.cuda.fwd_compatibility"
 NOTE_OWNER = "NVIDIA Corporation"
 SHF_COMPRESSED = 0x800
+# The toolkit reads the section whatever its size. This reader holds it in memory, so
+# past this bound it fails closed (``undetermined``) rather than read or ignore it.
+MAX_NOTE = 256 << 20
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # Go's int on the 64-bit hosts the toolkit runs on
 # The compatElfHeader fields, by the name Go's decoder folds each key to.
 _FIELDS = {"FORMAT": "format", "CUDA VERSION": "cuda", "DRIVER": "driver", "DEVICE": "device"}
@@ -98,6 +101,9 @@ def read_compat_library(
         return CompatLibrary(
             path=path, undetermined=f"{NOTE_SECTION} is a compressed section", code=code
         )
+    if section.size > MAX_NOTE:
+        why = f"{NOTE_SECTION} is {section.size} bytes, over the {MAX_NOTE >> 20} MiB read"
+        return CompatLibrary(path=path, undetermined=why, code=code)
     try:
         data = read_exact(src, section.offset, section.size, what=NOTE_SECTION)
         order = "<" if read_exact(src, 5, 1, what="ELF byte order") == b"\x01" else ">"
