@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from buildmatrix.image.cache import LayerCache, _dump_dir, use
+from buildmatrix.image.cache import LayerCache, use
+from buildmatrix.image.cache_codec import _dump_dir
 from buildmatrix.image.tree import LayerSummary
 from tests.conftest import CliRunner
 from tests.images import (
@@ -93,7 +94,12 @@ def test_a_damaged_entry_is_discarded_and_the_layer_read_again(
         data[-5] ^= 0xFF  # a flipped bit in the payload: the checksum no longer matches
         entry.write_bytes(bytes(data))
     _, second = _json(cli, ref, ref, "--cache", str(cache))
-    assert second["cache"] == {"folder": second["cache"]["folder"], "hits": 2, "misses": 2}
+    assert second["cache"] == {
+        "folder": second["cache"]["folder"],
+        "hits": 2,
+        "misses": 2,
+        "disabled": None,
+    }
     assert second["images"][0] == first == second["images"][1]
 
 

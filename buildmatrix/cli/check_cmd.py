@@ -140,6 +140,14 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     from buildmatrix.image.cache import LayerCache, default_folder, use
 
     cache = None if no_cache else LayerCache(cache_dir or default_folder())
+    if cache is not None and cache.disabled:
+        # As pip does with a cache folder another user could write: warn, go on without.
+        click.echo(
+            f"buildmatrix: warning: the layer cache {cache.folder} is not used: "
+            f"{cache.disabled}. Every layer is read. Fix: make it yours and private "
+            f"(chown $(id -u) DIR; chmod 700 DIR), or pass --cache with such a folder.",
+            err=True,
+        )
     facts = load_cuda_facts()
     results = []
     with use(cache):
@@ -190,7 +198,12 @@ def _cache_json(cache: object) -> dict[str, object] | None:
 
     if not isinstance(cache, LayerCache):
         return None
-    return {"folder": str(cache.root), "hits": cache.hits, "misses": cache.misses}
+    return {
+        "folder": str(cache.root),
+        "hits": cache.hits,
+        "misses": cache.misses,
+        "disabled": cache.disabled,
+    }
 
 
 def _print_result(result: object) -> None:

@@ -1,19 +1,38 @@
 """A cache of layer summaries, keyed by the layer blob's digest.
 
 A layer is content-addressed: a blob whose digest was verified while it was read
-always summarises to the same thing, so its summary (buildmatrix.image.tree) can be
+always summarises to the same thing, so its summary (buildmatrix.image.layers) can be
 kept and reused by every image that shares the layer: the variants of a build matrix
 share their base layers, and checking them all then reads those layers once.
 
-- Only blobs with a digest that the read verified are cached (OCI layouts,
-  registries); the engine's ``docker save`` stream and legacy archives are not.
+The rule (docs/security.md, "The layer cache"): a verdict with the cache is always
+the verdict without it. Hence:
+
+- **Only this user's entries.** Like pip, which disables its cache when the folder
+  or its parent is not owned by or writable for the current user (pip, ``pip/
+  _internal/utils/filesystem.py`` ``check_path_owner``, used by ``pip/_internal/cli/
+  base_command.py`` ``_main``: "The cache has been disabled"), the cache is not used,
+  with a warning, when its folder (or a folder above it) is not owned by the current
+  user (or root, above it) or is writable by group or others (a sticky folder such
+  as ``/tmp`` above it is fine: only an entry's owner may rename it there). Each
+  entry must be a regular file owned by the user and writable by no one else, or it
+  is ignored. Folders are made ``0700``, entries ``0600``.
+- **Only this scanner's entries.** Entries are kept under a fingerprint of the
+  source of every module that shapes a summary (``SCANNER_SOURCES``: the binary
+  readers, the image and layer readers, this cache and its codec, the arch and
+  cuda-compat name rules): any change to the scanner starts a new cache.
+- **Only blobs whose digest was verified** (OCI layouts, registries); the engine's
+  ``docker save`` stream and legacy archives are not cached. A blob read from a
+  local file (an OCI layout) is trusted from the cache only while that file is the
+  one that was verified: its device, inode, size, mtime and ctime are kept beside
+  the entry; a file not seen so, or changed since, has its digest checked again by
+  hashing it (and is read again where it no longer matches).
 - Each entry holds the SHA-256 of its own content, checked on every read: an entry
   that does not match (a torn write, a disk error, a hand edit) is deleted and the
   layer read again. Entries are written to a temporary name and renamed.
-- Entries are per scanner format and buildmatrix version: a new version never reads
-  an older one's summaries.
 - The folder is bounded (``max_bytes``): after a write, the least recently used
-  entries go until the rest fit.
+  entries go until the rest fit (entries of older fingerprints first, as they are
+  never used again).
 """
 
 from __future__ import annotations
@@ -21,30 +40,26 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import gzip
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
+from importlib import resources
 from pathlib import Path
-from typing import Any
 
-from packaging.version import InvalidVersion, Version
+from buildmatrix.image.cache_codec import decode, encode
+from buildmatrix.image.tree import LayerSummary
 
-from buildmatrix import __version__
-from buildmatrix.arch import Arch, parse_arch
-from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
-from buildmatrix.binary.scan import FileReport, ScanProblem
-from buildmatrix.errors import BuildmatrixError
-from buildmatrix.forward import CompatLibrary
-from buildmatrix.image.tree import WHITED_OUT, Dir, Entry, LayerSummary, Leaf, Node
-
-FORMAT = 1
+FORMAT = 2
 DEFAULT_MAX_BYTES = 1 << 30
+# Package sources whose change may change a summary (paths relative to buildmatrix/).
+SCANNER_SOURCES = ("binary/*.py", "image/*.py", "arch.py", "cuda.py", "errors.py", "forward.py")
 _ACTIVE: contextvars.ContextVar[LayerCache | None] = contextvars.ContextVar(
     "buildmatrix_layer_cache", default=None
 )
+Stamp = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 
 
 def default_folder() -> Path:
@@ -53,67 +68,196 @@ def default_folder() -> Path:
     return Path(base) / "buildmatrix" / "layers"
 
 
+@functools.cache
+def fingerprint() -> str | None:
+    """SHA-256 over the scanner's sources (``SCANNER_SOURCES``), once per process;
+    None where the package ships no sources to hash (then nothing is cached)."""
+    package = Path(str(resources.files("buildmatrix")))
+    files = sorted({p for pattern in SCANNER_SOURCES for p in package.glob(pattern)})
+    if not files:
+        return None
+    h = hashlib.sha256(f"format {FORMAT}\n".encode())
+    for p in files:
+        data = p.read_bytes()
+        h.update(f"{p.relative_to(package).as_posix()} {len(data)}\n".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def stamp(path: Path) -> Stamp | None:
+    """What identifies a local file's content without reading it (None: gone)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def untrusted(st: os.stat_result, *, above: bool = False) -> str | None:
+    """Why a cache folder (``above``: a folder above it) or entry with this status
+    may hold what another user wrote; None when only this user (or root) could."""
+    uid = os.geteuid()
+    if st.st_uid != uid and not (above and st.st_uid == 0):
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & 0o022 and not (above and st.st_mode & stat.S_ISVTX):
+        return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def check_folder(folder: Path) -> str | None:
+    """Why ``folder`` cannot hold a trusted cache (it is created, 0700, if missing);
+    None when it can."""
+    try:
+        folder = folder.resolve()  # the folders checked are the real ones
+        for parent in reversed(folder.parents):
+            if (why := untrusted(parent.stat(), above=True)) is not None:
+                return f"{parent} (above it): {why}"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.lstat()
+    except OSError as exc:
+        return f"it cannot be used: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder"
+    return untrusted(st)
+
+
 class LayerCache:
     def __init__(self, folder: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self.root = folder / f"v{FORMAT}-{__version__}"
+        self.folder = folder
+        fp = fingerprint()
+        self.root = folder / f"v{FORMAT}-{fp[:16] if fp else 'none'}"
         self.max_bytes = max_bytes
         self.hits = 0
         self.misses = 0
         self.discarded = 0
+        self.ignored = 0  # entries refused: not this user's, or their blob changed
+        self.hashed = 0  # local blobs whose digest was checked by hashing the file
+        # Why the folder is not used (the CLI warns); None: it is.
+        self.disabled = (
+            "the installed buildmatrix has no sources to fingerprint"
+            if fp is None
+            else check_folder(folder)
+        )
         # Summaries read or written in this process: images of one run that share a
         # layer share its summary (summaries are never changed once made).
         self._memory: dict[str, LayerSummary] = {}
+        # Local blob files whose digest a read in this process verified, as stamped.
+        self._verified: set[tuple[str, Stamp]] = set()
         self._written = False
 
     def _path(self, digest: str) -> Path | None:
         algo, _, hexdigest = digest.partition(":")
-        if algo not in ("sha256", "sha512") or not hexdigest.isalnum():
+        if self.disabled or algo not in ("sha256", "sha512") or not hexdigest.isalnum():
             return None
         return self.root / algo / f"{hexdigest}.json.gz"
 
-    def get(self, digest: str) -> LayerSummary | None:
-        path = self._path(digest)
-        if path is None:
+    def _stamp_path(self, digest: str, seen: Stamp) -> Path:
+        key = hashlib.sha256(f"{digest}\0{seen[0]}\0{seen[1]}".encode()).hexdigest()
+        return self.root / "verified" / f"{key}.json"
+
+    def get(
+        self, digest: str, *, local: Path | None = None, blob: str | None = None
+    ) -> LayerSummary | None:
+        """The summary kept under ``digest`` (a layer's diff_id, or its blob's digest);
+        with ``local`` (the file the blob is read from), only while that file (by device
+        and inode, so hard links share it) is unchanged since a read verified that it
+        has the digest ``blob`` (default: ``digest``)."""
+        if local is not None and not self._still_verified(blob or digest, local):
+            self.ignored += 1
+            self.misses += 1
             return None
         if digest in self._memory:
             self.hits += 1
             return self._memory[digest]
-        try:
-            data = path.read_bytes()
-        except OSError:
-            self.misses += 1
-            return None
-        summary = _verified(data, digest)
+        path = self._path(digest)
+        data = self._read_own(path) if path is not None else None
+        summary = decode(data, digest) if data is not None else None
         if summary is None:
-            self.discarded += 1
             self.misses += 1
-            with contextlib.suppress(OSError):
-                path.unlink()
+            if data is not None and path is not None:
+                self.discarded += 1
+                with contextlib.suppress(OSError):
+                    path.unlink()
             return None
         with contextlib.suppress(OSError):
-            os.utime(path)  # recently used
+            os.utime(path)  # type: ignore[arg-type]  # recently used
         self.hits += 1
         self._memory[digest] = summary
         return summary
 
-    def put(self, digest: str, summary: LayerSummary) -> None:
-        path = self._path(digest)
-        if path is None:
-            return
-        self._memory[digest] = summary
-        payload = gzip.compress(
-            json.dumps({"digest": digest, "root": _dump_dir(summary.root)}).encode(), mtime=0
-        )
-        data = hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+    def _read_own(self, path: Path) -> bytes | None:
+        """An entry's bytes, if it is a regular file only this user could write."""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or untrusted(st) is not None:
+                self.ignored += 1
+                return None
+            return f.read()
+
+    def _still_verified(self, digest: str, local: Path) -> bool:
+        """Whether ``local`` holds the blob ``digest``: known from a stamp kept when a
+        read verified it, else by hashing the file now (far cheaper than reading the
+        layer: nothing is decompressed or parsed), then stamped."""
+        now = stamp(local)
+        if now is None:
+            return False
+        if (digest, now) in self._verified:
+            return True
+        if not self.disabled:
+            data = self._read_own(self._stamp_path(digest, now))
+            with contextlib.suppress(ValueError):
+                if data is not None and json.loads(data) == list(now):
+                    self._verified.add((digest, now))
+                    return True
+        if not _has_digest(local, digest) or stamp(local) != now:
+            return False
+        self._verified.add((digest, now))
+        self.hashed += 1
+        if not self.disabled:
+            self._write(self._stamp_path(digest, now), json.dumps(list(now)).encode())
+        return True
+
+    def put(
+        self,
+        digest: str,
+        summary: LayerSummary,
+        *,
+        local: Path | None = None,
+        seen: Stamp | None = None,
+        blob: str | None = None,
+    ) -> None:
+        """Keep ``summary`` under ``digest`` (a diff_id or blob digest), which a read
+        just verified; with ``local``, ``seen`` is that file's stamp from before the
+        read (kept only if the file is still so after it), recorded as the file that
+        has the digest ``blob`` (default: ``digest``)."""
+        self._memory[digest] = summary
+        if local is not None and (seen is None or stamp(local) != seen):
+            return  # changed while it was read: verify it again next time
+        path = self._path(digest)
+        if path is not None:
+            self._write(path, encode(digest, summary))
+        if seen is not None:
+            verified = blob or digest
+            self._verified.add((verified, seen))
+            if path is not None:
+                stamp_path = self._stamp_path(verified, seen)
+                self._write(stamp_path, json.dumps(list(seen)).encode())
+
+    def _write(self, path: Path, data: bytes) -> bool:
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")  # 0600
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             Path(tmp).replace(path)
         except OSError:
-            return  # a cache that cannot be written only costs time
+            return False  # a cache that cannot be written only costs time
         self._written = True
+        return True
 
     def shared(self, key: str, make: Callable[[], LayerSummary]) -> LayerSummary:
         """The summary ``make`` gives for ``key``, made once per run and kept in memory
@@ -128,14 +272,15 @@ class LayerCache:
     def evict(self) -> None:
         """Keep the folder within its bound, least recently used entries first; after
         a run that wrote to it (once, not after every write: it lists the folder)."""
-        if not self._written:
+        if not self._written or self.disabled:
             return
         self._written = False
         entries = []
-        for p in self.root.glob("*/*.json.gz"):
+        for p in self.folder.glob("v*/*/*.json*"):
             with contextlib.suppress(OSError):
-                st = p.stat()
-                entries.append((st.st_mtime, st.st_size, p))
+                st = p.lstat()
+                if stat.S_ISREG(st.st_mode) and untrusted(st) is None:
+                    entries.append((st.st_mtime, st.st_size, p))
         total = sum(size for _, size, _ in entries)
         for _, size, p in sorted(entries):
             if total <= self.max_bytes:
@@ -143,6 +288,20 @@ class LayerCache:
             with contextlib.suppress(OSError):
                 p.unlink()
                 total -= size
+
+
+def _has_digest(path: Path, digest: str) -> bool:
+    algo, _, expected = digest.partition(":")
+    if algo not in ("sha256", "sha512"):
+        return False
+    h = hashlib.new(algo)
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+    except OSError:
+        return False
+    return h.hexdigest() == expected
 
 
 @contextlib.contextmanager
@@ -160,144 +319,3 @@ def use(cache: LayerCache | None) -> Iterator[LayerCache | None]:
 
 def active() -> LayerCache | None:
     return _ACTIVE.get()
-
-
-# ------------------------------------------------------------------ serialisation
-
-
-def _verified(data: bytes, digest: str) -> LayerSummary | None:
-    checksum, _, payload = data.partition(b"\n")
-    if hashlib.sha256(payload).hexdigest().encode() != checksum:
-        return None
-    try:
-        doc = json.loads(gzip.decompress(payload))
-        if doc.get("digest") != digest:
-            return None
-        summary = LayerSummary(name=digest)
-        summary.root = _load_dir(doc["root"])
-    except (OSError, ValueError, KeyError, TypeError, EOFError, InvalidVersion, BuildmatrixError):
-        return None
-    return summary
-
-
-def _dump_dir(folder: Dir) -> dict[str, Any]:
-    return {
-        "opaque": folder.opaque,
-        "children": {name: _dump_entry(entry) for name, entry in folder.children.items()},
-    }
-
-
-def _dump_entry(entry: Entry) -> Any:
-    if entry is WHITED_OUT:
-        return {"whiteout": True}
-    if isinstance(entry, Dir):
-        return {"dir": _dump_dir(entry)}
-    assert isinstance(entry, Leaf)
-    node = entry.node
-    return {"kind": node.kind, "target": node.target, "result": _dump_result(node.result)}
-
-
-def _dump_result(result: Any) -> Any:
-    if result is None:
-        return None
-    if isinstance(result, FileReport):
-        return {
-            "report": {
-                "path": result.path,
-                "format": result.format,
-                "entries": [_dump_fatbin_entry(e) for e in result.entries],
-            }
-        }
-    if isinstance(result, ScanProblem):
-        return {"problem": {"path": result.path, "message": result.message}}
-    assert isinstance(result, CompatLibrary)
-    return {
-        "compat": {
-            "path": result.path,
-            "note": result.note,
-            "cuda": result.cuda,
-            "branches": list(result.branches),
-            "devices": list(result.devices) if result.devices is not None else None,
-            "problem": result.problem,
-            "undetermined": result.undetermined,
-            "code": _dump_result(result.code),
-        }
-    }
-
-
-def _dump_fatbin_entry(e: FatbinEntry) -> dict[str, Any]:
-    return {
-        "kind": e.kind.value,
-        "arch": str(e.arch),
-        "ptx_isa": str(e.ptx_isa) if e.ptx_isa is not None else None,
-        "compressed": e.compressed,
-        "size": e.size,
-        "offset": e.offset,
-        "container": e.container,
-        "kernels": list(e.kernels) if e.kernels is not None else None,
-        "toolkit": str(e.toolkit) if e.toolkit is not None else None,
-        "embedded": e.embedded,
-    }
-
-
-def _load_dir(doc: dict[str, Any]) -> Dir:
-    folder = Dir(opaque=bool(doc["opaque"]))
-    for name, entry in doc["children"].items():
-        folder.children[name] = _load_entry(entry)
-    return folder
-
-
-def _load_entry(doc: dict[str, Any]) -> Entry:
-    if doc.get("whiteout"):
-        return WHITED_OUT
-    if "dir" in doc:
-        return _load_dir(doc["dir"])
-    return Leaf(Node(doc["kind"], doc["target"], _load_result(doc["result"])))
-
-
-def _load_result(doc: Any) -> Any:
-    if doc is None:
-        return None
-    if "report" in doc:
-        r = doc["report"]
-        entries = tuple(_load_fatbin_entry(e) for e in r["entries"])
-        return FileReport(path=r["path"], format=r["format"], entries=entries)
-    if "problem" in doc:
-        return ScanProblem(path=doc["problem"]["path"], message=doc["problem"]["message"])
-    c = doc["compat"]
-    code = _load_result(c["code"])
-    return CompatLibrary(
-        path=c["path"],
-        note=bool(c["note"]),
-        cuda=str(c["cuda"]),
-        branches=tuple(int(b) for b in c["branches"]),
-        devices=tuple(c["devices"]) if c["devices"] is not None else None,
-        problem=c["problem"],
-        undetermined=c["undetermined"],
-        code=code if isinstance(code, FileReport) else None,
-    )
-
-
-@functools.cache
-def _arch(text: str) -> Arch:
-    return parse_arch(text)
-
-
-@functools.cache
-def _version(text: str) -> Version:
-    return Version(text)
-
-
-def _load_fatbin_entry(d: dict[str, Any]) -> FatbinEntry:
-    return FatbinEntry(
-        kind=EntryKind(d["kind"]),
-        arch=_arch(d["arch"]),
-        ptx_isa=_version(d["ptx_isa"]) if d["ptx_isa"] is not None else None,
-        compressed=bool(d["compressed"]),
-        size=int(d["size"]),
-        offset=int(d["offset"]),
-        container=int(d["container"]),
-        kernels=tuple(d["kernels"]) if d["kernels"] is not None else None,
-        toolkit=_version(d["toolkit"]) if d["toolkit"] is not None else None,
-        embedded=bool(d["embedded"]),
-    )

@@ -109,6 +109,7 @@ def scan_oci_layout(
                 open=partial(_open_binary, path),
                 digest=digest,
                 diff_id=diff_id,
+                local=path,
             )
         )
     layers = scan_blobs(blobs, progress, keep=keep)

@@ -91,6 +91,9 @@ class LayerBlob:
     place: tuple[Path, int, int] | None = None
     # The config's rootfs.diff_ids entry: the digest of the uncompressed layer.
     diff_id: str | None = None
+    # The local file the blob is read from (an OCI layout's): the layer cache trusts
+    # its entry only while this file is the one a read verified.
+    local: Path | None = None
 
 
 class VerifyingReader(io.RawIOBase):
@@ -239,15 +242,19 @@ def scan_blobs(
     this blob once it verified it) — a blob cached under its own digest could be
     claimed for another diff_id by another image's config.
     """
-    from buildmatrix.image.cache import active
+    from buildmatrix.image.cache import active, stamp
 
     cache = active() if keep is None else None  # the load test needs the bytes
     found: dict[int, LayerSummary] = {}
     if cache is not None:
         for i, blob in enumerate(blobs):
-            if blob.digest is not None and (hit := cache.get(_key(blob))) is not None:
+            if blob.digest is None:
+                continue
+            if (hit := cache.get(_key(blob), local=blob.local, blob=blob.digest)) is not None:
                 found[i] = hit
     todo = [(i, b) for i, b in enumerate(blobs) if i not in found]
+    # A local blob is stamped before it is read, so a change during the read shows.
+    seen = {i: stamp(b.local) for i, b in todo if b.local is not None}
     if len(todo) <= 1 or workers <= 1:
         scanned = [scan_blob(b, progress, keep) for _, b in todo]
     else:
@@ -255,8 +262,8 @@ def scan_blobs(
             scanned = list(pool.map(lambda ib: scan_blob(ib[1], progress, keep), todo))
     for (i, blob), summary in zip(todo, scanned, strict=True):
         found[i] = summary
-        if cache is not None and blob.digest is not None:
-            cache.put(_key(blob), summary)  # its digests were verified as it was read
+        if cache is not None and blob.digest is not None:  # verified as it was read
+            cache.put(_key(blob), summary, local=blob.local, seen=seen.get(i), blob=blob.digest)
     return [found[i] for i in range(len(blobs))]
 
 

@@ -1,0 +1,175 @@
+"""How a layer summary is written to and read from the layer cache (buildmatrix.image.
+cache): gzip-compressed JSON behind the SHA-256 of its bytes, checked on every read.
+
+A change here changes what an entry means: the cache keys entries by a fingerprint of
+this module's source among others (``cache.fingerprint``), so an old entry is never
+read by a new codec.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import json
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from buildmatrix.arch import Arch, parse_arch
+from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
+from buildmatrix.binary.scan import FileReport, ScanProblem
+from buildmatrix.errors import BuildmatrixError
+from buildmatrix.forward import CompatLibrary
+from buildmatrix.image.tree import WHITED_OUT, Dir, Entry, LayerSummary, Leaf, Node
+
+
+def encode(digest: str, summary: LayerSummary) -> bytes:
+    """An entry's bytes: the SHA-256 of the payload, a newline, the payload."""
+    payload = gzip.compress(
+        json.dumps({"digest": digest, "root": _dump_dir(summary.root)}).encode(), mtime=0
+    )
+    return hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def decode(data: bytes, digest: str) -> LayerSummary | None:
+    """The summary an entry holds; None when it is damaged or names another digest."""
+    return _verified(data, digest)
+
+
+def _verified(data: bytes, digest: str) -> LayerSummary | None:
+    checksum, _, payload = data.partition(b"\n")
+    if hashlib.sha256(payload).hexdigest().encode() != checksum:
+        return None
+    try:
+        doc = json.loads(gzip.decompress(payload))
+        if doc.get("digest") != digest:
+            return None
+        summary = LayerSummary(name=digest)
+        summary.root = _load_dir(doc["root"])
+    except (OSError, ValueError, KeyError, TypeError, EOFError, InvalidVersion, BuildmatrixError):
+        return None
+    return summary
+
+
+def _dump_dir(folder: Dir) -> dict[str, Any]:
+    return {
+        "opaque": folder.opaque,
+        "children": {name: _dump_entry(entry) for name, entry in folder.children.items()},
+    }
+
+
+def _dump_entry(entry: Entry) -> Any:
+    if entry is WHITED_OUT:
+        return {"whiteout": True}
+    if isinstance(entry, Dir):
+        return {"dir": _dump_dir(entry)}
+    assert isinstance(entry, Leaf)
+    node = entry.node
+    return {"kind": node.kind, "target": node.target, "result": _dump_result(node.result)}
+
+
+def _dump_result(result: Any) -> Any:
+    if result is None:
+        return None
+    if isinstance(result, FileReport):
+        return {
+            "report": {
+                "path": result.path,
+                "format": result.format,
+                "entries": [_dump_fatbin_entry(e) for e in result.entries],
+            }
+        }
+    if isinstance(result, ScanProblem):
+        return {"problem": {"path": result.path, "message": result.message}}
+    assert isinstance(result, CompatLibrary)
+    return {
+        "compat": {
+            "path": result.path,
+            "note": result.note,
+            "cuda": result.cuda,
+            "branches": list(result.branches),
+            "devices": list(result.devices) if result.devices is not None else None,
+            "problem": result.problem,
+            "undetermined": result.undetermined,
+            "code": _dump_result(result.code),
+        }
+    }
+
+
+def _dump_fatbin_entry(e: FatbinEntry) -> dict[str, Any]:
+    return {
+        "kind": e.kind.value,
+        "arch": str(e.arch),
+        "ptx_isa": str(e.ptx_isa) if e.ptx_isa is not None else None,
+        "compressed": e.compressed,
+        "size": e.size,
+        "offset": e.offset,
+        "container": e.container,
+        "kernels": list(e.kernels) if e.kernels is not None else None,
+        "toolkit": str(e.toolkit) if e.toolkit is not None else None,
+        "embedded": e.embedded,
+    }
+
+
+def _load_dir(doc: dict[str, Any]) -> Dir:
+    folder = Dir(opaque=bool(doc["opaque"]))
+    for name, entry in doc["children"].items():
+        folder.children[name] = _load_entry(entry)
+    return folder
+
+
+def _load_entry(doc: dict[str, Any]) -> Entry:
+    if doc.get("whiteout"):
+        return WHITED_OUT
+    if "dir" in doc:
+        return _load_dir(doc["dir"])
+    return Leaf(Node(doc["kind"], doc["target"], _load_result(doc["result"])))
+
+
+def _load_result(doc: Any) -> Any:
+    if doc is None:
+        return None
+    if "report" in doc:
+        r = doc["report"]
+        entries = tuple(_load_fatbin_entry(e) for e in r["entries"])
+        return FileReport(path=r["path"], format=r["format"], entries=entries)
+    if "problem" in doc:
+        return ScanProblem(path=doc["problem"]["path"], message=doc["problem"]["message"])
+    c = doc["compat"]
+    code = _load_result(c["code"])
+    return CompatLibrary(
+        path=c["path"],
+        note=bool(c["note"]),
+        cuda=str(c["cuda"]),
+        branches=tuple(int(b) for b in c["branches"]),
+        devices=tuple(c["devices"]) if c["devices"] is not None else None,
+        problem=c["problem"],
+        undetermined=c["undetermined"],
+        code=code if isinstance(code, FileReport) else None,
+    )
+
+
+@functools.cache
+def _arch(text: str) -> Arch:
+    return parse_arch(text)
+
+
+@functools.cache
+def _version(text: str) -> Version:
+    return Version(text)
+
+
+def _load_fatbin_entry(d: dict[str, Any]) -> FatbinEntry:
+    return FatbinEntry(
+        kind=EntryKind(d["kind"]),
+        arch=_arch(d["arch"]),
+        ptx_isa=_version(d["ptx_isa"]) if d["ptx_isa"] is not None else None,
+        compressed=bool(d["compressed"]),
+        size=int(d["size"]),
+        offset=int(d["offset"]),
+        container=int(d["container"]),
+        kernels=tuple(d["kernels"]) if d["kernels"] is not None else None,
+        toolkit=_version(d["toolkit"]) if d["toolkit"] is not None else None,
+        embedded=bool(d["embedded"]),
+    )
