@@ -286,6 +286,10 @@ def run_check(
         p for p in image.problems if not _ignored(re.split(r":? ", p, maxsplit=1)[0], opts.ignore)
     ]
     driver = opts.driver or (opts.snapshot.driver if opts.snapshot else None)
+    # The CUDA version the node's driver reports (NVML nvmlSystemGetCudaDriverVersion)
+    # decides which PTX it JITs; it belongs to the snapshot's driver only.
+    reported = opts.snapshot.cuda_driver_version if opts.snapshot and not opts.driver else None
+    driver_cuda = Version(reported) if reported else None
     runtime = cuda_runtime(image)
     forward = compat_use(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
@@ -310,6 +314,7 @@ def run_check(
                 facts=facts,
                 strict=opts.strict,
                 forward=forward,
+                driver_cuda=driver_cuda,
             )
         )
     for r in results:
@@ -367,6 +372,7 @@ def _judge_target(
     facts: CudaFacts,
     strict: bool,
     forward: CompatUse | None = None,
+    driver_cuda: Version | None = None,
 ) -> TargetResult:
     verdicts: list[Verdict] = []
     failures: list[str] = []
@@ -375,10 +381,18 @@ def _judge_target(
     # Through a cuda-compat driver in use, the user-mode driver (runtime floor, PTX JIT)
     # is the compat library's; the kernel-mode driver (hardware floor) stays the node's.
     user_driver = driver
-    if forward is not None and forward.in_use and forward.version is not None:
-        user_driver = forward.version
+    if forward is not None and forward.in_use:
+        # The node's reported CUDA version is its own libcuda's, not the compat one's.
+        user_driver, driver_cuda = forward.version or driver, None
     for f in files:
-        j = judge_units(f.units(), target.cc, driver=user_driver, facts=facts, strict=strict)
+        j = judge_units(
+            f.units(),
+            target.cc,
+            driver=user_driver,
+            facts=facts,
+            strict=strict,
+            driver_cuda=driver_cuda,
+        )
         verdicts.append(j.verdict)
         specialised.extend(f"{f.path}: {s}" for s in j.specialised)
         if j.verdict is Verdict.NONE:

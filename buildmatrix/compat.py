@@ -13,40 +13,23 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
-from buildmatrix.cuda import CudaFacts, DriverVersion, Toolkit, major_minor
+from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
+from buildmatrix.jit import jit_floor, judge_ptx, ptx_targets, ptx_toolkit
+from buildmatrix.verdict import RANK as _RANK
+from buildmatrix.verdict import CodeTarget, Judgement, Verdict
 
-
-class Verdict(StrEnum):
-    NATIVE = "native"
-    JIT = "jit"
-    NONE = "none"
-
-
-_RANK = {Verdict.NATIVE: 2, Verdict.JIT: 1, Verdict.NONE: 0}
-
-
-@dataclass(frozen=True, kw_only=True)
-class CodeTarget:
-    """One piece of device code: a SASS cubin or a PTX text, as a fatbinary lists it."""
-
-    arch: Arch
-    ptx_isa: Version | None = None
-
-    def __str__(self) -> str:
-        if self.arch.kind is CodeKind.PTX and self.ptx_isa is not None:
-            return f"{self.arch} (PTX ISA {major_minor(self.ptx_isa)})"
-        return str(self.arch)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Judgement:
-    verdict: Verdict
-    reasons: tuple[str, ...]
+__all__ = [
+    "CodeTarget",
+    "Judgement",
+    "Verdict",
+    "jit_floor",
+    "ptx_targets",
+    "ptx_toolkit",
+]
 
 
 def sass_runs_on(arch: Arch, cc: ComputeCapability) -> bool:
@@ -58,24 +41,6 @@ def sass_runs_on(arch: Arch, cc: ComputeCapability) -> bool:
     if arch.suffix is Suffix.ARCH:
         return cc == arch.cc
     return cc.major == arch.cc.major and cc.minor >= arch.cc.minor
-
-
-def ptx_targets(arch: Arch, cc: ComputeCapability) -> bool:
-    """Whether PTX for ``arch`` can be JIT-compiled for ``cc`` (ignoring the driver).
-
-    ``compute_XY`` JITs for any CC >= X.Y; ``compute_XYa`` only for X.Y;
-    ``compute_XYf`` for X.Z with Z >= Y (its family).
-    """
-    if arch.suffix is Suffix.ARCH:
-        return cc == arch.cc
-    if arch.suffix is Suffix.FAMILY:
-        return cc.major == arch.cc.major and cc.minor >= arch.cc.minor
-    return cc >= arch.cc
-
-
-def ptx_toolkit(ptx_isa: Version, facts: CudaFacts) -> Toolkit | None:
-    """The oldest toolkit whose PTX ISA is at least ``ptx_isa`` (None: newer than known)."""
-    return next((tk for tk in facts.toolkits if tk.ptx_isa >= ptx_isa), None)
 
 
 def _judge_sass(arch: Arch, cc: ComputeCapability) -> Judgement:
@@ -90,92 +55,22 @@ def _judge_sass(arch: Arch, cc: ComputeCapability) -> Judgement:
     return Judgement(verdict=Verdict.NONE, reasons=(f"{why}, not {cc}",))
 
 
-def _judge_ptx(
-    arch: Arch,
-    ptx_isa: Version | None,
+def judge_code(
+    code: CodeTarget,
     cc: ComputeCapability,
+    *,
     driver: DriverVersion | None,
     facts: CudaFacts,
+    driver_cuda: Version | None = None,
 ) -> Judgement:
-    if not ptx_targets(arch, cc):
-        if arch.suffix is Suffix.ARCH:
-            why = f"{arch} PTX is arch-specific and JIT-compiles only for {arch.cc}"
-        elif arch.suffix is Suffix.FAMILY:
-            why = (
-                f"{arch} PTX is family-specific and JIT-compiles only for {arch.cc}+ of "
-                f"{arch.cc.major}.x"
-            )
-        else:
-            why = f"{arch} PTX needs compute capability {arch.cc} or newer"
-        return Judgement(verdict=Verdict.NONE, reasons=(f"{why}, not {cc}",))
-    if ptx_isa is None:
-        return Judgement(
-            verdict=Verdict.JIT,
-            reasons=(f"{arch} PTX can be JIT-compiled for {cc} (PTX ISA version unknown)",),
-        )
-    isa = major_minor(ptx_isa)
-    tk = ptx_toolkit(ptx_isa, facts)
-    if tk is None:
-        newest = facts.newest
-        unknown = (
-            f"{arch} PTX ISA {isa} is newer than every toolkit buildmatrix knows (CUDA "
-            f"{major_minor(newest.version)} emits ISA {major_minor(newest.ptx_isa)})"
-        )
-        if driver is None:
-            return Judgement(
-                verdict=Verdict.JIT,
-                reasons=(f"{unknown}; only a driver newer than any buildmatrix knows can JIT it",),
-            )
-        return Judgement(
-            verdict=Verdict.NONE,
-            reasons=(
-                f"{unknown}; driver {driver} cannot be shown to JIT it. "
-                "Update buildmatrix's CUDA table",
-            ),
-        )
-    if tk.driver is None:
-        unbundled = (
-            f"{arch} PTX ISA {isa} is CUDA {major_minor(tk.version)}'s, which ships no driver; "
-            "NVIDIA names none that is known to JIT it"
-        )
-        if driver is None:
-            return Judgement(verdict=Verdict.JIT, reasons=(unbundled,))
-        return Judgement(
-            verdict=Verdict.NONE,
-            reasons=(f"{unbundled}, so driver {driver} cannot be shown to (fail closed)",),
-        )
-    need = f"CUDA {major_minor(tk.version)}, driver >= {tk.driver}"
-    if driver is None:
-        return Judgement(
-            verdict=Verdict.JIT,
-            reasons=(
-                f"{arch} PTX ISA {isa} can be JIT-compiled for {cc} by a driver that knows it "
-                f"({need})",
-            ),
-        )
-    if driver < tk.driver:
-        have = facts.driver_cuda(driver)
-        have_text = f"CUDA {major_minor(have)}" if have else "older than any known CUDA"
-        return Judgement(
-            verdict=Verdict.NONE,
-            reasons=(
-                f"{arch} PTX ISA {isa} needs {need} to JIT; driver {driver} supports only "
-                f"{have_text}",
-            ),
-        )
-    return Judgement(
-        verdict=Verdict.JIT,
-        reasons=(f"{arch} PTX ISA {isa} is JIT-compiled for {cc} by driver {driver}",),
-    )
-
-
-def judge_code(
-    code: CodeTarget, cc: ComputeCapability, *, driver: DriverVersion | None, facts: CudaFacts
-) -> Judgement:
-    """Verdict for one SASS or PTX entry on a GPU of ``cc`` with ``driver`` (None: unknown)."""
+    """Verdict for one SASS or PTX entry on a GPU of ``cc`` with ``driver`` (None:
+    unknown); ``driver_cuda``, the CUDA version that driver reports where it is known
+    (a node snapshot), decides which PTX it can JIT."""
     if code.arch.kind is CodeKind.SASS:
         return _judge_sass(code.arch, cc)
-    return _judge_ptx(code.arch, code.ptx_isa, cc, driver, facts)
+    return judge_ptx(
+        code.arch, code.ptx_isa, cc, driver=driver, facts=facts, driver_cuda=driver_cuda
+    )
 
 
 def judge_codes(
@@ -184,6 +79,7 @@ def judge_codes(
     *,
     driver: DriverVersion | None,
     facts: CudaFacts,
+    driver_cuda: Version | None = None,
 ) -> Judgement:
     """Verdict for one file holding several entries: the best entry wins.
 
@@ -191,7 +87,9 @@ def judge_codes(
     of the PTX otherwise, so ``native`` beats ``jit`` beats ``none``. The reasons of
     a ``none`` list why each entry was refused.
     """
-    judgements = [judge_code(c, cc, driver=driver, facts=facts) for c in codes]
+    judgements = [
+        judge_code(c, cc, driver=driver, facts=facts, driver_cuda=driver_cuda) for c in codes
+    ]
     if not judgements:
         return Judgement(verdict=Verdict.NONE, reasons=("no device code",))
     best = max(_RANK[j.verdict] for j in judgements)
@@ -240,6 +138,7 @@ def judge_units(
     driver: DriverVersion | None,
     facts: CudaFacts,
     strict: bool = False,
+    driver_cuda: Version | None = None,
 ) -> FileJudgement:
     """Verdict for one file of several fatbinary containers (translation units).
 
@@ -272,7 +171,9 @@ def judge_units(
     judged_sets: dict[tuple[CodeTarget, ...], Judgement] = {}
     results = [
         judged_sets.get(u.codes)
-        or judged_sets.setdefault(u.codes, judge_codes(u.codes, cc, driver=driver, facts=facts))
+        or judged_sets.setdefault(
+            u.codes, judge_codes(u.codes, cc, driver=driver, facts=facts, driver_cuda=driver_cuda)
+        )
         for u in units
     ]
     for i, unit in enumerate(units):
@@ -379,19 +280,6 @@ def driver_floors(
         label = f" for {hardware}" if hardware else ""
         floors.append(Floor(driver=hardware_floor, why=f"hardware floor{label}"))
     return tuple(floors)
-
-
-def jit_floor(
-    codes: Iterable[CodeTarget], cc: ComputeCapability, facts: CudaFacts
-) -> DriverVersion | None:
-    """The lowest driver that can JIT some PTX entry for ``cc`` (None: none can be shown)."""
-    drivers = [
-        tk.driver
-        for c in codes
-        if c.arch.kind is CodeKind.PTX and c.ptx_isa is not None and ptx_targets(c.arch, cc)
-        if (tk := ptx_toolkit(c.ptx_isa, facts)) is not None and tk.driver is not None
-    ]
-    return min(drivers, default=None)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -221,7 +221,7 @@ def test_compat_on_a_geforce_board_fails_even_where_the_driver_is_new_enough(
     compat driver first (R580 is listed), and it refuses a GeForce: CUDA error 804.
     The same image without the compat folder runs there."""
     node = json.loads((NODES / "rtx-consumer.json").read_text())
-    node["driver_version"] = "580.82.07"
+    node["driver_version"], node["cuda_driver_version"] = "580.82.07", "13.0"
     snapshot = tmp_path / "rtx-580.json"
     snapshot.write_text(json.dumps(node))
     code, doc = _check(cli, tmp_path, _image(_compat(libs["note"])), "--snapshot", str(snapshot))

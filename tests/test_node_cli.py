@@ -85,9 +85,16 @@ def test_image_ptx_too_new_for_the_driver(cli: CliRunner, tmp_path: Path) -> Non
     image = _image(tmp_path, "libptx_only.so")
     code, doc = _smoke(cli, "h100-535", "--image", image)
     assert code == 1
-    assert "PTX ISA 9.0 needs CUDA 13.0, driver >= 580.65.06" in _failed(doc)[f"image {image}"]
+    # the node's driver reports CUDA 12.2 (nvmlSystemGetCudaDriverVersion): that decides
+    assert (
+        "PTX ISA 9.0 needs a driver of CUDA 13.0 or newer to JIT; the node's driver reports "
+        "CUDA 12.2" in _failed(doc)[f"image {image}"]
+    )
     # a CUDA 13 driver JIT-compiles it; --require-sass refuses JIT all the same
-    doc13 = json.loads((NODES / "b200.json").read_text()) | {"driver_version": "580.65.06"}
+    doc13 = json.loads((NODES / "b200.json").read_text()) | {
+        "driver_version": "580.65.06",
+        "cuda_driver_version": "13.0",
+    }
     node13 = tmp_path / "b200-580.json"
     node13.write_text(json.dumps(doc13))
     r = cli("smoke", "--snapshot", str(node13), "--image", image, "--json")

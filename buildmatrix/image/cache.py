@@ -105,20 +105,22 @@ def untrusted(st: os.stat_result, *, above: bool = False) -> str | None:
 
 
 def check_folder(folder: Path) -> str | None:
-    """Why ``folder`` cannot hold a trusted cache (it is created, 0700, if missing);
-    None when it can."""
+    """Why ``folder`` cannot hold a trusted cache; None when it can. Missing folders
+    on the way are made, 0700 (not by the umask: a group-writable one would fail)."""
     try:
         folder = folder.resolve()  # the folders checked are the real ones
-        for parent in reversed(folder.parents):
-            if (why := untrusted(parent.stat(), above=True)) is not None:
-                return f"{parent} (above it): {why}"
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = folder.lstat()
+        for path in [*reversed(folder.parents), folder]:
+            if not path.exists():
+                with contextlib.suppress(FileExistsError):
+                    path.mkdir(mode=0o700)
+            st = path.lstat() if path == folder else path.stat()
+            if path == folder and not stat.S_ISDIR(st.st_mode):
+                return "it is not a folder"
+            if (why := untrusted(st, above=path != folder)) is not None:
+                return why if path == folder else f"{path} (above it): {why}"
     except OSError as exc:
         return f"it cannot be used: {exc.strerror}"
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a folder"
-    return untrusted(st)
+    return None
 
 
 class LayerCache:
