@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packaging.version import Version
@@ -32,6 +32,7 @@ from buildmatrix.forward import (
     compat_use,
     device_refusal,
 )
+from buildmatrix.forward_legacy import LegacyUse, legacy_use
 from buildmatrix.image.model import ScannedImage
 from buildmatrix.node.snapshot import Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
@@ -105,6 +106,8 @@ class CheckResult:
     driver: DriverVersion | None
     problems: list[str] = field(default_factory=list)
     forward: CompatUse | None = None  # the image's cuda-compat driver on this driver
+    # The legacy runtime's choice where it differs from the hook's (forward_legacy).
+    forward_legacy: CompatUse | None = None
 
     @property
     def passed(self) -> bool:
@@ -130,18 +133,22 @@ class CheckResult:
         }
 
     def _forward_json(self) -> dict[str, Any] | None:
-        """The image's cuda-compat driver and whether the given driver puts it in use."""
+        """The image's cuda-compat driver, whether the given driver puts it in use, and
+        (``legacy``) the legacy runtime's choice where it differs."""
+        legacy = self.forward_legacy
+        extra = None if legacy is None else {"in_use": legacy.in_use, "why": legacy.why}
         if self.forward is not None:
             f = self.forward
-            return _compat_json(f.library, f.in_use, f.why, version=f.version)
+            return _compat_json(f.library, f.in_use, f.why, version=f.version) | {"legacy": extra}
         setup = self.image.compat
         if setup is None:
             return None
         if setup.library is None:  # a compat folder the container toolkit would not use
-            return {"path": None, "in_use": False, "why": setup.why}
+            return {"path": None, "in_use": False, "why": setup.why, "legacy": extra}
         why = "whether a node uses it depends on its driver (--driver or --snapshot)"
         name = setup.library.path.rpartition("/")[2][len("libcuda.so.") :]
-        return _compat_json(setup.library, False, f"{setup.library.describe()}: {why}", name=name)
+        doc = _compat_json(setup.library, False, f"{setup.library.describe()}: {why}", name=name)
+        return doc | {"legacy": extra}
 
 
 def _compat_json(
@@ -292,9 +299,18 @@ def run_check(
     driver_cuda = Version(reported) if reported else None
     runtime = cuda_runtime(image)
     forward = compat_use(image.compat, driver) if driver is not None else None
+    legacy = (
+        legacy_use(image.compat.legacy, driver)
+        if driver is not None and image.compat is not None
+        else None
+    )
+    other = _legacy_variant(forward, legacy)
+    if other is not None and forward is not None:
+        forward = replace(forward, why=f"the enable-cuda-compat hook (CDI mode): {forward.why}")
     problems: list[str] = list(claims)
     unknown = image.compat.undetermined if image.compat is not None else None
     unknown = unknown or (forward.undetermined if forward is not None else None)
+    unknown = unknown or (legacy.undetermined if legacy is not None else None)
     if driver is not None and unknown:
         problems.append(
             f"cuda-compat: {unknown}; buildmatrix cannot tell whether the NVIDIA container "
@@ -303,7 +319,7 @@ def run_check(
         )
     results: list[TargetResult] = []
     for target in targets:
-        results.append(
+        variants = [
             _judge_target(
                 target,
                 loaded,
@@ -313,10 +329,12 @@ def run_check(
                 runtime=runtime,
                 facts=facts,
                 strict=opts.strict,
-                forward=forward,
+                forward=use,
                 driver_cuda=driver_cuda,
             )
-        )
+            for use in ([forward] if other is None else [forward, other])
+        ]
+        results.append(_worst(variants))
     for r in results:
         label = f"{r.target.name} ({r.sm})"
         if r.verdict is Verdict.NONE:
@@ -354,6 +372,43 @@ def run_check(
         driver=driver,
         problems=problems,
         forward=forward,
+        forward_legacy=other,
+    )
+
+
+def _legacy_variant(forward: CompatUse | None, legacy: LegacyUse | None) -> CompatUse | None:
+    """The compat state of a node on the legacy path, where it differs from the hook's
+    (None: the same): such an image is judged both ways (buildmatrix.forward_legacy)."""
+    hook = forward.library.path if forward is not None and forward.in_use else None
+    if legacy is None or legacy.undetermined:
+        if hook is None or forward is None:
+            return None
+        why = "the legacy runtime (libnvidia-container) finds no compat library to use"
+        return CompatUse(library=forward.library, in_use=False, why=why)
+    if (legacy.library.path if legacy.library else None) == hook:
+        return None
+    if legacy.library is None:
+        return None if forward is None else replace(forward, in_use=False, why=legacy.why)
+    return CompatUse(library=legacy.library, in_use=True, why=legacy.why, version=legacy.version)
+
+
+def _worst(variants: list[TargetResult]) -> TargetResult:
+    """One target judged under each compat state a node may be in: the worst counts."""
+    if len(variants) == 1:
+        return variants[0]
+
+    def joined(attr: str) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(x for v in variants for x in getattr(v, attr)))
+
+    return replace(
+        variants[0],
+        verdict=combine(v.verdict for v in variants),
+        driver_ok=all(v.driver_ok for v in variants),
+        reasons=joined("reasons"),
+        code_failures=joined("code_failures"),
+        jit_files=joined("jit_files"),
+        driver_failures=joined("driver_failures"),
+        specialised=joined("specialised"),
     )
 
 

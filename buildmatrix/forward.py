@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 from buildmatrix.binary.compat_note import NOTE_SECTION, CompatLibrary, read_compat_library
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
+from buildmatrix.forward_legacy import LegacySetup, find_legacy
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
@@ -99,10 +100,7 @@ class CompatSetup:
     library: CompatLibrary | None
     why: str  # how it was found, or why nothing is used
     undetermined: str | None = None  # buildmatrix cannot tell what the toolkit decides
-    # The candidate is a regular file that was not read as an ELF library (not ELF,
-    # or a hard link to a file of another name): the toolkit reads no note in it, but
-    # whether the loader can then use it is not known.
-    unread: bool = False
+    legacy: LegacySetup | None = None  # what the legacy runtime finds (forward_legacy)
 
 
 def find_compat(
@@ -110,33 +108,52 @@ def find_compat(
     regular: Collection[str],
     symlinks: Mapping[str, str],
     unreadable: Collection[str] = (),
+    *,
+    entries: Collection[str] = (),
 ) -> CompatSetup | None:
     """The toolkit's lookup on the final view (rules 1-3 of the module docstring):
     ``libraries`` by final path (hard links share the file's), ``regular`` the
-    regular files, ``unreadable`` the files that could not be read. None when the
-    image has no such folder or candidate."""
+    regular files, ``unreadable`` the files that could not be read, ``entries`` every
+    non-folder path (for the legacy path, buildmatrix.forward_legacy). None when
+    neither path finds a compat library."""
+    legacy = find_legacy(
+        entries=entries or {*regular, *symlinks},
+        regular=regular,
+        symlinks=symlinks,
+        libraries=libraries,
+        resolve=resolve,
+        is_driver_name=is_driver_name,
+    )
     folder = resolve(COMPAT_DIR, symlinks)
-    if folder is None:
-        return None
-    names = sorted(p for p in regular if posixpath.dirname(p) == folder and is_driver_name(p))
+    names = sorted(
+        p
+        for p in (regular if folder is not None else ())
+        if posixpath.dirname(p) == folder and is_driver_name(p)
+    )
     if not names:
-        return None
+        if legacy is None:
+            return None
+        why = f"no regular file /{COMPAT_DIR}/{LIBRARY_GLOB}: the enable-cuda-compat hook uses none"
+        return CompatSetup(library=None, why=why, legacy=legacy)
     if len(names) > 1:
         listed = ", ".join(f"/{n}" for n in names)
         return CompatSetup(
             library=None,
             why=f"{len(names)} compat driver libraries ({listed}); the NVIDIA container "
-            "toolkit uses none unless there is exactly one",
+            "toolkit's enable-cuda-compat hook uses none unless there is exactly one",
+            legacy=legacy,
         )
     name = names[0]
     where = f"found at /{COMPAT_DIR}" + (f" (/{folder})" if folder != COMPAT_DIR else "")
     if name in unreadable:
         why = f"/{name} could not be read, so its forward-compatibility note is unknown"
-        return CompatSetup(library=None, why=why, undetermined=why)
+        return CompatSetup(library=None, why=why, undetermined=why, legacy=legacy)
     library = libraries.get(name)
     if library is None:
-        return CompatSetup(library=CompatLibrary(path=name), why=where, unread=True)
-    return CompatSetup(library=library, why=where, undetermined=library.undetermined)
+        # Not ELF, or a hard link to a file of another name without the note section:
+        # the toolkit reads no note in it; whether the loader can use it is unknown.
+        library = CompatLibrary(path=name, elf=False)
+    return CompatSetup(library=library, why=where, undetermined=library.undetermined, legacy=legacy)
 
 
 def resolve(path: str, symlinks: Mapping[str, str]) -> str | None:
@@ -235,7 +252,7 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
 
     def use(in_use: bool, why: str) -> CompatUse:
         why = f"{lib.describe()}: {why}"
-        if in_use and setup.unread:
+        if in_use and not lib.elf:
             unknown = (
                 f"{why}; but /{lib.path} was not read as an ELF library (not ELF, or a hard "
                 "link to a file of another name), so whether the loader uses it is unknown"

@@ -241,7 +241,9 @@ def test_a_symlink_named_like_the_driver_is_not_a_candidate(
     code, doc = _check(cli, tmp_path, _image(entries), *R535)
     assert code == 1
     assert "needs driver >= 580.65.06; node has 535.104.05" in _problems(doc)
-    assert doc["forward_compat"] is None
+    assert doc["forward_compat"]["path"] is None
+    # the legacy runtime follows the symlink (buildmatrix.forward_legacy): judged both ways
+    assert doc["forward_compat"]["legacy"]["in_use"] is True
     # the same driver as a regular file is used
     code, doc = _check(cli, tmp_path, _image({f"{DIR}/{LIB}": build(NOTE_13_1)}), *R535)
     assert code == 0, _problems(doc)

@@ -62,10 +62,12 @@ class CompatLibrary:
     ``problem``: a note was there but the toolkit cannot read it (it ignores it).
     ``undetermined``: this reader cannot tell what the toolkit reads (fail closed).
     ``code``: device code in the file itself, judged like any other file's unless the
-    file is the compat driver the toolkit finds.
+    file is the compat driver the toolkit finds. ``elf``: False for a file that was
+    not read as an ELF library (the loader may not be able to use it).
     """
 
     path: str
+    elf: bool = True
     note: bool = False
     cuda: str = ""  # the note's "CUDA Version", as written
     branches: tuple[int, ...] = ()
@@ -91,7 +93,9 @@ def read_compat_library(
     try:
         info = read_elf(src)
     except CorruptBinary as exc:
-        return CompatLibrary(path=path, undetermined=f"not a readable ELF file: {exc}", code=code)
+        return CompatLibrary(
+            path=path, elf=False, undetermined=f"not a readable ELF file: {exc}", code=code
+        )
     section = next(
         (s for s in info.sections if s.type == SHT_NOTE and s.name == NOTE_SECTION), None
     )

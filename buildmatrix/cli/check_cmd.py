@@ -232,6 +232,10 @@ def _print_result(result: object) -> None:
     if forward is not None:
         state = "in use" if forward["in_use"] else "not used"
         click.echo(f"compat   {state}: {forward['why']}")
+        legacy = forward.get("legacy")
+        if legacy is not None:
+            state = "in use" if legacy["in_use"] else "not used"
+            click.echo(f"compat   {state}: {legacy['why']}")
     click.echo(
         f"files    {len(result.files)} with device code"
         + (f", {len(result.ignored)} ignored" if result.ignored else "")

@@ -86,6 +86,7 @@ def _dump_result(result: Any) -> Any:
     return {
         "compat": {
             "path": result.path,
+            "elf": result.elf,
             "note": result.note,
             "cuda": result.cuda,
             "branches": list(result.branches),
@@ -140,6 +141,7 @@ def _load_result(doc: Any) -> Any:
     code = _load_result(c["code"])
     return CompatLibrary(
         path=c["path"],
+        elf=bool(c["elf"]),
         note=bool(c["note"]),
         cuda=str(c["cuda"]),
         branches=tuple(int(b) for b in c["branches"]),

@@ -145,7 +145,7 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     paths = [f.path for f in files] if not path.is_dir() else _all_paths(path)
     symlinks = _symlinks(path) if path.is_dir() else {}
     regular = [p for p in paths if p not in symlinks and (path / p).is_file()]
-    compat = find_compat(libraries, regular, symlinks, unreadable)
+    compat = find_compat(libraries, regular, symlinks, unreadable, entries=paths)
     for lib_path in compat_code(compat, libraries):
         code = libraries[lib_path].code
         if code is not None:

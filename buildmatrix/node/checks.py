@@ -242,7 +242,12 @@ def node_floors(
                 facts=facts,
             )
     for result in images:
-        if result.forward is not None and result.forward.in_use:
+        legacy = result.forward_legacy
+        if (
+            result.forward is not None
+            and result.forward.in_use
+            and (legacy is None or legacy.in_use)
+        ):
             # The image brings its own user-mode driver (CUDA forward compatibility):
             # its runtime floor applies to that, and its own check judges it.
             continue
