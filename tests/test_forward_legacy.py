@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from buildmatrix import schema
 from buildmatrix.forward_legacy import _excluded
 from tests.conftest import REPO, CliRunner
 from tests.images import Entry, Image, Symlink, fixture, write_docker_archive
@@ -95,6 +96,7 @@ def test_a_branch_the_note_leaves_out_still_gets_the_compat_driver_on_the_legacy
     assert doc["forward_compat"]["in_use"] is False
     assert doc["forward_compat"]["legacy"]["in_use"] is True
     assert "the legacy runtime (libnvidia-container" in doc["forward_compat"]["legacy"]["why"]
+    schema.validate(doc, "check", source="check --json")  # the documented shape
     # a compat driver of the node's own major: both paths leave it out, and it passes
     entries = {f"{DIR}/libcuda.so.580.95.05": lib("580.95.05", note)}
     code, doc = _check(cli, tmp_path, entries, "--snapshot", _geforce_580(tmp_path))
