@@ -293,3 +293,33 @@ def test_platforms(requested: str, entries: list[dict[str, str]]) -> None:
     descs = [{"digest": f"sha256:{i}", "platform": p} for i, p in enumerate(entries)]
     with contextlib.suppress(BuildmatrixError):
         select_platform(descs, requested, name="fuzz")
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["driver", "DRIVER", "Device", "format", "CUDA Version", "x"]),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=256), _JSON.map(lambda d: json.dumps(d).encode())))
+def test_compat_note_json(raw: bytes) -> None:
+    """The note's JSON as Go decodes it: a field the toolkit would read, or ValueError
+    (the toolkit ignores the note), never another exception."""
+    from buildmatrix.binary.compat_note import decode_note
+
+    try:
+        fields = decode_note(raw)
+    except ValueError:
+        return
+    for key in ("driver", "device"):
+        assert fields[key] is None or all(type(v) is int for v in fields[key])
+    assert isinstance(fields["cuda"], str)
