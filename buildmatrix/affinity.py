@@ -39,6 +39,7 @@ from buildmatrix.check import FAMILY_LABEL, Options, TargetResult, cuda_runtime,
 from buildmatrix.compat import Verdict, ptx_toolkit
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.errors import InputError, did_you_mean
+from buildmatrix.forward import driver_breakpoints
 from buildmatrix.image.model import ScannedImage
 from buildmatrix.labelkeys import (
     COMPUTE_CAPABILITY,
@@ -122,7 +123,8 @@ def _version(key: tuple[int, int, int]) -> DriverVersion:
 def breakpoints(image: ScannedImage, profiles: ProfileSet, facts: CudaFacts) -> list[DriverVersion]:
     """Every driver version at which ``check``'s answer for this image can change;
     between two of them it is the same (each rule compares the driver with one of
-    these: compat.driver_floors, compat._judge_ptx, forward.compat_use)."""
+    these: compat.driver_floors, jit.judge_ptx, forward.compat_use and
+    forward_legacy.legacy_use)."""
     found = {_ZERO}
     runtime = cuda_runtime(image)
     if runtime is not None and (floor := facts.runtime_floor(runtime[0].major)) is not None:
@@ -137,12 +139,7 @@ def breakpoints(image: ScannedImage, profiles: ProfileSet, facts: CudaFacts) -> 
                     tk = ptx_toolkit(code.ptx_isa, facts)
                     if tk is not None and tk.driver is not None:
                         found.add(tk.driver)
-    library = image.compat.library if image.compat is not None else None
-    if library is not None and library.version is not None:
-        major = library.version.key[0]
-        found |= {library.version, _version((major, 0, 0))}
-        for branch in library.branches or ():
-            found |= {_version((branch, 0, 0)), _version((branch + 1, 0, 0))}
+    found |= {_version(key) for key in driver_breakpoints(image.compat)}
     return sorted(found)
 
 

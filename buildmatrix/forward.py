@@ -46,6 +46,7 @@ through the compat library; the CUDA runtime floor and PTX JIT are.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import posixpath
 import re
@@ -277,6 +278,28 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
     if host[0] < compat[0]:
         return use(True, f"used on driver {driver}: its major is lower{note}")
     return use(False, f"driver {driver} is not of an older major{note}")
+
+
+def driver_breakpoints(setup: CompatSetup | None) -> set[tuple[int, int, int]]:
+    """Every driver version (as a key) at which either toolkit path's choice for this
+    image can change: the compat driver's own version and major, each branch its note
+    lists and the next, and the major of each library the legacy path finds."""
+    found: set[tuple[int, int, int]] = set()
+    if setup is None:
+        return found
+    if setup.library is not None:
+        name = posixpath.basename(setup.library.path)[len("libcuda.so.") :]
+        with contextlib.suppress(InputError):
+            version = parse_driver_version(name)
+            found |= {version.key, (version.key[0], 0, 0), (version.key[0] + 1, 0, 0)}
+        for branch in setup.library.branches:
+            found |= {(branch, 0, 0), (branch + 1, 0, 0)}
+    for path in setup.legacy.libraries if setup.legacy is not None else ():
+        major = posixpath.basename(path).partition(".so.")[2]
+        digits = major[: len(major) - len(major.lstrip("0123456789"))]
+        if digits:
+            found |= {(int(digits), 0, 0), (int(digits) + 1, 0, 0)}
+    return found
 
 
 def device_refusal(
