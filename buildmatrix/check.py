@@ -26,13 +26,8 @@ from buildmatrix.compat import (
 )
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
-from buildmatrix.forward import (
-    CompatLibrary,
-    CompatUse,
-    compat_use,
-    device_refusal,
-)
-from buildmatrix.forward_legacy import LegacyUse, legacy_use
+from buildmatrix.forward import CompatUse, device_refusal
+from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.model import ScannedImage
 from buildmatrix.node.snapshot import Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
@@ -105,9 +100,18 @@ class CheckResult:
     cuda_runtime: tuple[Version, str] | None
     driver: DriverVersion | None
     problems: list[str] = field(default_factory=list)
-    forward: CompatUse | None = None  # the image's cuda-compat driver on this driver
-    # The legacy runtime's choice where it differs from the hook's (forward_legacy).
-    forward_legacy: CompatUse | None = None
+    # The cuda-compat states a node on this driver may run the image in.
+    compat: CompatChoice | None = None
+
+    @property
+    def forward(self) -> CompatUse | None:
+        """The enable-cuda-compat hook's choice (buildmatrix.forward)."""
+        return self.compat.hook if self.compat is not None else None
+
+    @property
+    def forward_legacy(self) -> CompatUse | None:
+        """The legacy runtime's choice, where it differs (buildmatrix.forward_legacy)."""
+        return self.compat.legacy if self.compat is not None else None
 
     @property
     def passed(self) -> bool:
@@ -128,45 +132,9 @@ class CheckResult:
             "cuda_runtime": runtime,
             "driver": str(self.driver) if self.driver else None,
             "ignored": self.ignored,
-            "forward_compat": self._forward_json(),
+            "forward_compat": compat_json(self.image.compat, self.compat),
             "read_from": self.image.read_from,
         }
-
-    def _forward_json(self) -> dict[str, Any] | None:
-        """The image's cuda-compat driver, whether the given driver puts it in use, and
-        (``legacy``) the legacy runtime's choice where it differs."""
-        legacy = self.forward_legacy
-        extra = None if legacy is None else {"in_use": legacy.in_use, "why": legacy.why}
-        if self.forward is not None:
-            f = self.forward
-            return _compat_json(f.library, f.in_use, f.why, version=f.version) | {"legacy": extra}
-        setup = self.image.compat
-        if setup is None:
-            return None
-        if setup.library is None:  # a compat folder the container toolkit would not use
-            return {"path": None, "in_use": False, "why": setup.why, "legacy": extra}
-        why = "whether a node uses it depends on its driver (--driver or --snapshot)"
-        name = setup.library.path.rpartition("/")[2][len("libcuda.so.") :]
-        doc = _compat_json(setup.library, False, f"{setup.library.describe()}: {why}", name=name)
-        return doc | {"legacy": extra}
-
-
-def _compat_json(
-    lib: CompatLibrary,
-    in_use: bool,
-    why: str,
-    *,
-    version: DriverVersion | None = None,
-    name: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "path": "/" + lib.path,
-        "driver": str(version) if version else name,
-        "cuda": lib.cuda or None,
-        "branches": list(lib.branches) if lib.note else None,
-        "in_use": in_use,
-        "why": why,
-    }
 
 
 def _family_targets(profiles: ProfileSet, names: Sequence[str]) -> list[Target]:
@@ -298,24 +266,13 @@ def run_check(
     reported = opts.snapshot.cuda_driver_version if opts.snapshot and not opts.driver else None
     driver_cuda = Version(reported) if reported else None
     runtime = cuda_runtime(image)
-    forward = compat_use(image.compat, driver) if driver is not None else None
-    legacy = (
-        legacy_use(image.compat.legacy, driver)
-        if driver is not None and image.compat is not None
-        else None
-    )
-    other = _legacy_variant(forward, legacy)
-    if other is not None and forward is not None:
-        forward = replace(forward, why=f"the enable-cuda-compat hook (CDI mode): {forward.why}")
+    choice = compat_choice(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
-    unknown = image.compat.undetermined if image.compat is not None else None
-    unknown = unknown or (forward.undetermined if forward is not None else None)
-    unknown = unknown or (legacy.undetermined if legacy is not None else None)
-    if driver is not None and unknown:
+    if choice is not None and choice.undetermined:
         problems.append(
-            f"cuda-compat: {unknown}; buildmatrix cannot tell whether the NVIDIA container "
-            f"toolkit's choice puts the compat driver in use on driver {driver}, so the "
-            "image fails (fail closed)"
+            f"cuda-compat: {choice.undetermined}; buildmatrix cannot tell whether the NVIDIA "
+            f"container toolkit's choice puts the compat driver in use on driver {driver}, "
+            "so the image fails (fail closed)"
         )
     results: list[TargetResult] = []
     for target in targets:
@@ -332,7 +289,7 @@ def run_check(
                 forward=use,
                 driver_cuda=driver_cuda,
             )
-            for use in ([forward] if other is None else [forward, other])
+            for use in (choice.states if choice is not None else (None,))
         ]
         results.append(_worst(variants))
     for r in results:
@@ -371,25 +328,8 @@ def run_check(
         cuda_runtime=runtime,
         driver=driver,
         problems=problems,
-        forward=forward,
-        forward_legacy=other,
+        compat=choice,
     )
-
-
-def _legacy_variant(forward: CompatUse | None, legacy: LegacyUse | None) -> CompatUse | None:
-    """The compat state of a node on the legacy path, where it differs from the hook's
-    (None: the same): such an image is judged both ways (buildmatrix.forward_legacy)."""
-    hook = forward.library.path if forward is not None and forward.in_use else None
-    if legacy is None or legacy.undetermined:
-        if hook is None or forward is None:
-            return None
-        why = "the legacy runtime (libnvidia-container) finds no compat library to use"
-        return CompatUse(library=forward.library, in_use=False, why=why)
-    if (legacy.library.path if legacy.library else None) == hook:
-        return None
-    if legacy.library is None:
-        return None if forward is None else replace(forward, in_use=False, why=legacy.why)
-    return CompatUse(library=legacy.library, in_use=True, why=legacy.why, version=legacy.version)
 
 
 def _worst(variants: list[TargetResult]) -> TargetResult:
