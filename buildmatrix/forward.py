@@ -271,7 +271,7 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
             return use(False, f"driver {driver} is not older than {name}")
         return use(True, f"used on driver {driver} (its branch is listed and {name} is newer)")
     note = (
-        f" (it has a {NOTE_SECTION} note, but {lib.problem}, so the toolkit ignores it)"
+        f" (the toolkit ignores its {NOTE_SECTION} section: {lib.problem})"
         if lib.problem
         else " (no forward-compatibility note)"
     )

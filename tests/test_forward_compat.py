@@ -72,7 +72,7 @@ def test_the_note_is_read_as_nvidia_writes_it(libs: dict[str, bytes]) -> None:
     bad = _lib(libs["bad"])
     assert bad.note is False
     assert bad.problem is not None
-    assert "unreadable JSON" in bad.problem
+    assert "JSON does not decode" in bad.problem
 
 
 # The container toolkit's decision (cmd/nvidia-cdi-hook/cudacompat): with the note,

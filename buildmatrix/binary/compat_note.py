@@ -59,7 +59,8 @@ class CompatLibrary:
 
     ``note``: True when the toolkit reads a note from it (then ``branches`` is the
     note's ``driver`` list, empty where the note has none), False when it sees none.
-    ``problem``: a note was there but the toolkit cannot read it (it ignores it).
+    ``problem``: why the toolkit reads no note from the file's note section (it is
+    not SHT_NOTE, holds no NVIDIA note, or its JSON does not decode).
     ``undetermined``: this reader cannot tell what the toolkit reads (fail closed).
     ``code``: device code in the file itself, judged like any other file's unless the
     file is the compat driver the toolkit finds. ``elf``: False for a file that was
@@ -100,7 +101,9 @@ def read_compat_library(
         (s for s in info.sections if s.type == SHT_NOTE and s.name == NOTE_SECTION), None
     )
     if section is None:
-        return CompatLibrary(path=path, code=code)
+        other = info.section(NOTE_SECTION)
+        why = None if other is None else f"it is of type {other.type}, not SHT_NOTE"
+        return CompatLibrary(path=path, problem=why, code=code)
     if section.flags & SHF_COMPRESSED:  # s.Data() would decompress it; this reader does not
         return CompatLibrary(
             path=path, undetermined=f"{NOTE_SECTION} is a compressed section", code=code
@@ -115,11 +118,12 @@ def read_compat_library(
         return CompatLibrary(path=path, undetermined=str(exc), code=code)
     desc = note_description(data, order=order, align=section.addralign)
     if desc is None:
-        return CompatLibrary(path=path, code=code)
+        why = "it holds no NVIDIA Corporation note with a description"
+        return CompatLibrary(path=path, problem=why, code=code)
     try:
         fields = decode_note(desc)
     except ValueError as exc:
-        return CompatLibrary(path=path, problem=f"its note is unreadable JSON ({exc})", code=code)
+        return CompatLibrary(path=path, problem=f"its JSON does not decode ({exc})", code=code)
     return CompatLibrary(
         path=path,
         note=True,
