@@ -285,8 +285,13 @@ def merge_into(doc: Any, node_terms: list[list[dict[str, Any]]], *, source: str)
         spec = spec.setdefault(key, {})
     if not isinstance(spec, dict):
         raise InputError(f"{source}: the pod spec of the {out['kind']} is not a mapping.")
-    node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
-    required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    # null is absent for the API server (an affinity: or nodeAffinity: left empty)
+    affinity = spec["affinity"] = spec.get("affinity") or {}
+    node = affinity["nodeAffinity"] = affinity.get("nodeAffinity") or {}
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    required = node[key] = node.get(key) or {}
+    if not all(isinstance(x, dict) for x in (affinity, node, required)):
+        raise InputError(f"{source}: the {out['kind']}'s affinity is not a mapping.")
     existing = required.get("nodeSelectorTerms") or [{}]
     keys = {e["key"] for t in node_terms for e in t}
     merged = []

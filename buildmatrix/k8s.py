@@ -15,7 +15,7 @@
 - only where asked: the ``nvidia`` RuntimeClass (clusters with a host-installed
   toolkit; the GPU Operator creates its own), and an example FP8 training Job whose
   node affinity is what ``buildmatrix affinity --require fp8 --min-memory 70000`` gives
-  for code that runs on every FP8 GPU.
+  for a CUDA 13 image with code for every FP8 GPU (driver terms included).
 
 Nodes must join with the taint already set (kubelet ``--register-with-taints``,
 Karpenter ``startupTaints``, cluster-autoscaler startup taints): that is what makes
@@ -28,7 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from buildmatrix.affinity import FAMILY, MEMORY, affinity_block
+from buildmatrix.affinity import Choice, Needs, nodes_block, terms
+from buildmatrix.cuda import CudaFacts
 from buildmatrix.k8s_nfd import FEATURE_FILE, nfd_pod, node_feature_rule
 from buildmatrix.k8s_nodes import SelectorTerm
 from buildmatrix.k8s_policy import policy_objects
@@ -82,6 +83,14 @@ class Settings:
     mig_strategy: str | None = None  # a cluster with MIG GPUs: GFD's strategy (grants monitoring)
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?")
+
+
+def is_dns_label(name: str) -> bool:
+    """A Namespace's name (apimachinery validation.IsDNS1123Label): at most 63."""
+    return len(name) <= 63 and _DNS_LABEL.fullmatch(name) is not None
+
+
 def is_dns_subdomain(name: str) -> bool:
     return len(name) <= 253 and _DNS_SUBDOMAIN.fullmatch(name) is not None
 
@@ -91,13 +100,16 @@ def default_pools(profiles: ProfileSet) -> str:
     return "families:\n" + "".join(f"  {f}: {f}\n" for f in families)
 
 
-def render(settings: Settings, profiles: ProfileSet) -> list[dict[str, Any]]:
+def render(
+    settings: Settings, profiles: ProfileSet, facts: CudaFacts | None = None
+) -> list[dict[str, Any]]:
+    """The objects in apply order; ``facts`` (the CUDA table) only for the example Job."""
     ns = settings.namespace
     labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "buildmatrix"}
     meta = {"name": APP, "namespace": ns, "labels": labels}
     if settings.mode == "nfd":  # no ServiceAccount rights, no policy: k8s_nfd.py
         objects: list[dict[str, Any]] = [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}},
+            _namespace(settings, labels),
             node_feature_rule(name=APP, labels=labels),
             _pools_config(settings, profiles, ns, labels),
         ]
@@ -107,8 +119,22 @@ def render(settings: Settings, profiles: ProfileSet) -> list[dict[str, Any]]:
         objects.append(runtime_class(labels))
     objects.append(_daemonset(settings, meta, labels))
     if settings.example_job:
-        objects.append(_example_job(profiles, ns))
+        if facts is None:
+            raise ValueError("the example Job needs the CUDA facts")
+        objects.append(_example_job(profiles, ns, facts))
     return objects
+
+
+def _namespace(settings: Settings, labels: dict[str, str]) -> dict[str, Any]:
+    """The Namespace. A hostPath volume (--mode nfd) or an added capability (SYS_ADMIN
+    for MIG monitoring, --mig-strategy) is refused by the Pod Security Standards'
+    baseline level, which clusters often enforce by default: such a namespace is
+    labelled privileged, as the GPU Operator labels its own (controllers/
+    state_manager.go, setPodSecurityLabelsForNamespace)."""
+    meta: dict[str, Any] = {"name": settings.namespace, "labels": dict(labels)}
+    if settings.mode == "nfd" or settings.mig_strategy is not None:
+        meta["labels"]["pod-security.kubernetes.io/enforce"] = "privileged"
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
 
 def _apply_objects(
@@ -117,7 +143,7 @@ def _apply_objects(
     """Mode apply: the ServiceAccount, its node rights, the policy narrowing them."""
     ns = settings.namespace
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}},
+        _namespace(settings, labels),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -311,18 +337,18 @@ def _mig_monitoring(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _example_job(profiles: ProfileSet, ns: str) -> dict[str, Any]:
-    """FP8 training on GPUs with >= 70000 MiB: the families whose every profile has
-    FP8 (as affinity gives for an image with code for all of them)."""
-    families = sorted(
-        f
-        for f in {p.family.value for p in profiles}
-        if all("fp8" in p.features for p in profiles.family(f))
+def _example_job(profiles: ProfileSet, ns: str, facts: CudaFacts) -> dict[str, Any]:
+    """An FP8 training Job whose affinity is what ``affinity --require fp8 --min-memory
+    70000`` gives for its (example) image: CUDA 13 runtime, SASS for every SM with FP8,
+    so every FP8 GPU on a driver that meets both the CUDA 13 floor and its own."""
+    runtime = facts.runtime_floor(13)
+    chosen = tuple(
+        (p, ((max(p.min_driver, runtime) if runtime else p.min_driver, None),))
+        for p in profiles
+        if "fp8" in p.features
     )
-    exprs = [
-        {"key": FAMILY, "operator": "In", "values": families},
-        {"key": MEMORY, "operator": "Gt", "values": ["69999"]},
-    ]
+    needs = Needs(features=("fp8",), min_memory_mib=70000)
+    block = nodes_block(terms(Choice(chosen=chosen, excluded=()), profiles, needs))
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -332,7 +358,7 @@ def _example_job(profiles: ProfileSet, ns: str) -> dict[str, Any]:
             "template": {
                 "spec": {
                     "restartPolicy": "Never",
-                    **affinity_block(exprs),
+                    **block,
                     "containers": [
                         {
                             "name": "train",

@@ -176,6 +176,44 @@ def test_the_seeds_fp8_case(cli: CliRunner, tmp_path: Path) -> None:
     assert _terms(doc)[0][0]["values"] == ["8.9", "9.0", "10.0", "10.3", "12.0", "12.1"]
 
 
+def test_the_example_job_runs_where_its_image_would(cli: CliRunner) -> None:
+    """``k8s manifests --example-job``: a CUDA 13 FP8 image with SASS for every FP8 SM
+    needing 70000 MiB lands, on every profile and every driver of the tables, exactly
+    on FP8 GPUs with the memory and a driver meeting the CUDA 13 floor and their own."""
+    r = cli("k8s", "manifests", "--example-job", "--format", "json")
+    assert r.code == 0, r.err
+    job = json.loads(r.out) if r.out.lstrip().startswith("{") else None
+    docs = list(yaml.safe_load_all(r.out)) if job is None else [job]
+    flat = [x for d in docs for x in (d if isinstance(d, list) else [d])]
+    (job,) = [d for d in flat if d["kind"] == "Job"]
+    affinity = job["spec"]["template"]["spec"]["affinity"]
+    cuda13 = FACTS.runtime_floor(13)
+    assert cuda13 is not None
+    for p in PROFILES:
+        for driver in _drivers():
+            version = parse_driver_version(driver, what="driver")
+            for memory in (65536, 81559):
+                want = (
+                    "fp8" in p.features and memory >= 70000 and version >= max(cuda13, p.min_driver)
+                )
+                got = matches(affinity, _node_labels(p.sm, memory, driver))
+                assert got == want, (p.sm, driver, memory)
+
+
+@pytest.mark.parametrize("empty", [{"affinity": None}, {"affinity": {"nodeAffinity": None}}])
+def test_into_takes_an_affinity_left_null(
+    cli: CliRunner, tmp_path: Path, empty: dict[str, Any]
+) -> None:
+    """The API server reads ``affinity: null`` (and ``nodeAffinity: null``) as absent."""
+    manifest = tmp_path / "pod.yaml"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {**empty}}
+    pod["spec"]["containers"] = [{"name": "c", "image": "x"}]
+    manifest.write_text(yaml.safe_dump(pod))
+    code, doc = _affinity(cli, _image(tmp_path, "libhopper_a.so"), "--into", str(manifest))
+    assert code == 0, doc
+    assert _terms(doc["spec"])
+
+
 def test_a_partly_covered_family_is_named_by_compute_capability(
     cli: CliRunner, tmp_path: Path
 ) -> None:

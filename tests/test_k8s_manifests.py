@@ -195,3 +195,27 @@ def test_one_overlay_at_a_time(cli: CliRunner) -> None:
     assert r.code == 2
     assert "give one" in r.err
     assert r.out == ""
+
+
+@pytest.mark.parametrize("namespace", ["a'b", "Bad_NS", "", "x" * 64, "-x"])
+def test_a_namespace_the_api_server_would_refuse_is_bad_input(
+    cli: CliRunner, namespace: str
+) -> None:
+    r = cli("k8s", "manifests", "--namespace", namespace)
+    assert r.code == 2
+    assert "is not a valid namespace name" in r.err
+
+
+@pytest.mark.parametrize(
+    ("args", "privileged"),
+    [((), False), (("--mode", "nfd"), True), (("--mig-strategy", "single"), True)],
+)
+def test_pod_security_label_where_the_pods_need_it(
+    cli: CliRunner, args: tuple[str, ...], privileged: bool
+) -> None:
+    """hostPath volumes (--mode nfd) and added capabilities (MIG monitoring) are refused
+    at the Pod Security Standards' baseline level; only then is the namespace labelled
+    privileged."""
+    (ns,) = [d for d in _docs(cli, *args) if d["kind"] == "Namespace"]
+    label = ns["metadata"]["labels"].get("pod-security.kubernetes.io/enforce")
+    assert label == ("privileged" if privileged else None)

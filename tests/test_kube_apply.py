@@ -647,3 +647,12 @@ def test_the_policy_keeps_the_agent_off_other_nodes(
     code, out = _smoke(cli, kubeconfig, "h100-535", "--pools", POOLS)
     assert code == 0, out
     assert out["applied"]["taint"] == "removed"
+
+
+@pytest.mark.parametrize("text", ["garbage: [", "[]", "clusters: 7\n"])
+def test_a_broken_kubeconfig_is_bad_input(cli: CliRunner, tmp_path: Path, text: str) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(text)
+    code, out = _smoke(cli, kubeconfig, "h100-535")
+    assert code in (2, 3), out
+    assert "kubeconfig" in out

@@ -57,7 +57,7 @@ TABLE = {
     "h200-550": ("pass", [], "training-hopper", "NVIDIA-H200"),
     "b200": ("pass", [], "training-blackwell", "NVIDIA-B200"),
     "mixed-a100-h100": ("fail", ["uniform"], None, None),
-    "h100-lost-gpu": ("fail", ["nvml"], None, None),
+    "h100-lost-gpu": ("fail", ["nvml", "gpus"], None, None),
     "h100-ecc": ("fail", ["health"], None, None),
     "a100-remap-failure": ("fail", ["health"], None, None),
     "future-gpu": ("fail", ["profiles", "driver"], None, None),
@@ -225,6 +225,20 @@ def test_no_gpus_fails(profiles: ProfileSet) -> None:
     report = evaluate(snap, profiles, load_cuda_facts(), options=NodeOptions())
     assert not report.passed
     assert node_labels(snap, report) == {"buildmatrix.io/smoke": "failed"}
+
+
+def test_a_gpu_nvml_counts_but_could_not_read_fails(profiles: ProfileSet) -> None:
+    """nvmlDeviceGetCount says 8, seven GPUs were read (no NVML error recorded, no PCI
+    view): the node is not admitted as a 7-GPU node."""
+    snap = load_snapshot(NODES / "h100-535.json")
+    seven = dataclasses.replace(snap, gpus=snap.gpus[:7], gpu_count=8, pci_gpus=None)
+    report = evaluate(seven, profiles, load_cuda_facts(), options=NodeOptions())
+    (gpus,) = [c for c in report.checks if c.name == "gpus"]
+    assert not gpus.ok
+    assert "NVML counts 8 GPU(s) (nvmlDeviceGetCount) but 7 could be read" in gpus.message
+    all_read = dataclasses.replace(snap, gpu_count=len(snap.gpus), pci_gpus=None)
+    report = evaluate(all_read, profiles, load_cuda_facts(), options=NodeOptions())
+    assert report.passed
 
 
 def test_no_gfd_keys_leaves_gfd_alone(profiles: ProfileSet, pools: Pools) -> None:

@@ -45,7 +45,7 @@ def _dump(obj: Any, fmt: str) -> str:
     "--min-memory",
     type=click.IntRange(min=1),
     metavar="MIB",
-    help="GPU memory the job needs, in MiB (nvidia.com/gpu.memory).",
+    help="GPU memory the job needs, in MiB (nvidia.com/gpu.memory-mb, the smallest GPU's).",
 )
 @click.option("--require-sass", is_flag=True, help="Leave out GPUs that run the image only by JIT.")
 @click.option("--format", "fmt", type=_FORMATS, default="yaml", show_default=True)
@@ -254,7 +254,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     DaemonSet (smoke --apply on every GPU node); with --runtime-class the nvidia
     RuntimeClass, with --example-job an example FP8 training Job. --gpu-operator-values
     and --nfd-values print the Helm values the GPU stack needs instead."""
-    from buildmatrix.k8s import Settings, is_dns_subdomain, render
+    from buildmatrix.k8s import Settings, is_dns_label, is_dns_subdomain, render
     from buildmatrix.k8s_nodes import parse_selector
     from buildmatrix.k8s_policy import require_node_policy
     from buildmatrix.node.pools import load_pools
@@ -282,6 +282,12 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
             "pool names any: every node would fail. Pass --pools FILE whose "
             "pools.<name>.images list them (docs/smoke.md, Pools file)."
         )
+    if not is_dns_label(namespace):
+        raise InputError(
+            f"--namespace '{namespace}' is not a valid namespace name (a DNS label: at most "
+            "63 characters of lower-case letters, digits and '-', starting and ending with "
+            "a letter or digit)."
+        )
     if registry_secret is not None and not is_dns_subdomain(registry_secret):
         raise InputError(
             f"--registry-secret '{registry_secret}' is not a valid Secret name (a DNS "
@@ -305,7 +311,10 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
         mode=mode,
         mig_strategy=mig_strategy,
     )
-    click.echo(_dump(render(settings, profiles), fmt), nl=False)
+    from buildmatrix.cuda import load_cuda_facts
+
+    facts = load_cuda_facts() if example_job else None
+    click.echo(_dump(render(settings, profiles, facts), fmt), nl=False)
     return 0
 
 

@@ -136,6 +136,7 @@ class NodeApi:
 
     def __init__(self, kubeconfig: Path | None) -> None:
         try:
+            import yaml
             from kubernetes import client, config
         except ImportError:  # pragma: no cover - a dependency of buildmatrix
             raise EnvironmentUnavailable(
@@ -153,6 +154,14 @@ class NodeApi:
                     config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
                 )
                 self.where = f"kubeconfig {kubeconfig or '~/.kube/config'}"
+        except (yaml.YAMLError, TypeError, ValueError, AttributeError, KeyError) as exc:
+            # a kubeconfig that is not YAML, or YAML of the wrong shape: the client
+            # raises these from inside its loader
+            raise InputError(
+                f"--kubeconfig {kubeconfig or '~/.kube/config'}: not a valid kubeconfig "
+                f"({type(exc).__name__}: {str(exc)[:200]}); write it as kubectl does "
+                "(kubectl config view --raw)."
+            ) from None
         except config.ConfigException as exc:
             raise EnvironmentUnavailable(
                 f"no Kubernetes credentials ({exc}): run in the cluster with a "

@@ -145,6 +145,13 @@ def check_count(snapshot: Snapshot, expected: Sequence[tuple[int, str]]) -> Node
             name="gpus", ok=False, message="no GPU is visible to NVML; nothing to admit"
         )
     problems = []
+    if snapshot.gpu_count is not None and snapshot.gpu_count > seen:
+        # nvmlDeviceGetCount counts every GPU the driver manages; one the probe could
+        # not read (its handle, name or compute capability not answered) is missing.
+        problems.append(
+            f"NVML counts {snapshot.gpu_count} GPU(s) (nvmlDeviceGetCount) but {seen} could "
+            "be read; a GPU the driver manages could not be identified"
+        )
     on_bus = snapshot.pci_gpus
     missing = snapshot.pci_missing_from_nvml()
     if missing or (on_bus is not None and len(on_bus) > seen):
