@@ -14,6 +14,7 @@ import click
 
 from buildmatrix import __version__
 from buildmatrix.cli.check_cmd import check
+from buildmatrix.cli.drivers_cmd import drivers, k8s_drivers
 from buildmatrix.cli.generate_cmd import generate, matrix
 from buildmatrix.cli.inspect_cmd import inspect
 from buildmatrix.cli.k8s_cmd import affinity, k8s
@@ -41,6 +42,8 @@ cli.add_command(smoke)
 cli.add_command(labels)
 cli.add_command(affinity)
 cli.add_command(k8s)
+cli.add_command(drivers)
+k8s.add_command(k8s_drivers, "drivers")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ pools:                                     # optional: what each pool's nodes mu
   training-hopper:
     images: [registry.example.com/ml/train:1.4.0-cu128-hopper]  # smoke checks these
     gpus: 8                                # every node shows 8 GPUs (NVML and PCI bus)
+    products: [NVIDIA H100 80GB HBM3]      # optional: the products the pool really has
 ```
 
 Validated on load (schema ``pools``): families must be ones the profiles know,
@@ -34,6 +35,9 @@ class PoolSpec:
 
     images: tuple[str, ...] = ()
     gpus: int | None = None
+    # The products the pool's nodes have, where fewer than its rules map to it
+    # (``buildmatrix drivers`` holds the pool to these models' floors only).
+    products: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +94,9 @@ def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
             )
     specs = {
         name: PoolSpec(
-            images=_image_refs(name, doc.get("images") or (), source=source), gpus=doc.get("gpus")
+            images=_image_refs(name, doc.get("images") or (), source=source),
+            gpus=doc.get("gpus"),
+            products=tuple(doc.get("products") or ()),
         )
         for name, doc in (data.get("pools") or {}).items()
     }
@@ -102,6 +108,9 @@ def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
                 f"{did_you_mean(name, sorted(set(pools)))} Map a family or product to it, "
                 "or correct the name."
             )
+    pools_of = Pools(families=families, products=products, default=data.get("default"))
+    for name, spec in specs.items():
+        _check_products(name, spec.products, pools_of, profiles, source=source)
     return Pools(
         families=families,
         products=products,
@@ -109,6 +118,30 @@ def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
         specs=specs,
         source=source,
     )
+
+
+def _check_products(
+    pool: str, listed: Sequence[str], pools: Pools, profiles: ProfileSet, *, source: str
+) -> None:
+    """Each product a pool lists is one a profile knows and one the rules map to it."""
+    for i, name in enumerate(listed):
+        profile = profiles.by_product(name)
+        key = f"key 'pools.{pool}.products[{i}]'"
+        if profile is None:
+            known = [p for prof in profiles for p in prof.products]
+            raise InputError(
+                f"{source}: {key}: no profile lists the product '{name}'."
+                f"{did_you_mean(name, known)} Write it as NVML names it "
+                "(nvidia-smi --query-gpu=name), or add it to its profile's products."
+            )
+        mapped = pools.pool_for(product=name, family=profile.family.value)
+        if mapped != pool:
+            where = f"the pool '{mapped}'" if mapped else "no pool"
+            raise InputError(
+                f"{source}: {key}: '{name}' ({profile.family}) is mapped to {where} by "
+                f"the families/products rules, so no node of pool '{pool}' has it. Map it "
+                f"to '{pool}' under products: or families:, or remove it from the list."
+            )
 
 
 def _image_refs(pool: str, refs: Sequence[str], *, source: str) -> tuple[str, ...]:

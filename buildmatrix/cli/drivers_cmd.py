@@ -1,0 +1,194 @@
+"""``buildmatrix drivers`` and ``buildmatrix k8s drivers`` (docs/drivers.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from buildmatrix.cli._common import (
+    ByteProgress,
+    F,
+    echo_json,
+    load,
+    platform_option,
+    profiles_option,
+)
+from buildmatrix.errors import EnvironmentUnavailable, InputError, did_you_mean
+
+if TYPE_CHECKING:
+    from buildmatrix.cuda import DriverVersion
+    from buildmatrix.drivers import PoolPolicy
+    from buildmatrix.image.model import ScannedImage
+
+_POOLS = click.option(
+    "--pools",
+    "pools_file",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Pools file: which GPUs fall in each pool and pools.<name>.images.",
+)
+
+
+def _driver_option(*, required: bool) -> Callable[[F], F]:
+    return click.option(
+        "--driver",
+        "drivers",
+        multiple=True,
+        required=required,
+        metavar="POOL=VERSION",
+        help="A proposed driver for a pool, e.g. training-hopper=570.172.08 (repeatable).",
+    )
+
+
+def parse_proposals(items: Sequence[str], pools: Sequence[str]) -> dict[str, DriverVersion]:
+    """``--driver POOL=VERSION`` items: a known pool, a driver version, each pool once."""
+    from buildmatrix.cuda import parse_driver_version
+
+    out: dict[str, DriverVersion] = {}
+    for item in items:
+        pool, sep, version = item.partition("=")
+        if not sep or not pool or not version:
+            raise InputError(
+                f"--driver {item}: write it as POOL=VERSION, e.g. --driver "
+                f"{pools[0] if pools else 'training-hopper'}=580.82.07."
+            )
+        if pool not in pools:
+            raise InputError(
+                f"--driver {item}: the pools file has no pool '{pool}'."
+                f"{did_you_mean(pool, pools)} Pools: {', '.join(pools) or '(none)'}."
+            )
+        if pool in out:
+            raise InputError(f"--driver names the pool '{pool}' twice; give one driver per pool.")
+        out[pool] = parse_driver_version(version, what=f"--driver {item}")
+    return out
+
+
+def _scan(refs: Sequence[str], platform: str) -> dict[str, ScannedImage]:
+    from buildmatrix.image.open import scan_image
+
+    images: dict[str, ScannedImage] = {}
+    progress = ByteProgress()
+    for ref in refs:
+        try:
+            images[ref] = scan_image(ref, platform=platform, progress=progress)
+        except OSError as exc:
+            raise EnvironmentUnavailable(
+                f"image {ref} (a pool's images in the pools file) cannot be read: {exc}. "
+                "Check that it exists and that the registry or engine is reachable."
+            ) from None
+    progress.done()
+    return images
+
+
+def policies(
+    pools_file: Path, drivers: Sequence[str], *, platform: str, profiles_dir: str | None
+) -> list[PoolPolicy]:
+    """Load the inputs, read every pool's images once, and judge each pool."""
+    from buildmatrix.cuda import load_cuda_facts
+    from buildmatrix.drivers import pool_policy
+    from buildmatrix.node.poolmodels import pool_models
+    from buildmatrix.node.pools import load_pools
+
+    profiles = load(profiles_dir)
+    pools = load_pools(pools_file, profiles)
+    models = pool_models(pools, profiles)
+    proposals = parse_proposals(drivers, list(models))
+    refs = list(dict.fromkeys(r for name in models for r in pools.spec(name).images))
+    images = _scan(refs, platform)
+    facts = load_cuda_facts()
+    return [
+        pool_policy(
+            name,
+            models=pool_models_of,
+            images={r: images[r] for r in pools.spec(name).images},
+            others=images,
+            proposed=proposals.get(name),
+            profiles=profiles,
+            facts=facts,
+        )
+        for name, pool_models_of in models.items()
+    ]
+
+
+@click.command("drivers")
+@_POOLS
+@_driver_option(required=False)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "markdown", "html"]),
+    default="text",
+    show_default=True,
+    help="markdown for $GITHUB_STEP_SUMMARY; html: one self-contained page.",
+)
+@platform_option
+@profiles_option
+def drivers(
+    pools_file: Path, drivers: tuple[str, ...], fmt: str, platform: str, profiles_dir: str | None
+) -> int:
+    """Per pool: its GPUs, its images and the driver floor that admits them all, and
+    why; with --driver, every image's verdict on every pool at the proposed driver.
+
+    Each verdict is check --snapshot's on a node of one of the pool's GPU models.
+    Exit 1 when a pool's own image would fail (or no driver admits it), 2 for bad
+    input, 3 when an image cannot be read.
+    """
+    from buildmatrix import driver_report
+    from buildmatrix.drivers import fleet_passed
+
+    found = policies(pools_file, drivers, platform=platform, profiles_dir=profiles_dir)
+    if fmt == "json":
+        echo_json(driver_report.to_json(found))
+    elif fmt == "markdown":
+        click.echo(driver_report.to_markdown(found), nl=False)
+    elif fmt == "html":
+        click.echo(driver_report.to_html(found), nl=False)
+    else:
+        click.echo(driver_report.to_text(found))
+    return 0 if fleet_passed(found) else 1
+
+
+@click.command("drivers")
+@_POOLS
+@_driver_option(required=True)
+@click.option(
+    "--repository",
+    default="nvcr.io/nvidia",
+    show_default=True,
+    help="Driver image repository (NVIDIADriver spec.repository).",
+)
+@click.option("--image", default="driver", show_default=True, help="Driver image (spec.image).")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml")
+@platform_option
+@profiles_option
+def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes them
+    pools_file: Path,
+    drivers: tuple[str, ...],
+    repository: str,
+    image: str,
+    fmt: str,
+    platform: str,
+    profiles_dir: str | None,
+) -> int:
+    """Print one GPU Operator NVIDIADriver object per pool given with --driver.
+
+    Each selects the pool's nodes by the gpu-pool label; a version below the pool's
+    floor (buildmatrix drivers) is refused, exit 2.
+    """
+    import json
+
+    import yaml
+
+    from buildmatrix.k8s_drivers import DriverImage, nvidia_drivers
+
+    found = policies(pools_file, drivers, platform=platform, profiles_dir=profiles_dir)
+    objects = nvidia_drivers(found, DriverImage(repository=repository, image=image))
+    if fmt == "json":
+        click.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
+    else:
+        click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+    return 0
