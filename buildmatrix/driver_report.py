@@ -18,6 +18,14 @@ from buildmatrix.drivers import Cell, Floor, PoolPolicy, State, fleet_passed
 _RANK = {State.FAILS: 0, State.JIT: 1, State.NATIVE: 2}
 _WORD = {State.NATIVE: "native", State.JIT: "JIT only", State.FAILS: "fails"}
 _MARK = {State.NATIVE: "✅", State.JIT: "🟡", State.FAILS: "❌"}
+# In the page: signs every font has (DejaVu, Liberation), as emoji may have none.
+_SIGN = {State.NATIVE: "✓", State.JIT: "≈", State.FAILS: "✗"}
+
+
+def short(ref: str) -> str:
+    """A column heading for an image: its last path part (``train:1.4.0-cu128``,
+    ``multi.tar``); the whole reference is the heading's hover text."""
+    return ref.rstrip("/").rsplit("/", 1)[-1] or ref
 
 
 def images_of(policies: Sequence[PoolPolicy]) -> list[str]:
@@ -93,6 +101,11 @@ def _floor_text(p: PoolPolicy) -> str:
     return f"{p.floor.driver}, set by {'; '.join(names[:3])}{more}"
 
 
+def _whys(p: PoolPolicy, n: int = 3) -> list[str]:
+    """What fails just below the pool's floor: the first ``n`` distinct reasons."""
+    return list(dict.fromkeys(w for f in p.setters for w in f.why))[:n]
+
+
 def to_text(policies: Sequence[PoolPolicy]) -> str:
     lines: list[str] = []
     for p in policies:
@@ -100,8 +113,7 @@ def to_text(policies: Sequence[PoolPolicy]) -> str:
         lines.append(f"  GPUs:   {', '.join(m.product for m in p.models) or '(none)'}")
         lines.append(f"  images: {', '.join(p.images) or '(none)'}")
         lines.append(f"  floor:  {_floor_text(p)}")
-        whys = dict.fromkeys(w for f in p.setters for w in f.why)
-        lines += [f"          below it: {why}" for why in list(whys)[:3]]
+        lines += [f"          below it: {why}" for why in _whys(p)]
         if p.judged_at is not None:
             at = "proposed" if p.proposed else "floor"
             lines.append(f"  at driver {p.judged_at} ({at}):")
@@ -145,7 +157,7 @@ def to_markdown(policies: Sequence[PoolPolicy]) -> str:
     out += ["", "✅ native · 🟡 JIT only · ❌ fails; small: not one of the pool's images.", ""]
     out.append("### Floors")
     for p in policies:
-        why = "; ".join(w for f in p.setters for w in f.why[:2])
+        why = "; ".join(_whys(p, 2))
         out.append(
             f"- **{_md(p.name)}**: {_md(_floor_text(p))}" + (f" ({_md(why)})" if why else "")
         )
@@ -165,7 +177,7 @@ _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d232a;background:#fff}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}
 table{border-collapse:collapse}th,td{border:1px solid #d0d7de;padding:6px 10px;text-align:left}
-th{background:#f3f5f7;font-weight:600}td.cell{text-align:center;min-width:110px}
+th{background:#f3f5f7;font-weight:600}small{font-weight:400;color:#57606a}td.cell{text-align:center;min-width:110px}
 .native{background:#d9f2dd}.jit{background:#fff1c2}.fails{background:#ffd6d3;font-weight:600}
 .other{opacity:.45}.changed{outline:3px solid #7a3cff;outline-offset:-3px}
 .pass{color:#1a7f37}.fail{color:#cf222e}code{font-size:12px}
@@ -178,16 +190,16 @@ def _html_cell(p: PoolPolicy, image: str) -> str:
     state = worst(cells)
     if state is None:
         return '<td class="cell">-</td>'
-    base = {(b.image, b.model): b for b in p.baseline}
+    before = worst(_of(p.baseline, image))
     hover = "\n".join(
         f"{c.model} at {c.driver}: {_WORD[c.state]}: {'; '.join(c.reasons[:2])}" for c in cells
     )
-    changed = any(base[(c.image, c.model)].state is not c.state for c in cells)
+    changed = before is not state
     classes = [state.value] + ([] if cells[0].own else ["other"]) + (["changed"] if changed else [])
     return (
         f'<td class="cell {" ".join(classes)}" data-pool="{html.escape(p.name)}" '
         f'data-image="{html.escape(image)}" data-state="{state.value}" '
-        f'title="{html.escape(hover)}">{_MARK[state]} {_WORD[state]}</td>'
+        f'title="{html.escape(hover)}">{_SIGN[state]} {_WORD[state]}</td>'
     )
 
 
@@ -196,10 +208,13 @@ def _html_rows(policies: Sequence[PoolPolicy], images: Sequence[str]) -> str:
     rows = []
     for p in policies:
         verdict = "pass" if p.passed else "fail"
-        models = ", ".join(m.product for m in p.models)
+        names = [m.product for m in p.models]
+        more = f" +{len(names) - 3} more" if len(names) > 3 else ""
+        models = ", ".join(names[:3]) + more
         at = f"{p.judged_at or '-'}{' (proposed)' if p.proposed else ''}"
         rows.append(
-            f'<tr data-pool="{e(p.name)}"><th>{e(p.name)}<br><small>{e(models)}</small></th>'
+            f'<tr data-pool="{e(p.name)}"><th title="{e(", ".join(names))}">{e(p.name)}<br>'
+            f"<small>{e(models)}</small></th>"
             f"<td>{e(at)}</td><td>{e(str(p.floor.driver or 'none'))}</td>"
             f'<td class="{verdict}">{verdict}</td>'
             + "".join(_html_cell(p, i) for i in images)
@@ -213,7 +228,7 @@ def _html_lists(policies: Sequence[PoolPolicy]) -> tuple[str, str, str]:
     e = html.escape
     floors = "".join(
         f"<li><b>{e(p.name)}</b>: {e(_floor_text(p))}<ul>"
-        + "".join(f"<li>{e(w)}</li>" for f in p.setters for w in f.why[:3])
+        + "".join(f"<li>{e(w)}</li>" for w in _whys(p))
         + "</ul></li>"
         for p in policies
     )
@@ -235,8 +250,8 @@ def _html_lists(policies: Sequence[PoolPolicy]) -> tuple[str, str, str]:
 
 
 _LEGEND = (
-    '<p class="legend"><span class="native">✅ native</span><span class="jit">🟡 JIT only'
-    '</span><span class="fails">❌ fails</span><span class="other">faded: not one of the '
+    '<p class="legend"><span class="native">✓ native</span><span class="jit">≈ JIT only'
+    '</span><span class="fails">✗ fails</span><span class="other">faded: not one of the '
     'pool\'s images</span><span class="changed">outlined: changed by the proposed driver'
     "</span> Hover a cell for each GPU's verdict and reason.</p>"
 )
@@ -246,7 +261,9 @@ def to_html(policies: Sequence[PoolPolicy]) -> str:
     """One self-contained page: inline CSS, no script, no network."""
     images = images_of(policies)
     verdict = "pass" if fleet_passed(policies) else "fail"
-    head = "".join(f"<th><code>{html.escape(i)}</code></th>" for i in images)
+    head = "".join(
+        f'<th title="{html.escape(i)}"><code>{html.escape(short(i))}</code></th>' for i in images
+    )
     floors, changes, hardware = _html_lists(policies)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -100,10 +100,10 @@ class PoolPolicy:
 
     @property
     def changes(self) -> tuple[tuple[Cell, Cell], ...]:
-        """(at the floor, at the proposed driver) for each cell whose state differs."""
-        return tuple(
-            (b, c) for b, c in zip(self.baseline, self.cells, strict=True) if b.state is not c.state
-        )
+        """(at the floor, at the proposed driver) for each of the pool's own images on
+        each model whose state differs."""
+        pairs = zip(self.baseline, self.cells, strict=True)
+        return tuple((b, c) for b, c in pairs if c.own and b.state is not c.state)
 
     @property
     def setters(self) -> tuple[Floor, ...]:

@@ -11,9 +11,7 @@ and ``smoke --snapshot`` for a pool without images.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,85 +21,14 @@ from packaging.version import Version
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, major_minor, parse_driver_version
 from buildmatrix.profiles import default_profiles_dir, load_profiles
 from tests.conftest import CliRunner
-from tests.images import Image, Symlink, fixture, write_docker_archive
-from tests.standins import compat_library
+from tests.driver_fleet import Fleet, build_fleet
 
 FACTS = load_cuda_facts()
-COMPAT = "usr/local/cuda-13.1/compat"
-# The note of NVIDIA's CUDA 13.1 compat driver 590.44.01 (tests/test_forward_compat.py).
-NOTE_13_1 = {
-    "format": 1,
-    "CUDA version": "13.1",
-    "driver": [535, 550, 570, 575, 580, 590],
-    "device": [1, 2, 7, 8, 9, 10, 11, 12, 13, 14],
-}
-
-
-@dataclass(frozen=True)
-class Fleet:
-    pools: Path
-    refs: dict[str, str]  # short name -> REF
-    own: dict[str, list[str]]  # pool -> its REFs
-
-
-def _images(out: Path) -> dict[str, Image]:
-    lib = compat_library(out, "590.44.01", NOTE_13_1).read_bytes()
-    return {
-        "multi": Image(layers=[{"usr/lib/libmulti.so": fixture("libmulti.so")}]),
-        "ampere-sass": Image(layers=[{"usr/lib/libsass_sm80.so": fixture("libsass_sm80.so")}]),
-        "ptx-only": Image(layers=[{"usr/lib/libptx_only.so": fixture("libptx_only.so")}]),
-        "hopper-a": Image(layers=[{"usr/lib/libhopper_a.so": fixture("libhopper_a.so")}]),
-        "compat": Image(
-            layers=[
-                {
-                    "usr/lib/libsass_ptx.so": fixture("libsass_ptx.so"),
-                    f"{COMPAT}/libcuda.so.590.44.01": lib,
-                    f"{COMPAT}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
-                    "usr/local/cuda": Symlink("cuda-13.1"),
-                }
-            ],
-            env={"CUDA_VERSION": "13.1.0"},
-        ),
-    }
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
-    if shutil.which("gcc") is None:
-        pytest.fail("gcc is needed to build the stand-in compat library (.ci/run has it)")
-    out = tmp_path_factory.mktemp("fleet")
-    refs = {
-        name: f"docker-archive:{write_docker_archive(out / f'{name}.tar', image)}"
-        for name, image in _images(out).items()
-    }
-    own = {
-        "training-hopper": [refs["multi"], refs["hopper-a"], refs["compat"]],
-        "training-ampere": [refs["multi"], refs["ampere-sass"]],
-        "training-blackwell": [refs["multi"], refs["ptx-only"]],
-        "inference-ampere": [refs["ampere-sass"]],
-        "general": [],
-    }
-    doc = {
-        "families": {
-            "hopper": "training-hopper",
-            "ampere": "training-ampere",
-            "blackwell": "training-blackwell",
-        },
-        "products": {"NVIDIA A40": "inference-ampere"},
-        "default": "general",
-        "pools": {
-            name: {"images": images}
-            | (
-                {"products": ["NVIDIA B200", "NVIDIA B300 SXM6 AC", "NVIDIA GeForce RTX 5090"]}
-                if name == "training-blackwell"
-                else {}
-            )
-            for name, images in own.items()
-        },
-    }
-    pools = out / "pools.yaml"
-    pools.write_text(json.dumps(doc))
-    return Fleet(pools=pools, refs=refs, own=own)
+    return build_fleet(tmp_path_factory.mktemp("fleet"))
 
 
 def _below(v: DriverVersion) -> DriverVersion:
