@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from buildmatrix.drivers import Cell, Floor, PoolPolicy, State, fleet_passed
@@ -101,6 +102,40 @@ def _floor_text(p: PoolPolicy) -> str:
     return f"{p.floor.driver}, set by {'; '.join(names[:3])}{more}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """One image whose verdict the proposed driver changes on some of a pool's models."""
+
+    image: str
+    before: State
+    after: State
+    driver: str
+    models: tuple[str, ...]
+    reason: str
+
+    def on(self) -> str:
+        more = f" and {len(self.models) - 2} more" if len(self.models) > 2 else ""
+        return ", ".join(self.models[:2]) + more
+
+
+def changes_of(p: PoolPolicy) -> list[Change]:
+    """The pool's changes grouped by image and by (before, after)."""
+    groups: dict[tuple[str, State, State], list[Cell]] = {}
+    for b, c in p.changes:
+        groups.setdefault((c.image, b.state, c.state), []).append(c)
+    return [
+        Change(
+            image=image,
+            before=before,
+            after=after,
+            driver=str(cells[0].driver),
+            models=tuple(c.model for c in cells),
+            reason=cells[0].reasons[0] if cells[0].reasons else "",
+        )
+        for (image, before, after), cells in groups.items()
+    ]
+
+
 def _whys(p: PoolPolicy, n: int = 3) -> list[str]:
     """What fails just below the pool's floor: the first ``n`` distinct reasons."""
     return list(dict.fromkeys(w for f in p.setters for w in f.why))[:n]
@@ -125,10 +160,10 @@ def to_text(policies: Sequence[PoolPolicy]) -> str:
         for h in p.hardware:
             if h.state is State.FAILS:
                 lines.append(f"    fails     {h.model}: {'; '.join(h.reasons)}")
-        for before, after in p.changes:
+        for ch in changes_of(p):
             lines.append(
-                f"  change: {after.image} on {after.model}: {_WORD[before.state]} at the floor "
-                f"-> {_WORD[after.state]} at {after.driver}"
+                f"  change: {ch.image} on {ch.on()}: {_WORD[ch.before]} at the floor "
+                f"-> {_WORD[ch.after]} at {ch.driver}"
             )
         lines.append(f"  verdict: {'pass' if p.passed else 'FAIL'}")
     lines.append(f"fleet: {'pass' if fleet_passed(policies) else 'FAIL'}")
@@ -161,14 +196,14 @@ def to_markdown(policies: Sequence[PoolPolicy]) -> str:
         out.append(
             f"- **{_md(p.name)}**: {_md(_floor_text(p))}" + (f" ({_md(why)})" if why else "")
         )
-    changes = [(p, b, c) for p in policies for b, c in p.changes]
+    changes = [(p, ch) for p in policies for ch in changes_of(p)]
     if changes:
         out += ["", "### What the proposed drivers change"]
-        for p, b, c in changes:
+        for p, ch in changes:
             out.append(
-                f"- {_md(p.name)}: `{_md(c.image)}` on {_md(c.model)}: {_WORD[b.state]} → "
-                f"**{_WORD[c.state]}** at {c.driver}"
-                + (f" ({_md(c.reasons[0])})" if c.reasons else "")
+                f"- {_md(p.name)}: `{_md(ch.image)}` on {_md(ch.on())}: {_WORD[ch.before]} → "
+                f"**{_WORD[ch.after]}** at {ch.driver}"
+                + (f" ({_md(ch.reason)})" if ch.reason else "")
             )
     return "\n".join(out) + "\n"
 
@@ -233,12 +268,11 @@ def _html_lists(policies: Sequence[PoolPolicy]) -> tuple[str, str, str]:
         for p in policies
     )
     changes = "".join(
-        f"<li><b>{e(p.name)}</b>: <code>{e(c.image)}</code> on {e(c.model)}: "
-        f"{_WORD[b.state]} at the floor → <b>{_WORD[c.state]}</b> at {e(str(c.driver))}<ul>"
-        + "".join(f"<li>{e(r)}</li>" for r in c.reasons[:2])
-        + "</ul></li>"
+        f"<li><b>{e(p.name)}</b>: <code>{e(ch.image)}</code> on {e(ch.on())}: "
+        f"{_WORD[ch.before]} at the floor → <b>{_WORD[ch.after]}</b> at {e(ch.driver)}"
+        f"<ul><li>{e(ch.reason)}</li></ul></li>"
         for p in policies
-        for b, c in p.changes
+        for ch in changes_of(p)
     )
     hardware = "".join(
         f"<li><b>{e(p.name)}</b>: {e(h.model)}: {e('; '.join(h.reasons))}</li>"
