@@ -63,13 +63,15 @@ def refuse_below_floor(policy: PoolPolicy) -> None:
     if policy.proposed is None:
         return
     floor = policy.floor
+    if floor.driver is None and not policy.models:
+        return  # no GPU the profiles list falls in the pool: nothing to hold it to
     if floor.driver is None:
         raise InputError(
             f"pool '{policy.name}': no driver admits {floor.subject}: "
             + "; ".join(floor.why)
             + ". Fix the pool's images or products before choosing its driver."
         )
-    if policy.proposed < floor.driver:
+    if floor.driver is not None and policy.proposed < floor.driver:
         raise InputError(
             f"--driver {policy.name}={policy.proposed}: the pool needs driver >= "
             f"{floor.driver}, set by {floor.subject} (" + "; ".join(floor.why[:2]) + "). "
@@ -92,7 +94,7 @@ def nvidia_driver(policy: PoolPolicy, image: DriverImage) -> dict[str, Any]:
             "labels": {"app.kubernetes.io/managed-by": "buildmatrix"},
             "annotations": {
                 "buildmatrix.io/pool": policy.name,
-                "buildmatrix.io/driver-floor": str(floor),
+                "buildmatrix.io/driver-floor": str(floor or "none"),
                 "buildmatrix.io/driver-floor-set-by": policy.floor.subject,
             },
         },

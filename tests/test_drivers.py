@@ -15,15 +15,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from packaging.version import Version
 
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, major_minor, parse_driver_version
 from buildmatrix.profiles import default_profiles_dir, load_profiles
-from tests.conftest import CliRunner
+from tests.conftest import REPO, CliRunner
 from tests.driver_fleet import Fleet, build_fleet
 
 FACTS = load_cuda_facts()
+SCHEMA = json.loads((REPO / "buildmatrix" / "schemas" / "drivers.schema.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,7 @@ def _report(cli: CliRunner, fleet: Fleet, *args: str) -> tuple[int, dict[str, An
     r = cli("drivers", "--pools", str(fleet.pools), "--format", "json", *args)
     assert r.code in (0, 1), r.err
     doc = r.json()
-    assert doc["version"] == 1
+    jsonschema.validate(doc, SCHEMA)
     return r.code, {p["name"]: p for p in doc["pools"]}
 
 
@@ -253,3 +255,25 @@ def test_text_and_markdown_name_the_floor_and_the_changes(cli: CliRunner, fleet:
     rows = [line for line in r.out.splitlines() if line.startswith("| **")]
     assert [row.split("|")[1].strip() for row in rows] == [f"**{p}**" for p in fleet.own]
     assert "### What the proposed drivers change" in r.out and "→ **fails** at 570.172.08" in r.out
+
+
+def test_a_drivers_file_proposes_as_driver_options_do(
+    cli: CliRunner, fleet: Fleet, tmp_path: Path
+) -> None:
+    plan = tmp_path / "rollout.yaml"
+    plan.write_text('training-hopper: "570.172.08"\ngeneral: "580.82.07"\n')
+    by_file = _report(cli, fleet, "--drivers-file", str(plan))
+    by_flag = _report(
+        cli, fleet, "--driver", "training-hopper=570.172.08", "--driver", "general=580.82.07"
+    )
+    assert by_file == by_flag
+    assert by_file[1]["training-hopper"]["proposed"] == "570.172.08"
+    plan.write_text("training-hopper: 580.60\n")  # YAML's number 580.6
+    r = cli("drivers", "--pools", str(fleet.pools), "--drivers-file", str(plan))
+    assert r.code == 2 and "key 'training-hopper'" in r.err and "quoted" in r.err
+    plan.write_text('training-hopper: "580.65.06"\n')
+    r = cli(
+        "drivers", "--pools", str(fleet.pools), "--drivers-file", str(plan),
+        "--driver", "training-hopper=580.82.07",
+    )  # fmt: skip
+    assert r.code == 2 and "already given" in r.err

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,37 +33,73 @@ _POOLS = click.option(
 )
 
 
-def _driver_option(*, required: bool) -> Callable[[F], F]:
-    return click.option(
+def _driver_options(func: F) -> F:
+    func = click.option(
+        "--drivers-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        metavar="FILE",
+        help='Proposed drivers as YAML, one line per pool: training-hopper: "580.82.07".',
+    )(func)
+    decorator = click.option(
         "--driver",
         "drivers",
         multiple=True,
-        required=required,
         metavar="POOL=VERSION",
         help="A proposed driver for a pool, e.g. training-hopper=570.172.08 (repeatable).",
     )
+    return decorator(func)
 
 
-def parse_proposals(items: Sequence[str], pools: Sequence[str]) -> dict[str, DriverVersion]:
-    """``--driver POOL=VERSION`` items: a known pool, a driver version, each pool once."""
-    from buildmatrix.cuda import parse_driver_version
-
-    out: dict[str, DriverVersion] = {}
+def proposal_items(items: Sequence[str], file: Path | None) -> list[tuple[str, str, str]]:
+    """(where, pool, version) for each ``--driver POOL=VERSION`` and each entry of the
+    ``--drivers-file`` (a YAML mapping ``pool: "version"``)."""
+    out: list[tuple[str, str, str]] = []
     for item in items:
         pool, sep, version = item.partition("=")
         if not sep or not pool or not version:
             raise InputError(
                 f"--driver {item}: write it as POOL=VERSION, e.g. --driver "
-                f"{pools[0] if pools else 'training-hopper'}=580.82.07."
+                "training-hopper=580.82.07."
             )
+        out.append((f"--driver {item}", pool, version))
+    if file is None:
+        return out
+    from buildmatrix.yamlio import load_yaml_file
+
+    data = load_yaml_file(file)
+    if not isinstance(data, dict):
+        raise InputError(
+            f"{file}: expected a mapping of pool to driver version, e.g. "
+            'training-hopper: "580.82.07" (one line per pool).'
+        )
+    for pool, version in data.items():
+        if not isinstance(version, str):
+            raise InputError(
+                f"{file}: key '{pool}': write the driver version as a quoted string "
+                f'({pool}: "{version}"); YAML reads 580.60 as the number 580.6.'
+            )
+        out.append((f"{file}: key '{pool}'", str(pool), version))
+    return out
+
+
+def parse_proposals(
+    items: Sequence[tuple[str, str, str]], pools: Sequence[str]
+) -> dict[str, DriverVersion]:
+    """Proposed drivers: each a known pool and a driver version, each pool once."""
+    from buildmatrix.cuda import parse_driver_version
+
+    out: dict[str, DriverVersion] = {}
+    for where, pool, version in items:
         if pool not in pools:
             raise InputError(
-                f"--driver {item}: the pools file has no pool '{pool}'."
+                f"{where}: the pools file has no pool '{pool}'."
                 f"{did_you_mean(pool, pools)} Pools: {', '.join(pools) or '(none)'}."
             )
         if pool in out:
-            raise InputError(f"--driver names the pool '{pool}' twice; give one driver per pool.")
-        out[pool] = parse_driver_version(version, what=f"--driver {item}")
+            raise InputError(
+                f"{where}: a driver for the pool '{pool}' is already given; give one per pool."
+            )
+        out[pool] = parse_driver_version(version, what=where)
     return out
 
 
@@ -85,7 +121,11 @@ def _scan(refs: Sequence[str], platform: str) -> dict[str, ScannedImage]:
 
 
 def policies(
-    pools_file: Path, drivers: Sequence[str], *, platform: str, profiles_dir: str | None
+    pools_file: Path,
+    drivers: Sequence[tuple[str, str, str]],
+    *,
+    platform: str,
+    profiles_dir: str | None,
 ) -> list[PoolPolicy]:
     """Load the inputs, read every pool's images once, and judge each pool."""
     from buildmatrix.cuda import load_cuda_facts
@@ -116,7 +156,7 @@ def policies(
 
 @click.command("drivers")
 @_POOLS
-@_driver_option(required=False)
+@_driver_options
 @click.option(
     "--format",
     "fmt",
@@ -127,8 +167,13 @@ def policies(
 )
 @platform_option
 @profiles_option
-def drivers(
-    pools_file: Path, drivers: tuple[str, ...], fmt: str, platform: str, profiles_dir: str | None
+def drivers(  # noqa: PLR0917 - one parameter per option, as click passes them
+    pools_file: Path,
+    drivers: tuple[str, ...],
+    drivers_file: Path | None,
+    fmt: str,
+    platform: str,
+    profiles_dir: str | None,
 ) -> int:
     """Per pool: its GPUs, its images and the driver floor that admits them all, and
     why; with --driver, every image's verdict on every pool at the proposed driver.
@@ -140,7 +185,8 @@ def drivers(
     from buildmatrix import driver_report
     from buildmatrix.drivers import fleet_passed
 
-    found = policies(pools_file, drivers, platform=platform, profiles_dir=profiles_dir)
+    proposed = proposal_items(drivers, drivers_file)
+    found = policies(pools_file, proposed, platform=platform, profiles_dir=profiles_dir)
     if fmt == "json":
         echo_json(driver_report.to_json(found))
     elif fmt == "markdown":
@@ -154,7 +200,7 @@ def drivers(
 
 @click.command("drivers")
 @_POOLS
-@_driver_option(required=True)
+@_driver_options
 @click.option(
     "--repository",
     default="nvcr.io/nvidia",
@@ -168,6 +214,7 @@ def drivers(
 def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes them
     pools_file: Path,
     drivers: tuple[str, ...],
+    drivers_file: Path | None,
     repository: str,
     image: str,
     fmt: str,
@@ -185,7 +232,13 @@ def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes th
 
     from buildmatrix.k8s_drivers import DriverImage, nvidia_drivers
 
-    found = policies(pools_file, drivers, platform=platform, profiles_dir=profiles_dir)
+    proposed = proposal_items(drivers, drivers_file)
+    if not proposed:
+        raise InputError(
+            "k8s drivers writes one NVIDIADriver object per pool with a proposed driver, and "
+            "none was given: pass --driver POOL=VERSION (repeatable) or --drivers-file FILE."
+        )
+    found = policies(pools_file, proposed, platform=platform, profiles_dir=profiles_dir)
     objects = nvidia_drivers(found, DriverImage(repository=repository, image=image))
     if fmt == "json":
         click.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
