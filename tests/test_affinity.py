@@ -206,8 +206,8 @@ def test_into_takes_an_affinity_left_null(
 ) -> None:
     """The API server reads ``affinity: null`` (and ``nodeAffinity: null``) as absent."""
     manifest = tmp_path / "pod.yaml"
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {**empty}}
-    pod["spec"]["containers"] = [{"name": "c", "image": "x"}]
+    spec: dict[str, Any] = {**empty, "containers": [{"name": "c", "image": "x"}]}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}
     manifest.write_text(yaml.safe_dump(pod))
     code, doc = _affinity(cli, _image(tmp_path, "libhopper_a.so"), "--into", str(manifest))
     assert code == 0, doc
