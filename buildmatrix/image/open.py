@@ -40,6 +40,10 @@ def scan_image(
             from buildmatrix.image.registry import scan_registry
 
             return scan_registry(ref, platform=platform, progress=progress, keep=keep)
+        case Transport.CONTAINERD:
+            from buildmatrix.image.containerd import scan_containerd
+
+            return scan_containerd(ref, platform=platform, progress=progress, keep=keep)
         case Transport.DAEMON:
             engine_image = _from_engine(ref, progress=progress, required=True, keep=keep)
             if engine_image is None:  # pragma: no cover - required=True raises instead

@@ -2,6 +2,7 @@
 
 ``docker-daemon:NAME[:TAG]``, ``docker://HOST/NAME[:TAG|@DIGEST]``,
 ``oci:PATH[:TAG]``, ``docker-archive:PATH``, ``dir:PATH``, a plain existing path,
+``containerd:NAME[:TAG|@DIGEST]`` (containerd's stores on this machine),
 or a bare ``NAME[:TAG]`` (the local engine if it has it, else the registry).
 """
 
@@ -21,6 +22,7 @@ class Transport(StrEnum):
     OCI = "oci"
     ARCHIVE = "docker-archive"
     DIR = "dir"
+    CONTAINERD = "containerd"
     BARE = "bare"
 
 
@@ -120,6 +122,10 @@ def parse_ref(text: str) -> ImageRef:
     if text.startswith("docker-daemon:"):
         return parse_name(
             text.removeprefix("docker-daemon:"), given=given, transport=Transport.DAEMON
+        )
+    if text.startswith("containerd:"):
+        return parse_name(
+            text.removeprefix("containerd:"), given=given, transport=Transport.CONTAINERD
         )
     if text.startswith("oci:"):
         path, tag = _path_and_tag(text.removeprefix("oci:"))

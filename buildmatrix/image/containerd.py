@@ -1,0 +1,286 @@
+"""``containerd:NAME[:TAG|@DIGEST]``: an image in containerd's stores on this machine.
+
+Names are resolved in containerd's metadata store, read-only (image/bolt.py says
+why that is safe while containerd runs), with the layout of containerd's
+core/metadata/buckets.go: ``v1/<namespace>/images/<name>/target/{digest,
+mediatype,size}`` for an image record and ``v1/<namespace>/content/blob/<digest>``
+for each blob the namespace holds. Blobs are read from the content store's folder
+(``<root>/io.containerd.content.v1.content/blobs/sha256/<hex>``, plugins/content/
+local/store.go ``blobPath``) and verified against their digests as they are read,
+so the layer cache (image/cache.py) applies as for registries.
+
+The namespace and root are taken as ``ctr`` and the daemon take them:
+``$CONTAINERD_NAMESPACE`` (default ``k8s.io``, the CRI plugin's), ``$CONTAINERD_ROOT``
+(default ``/var/lib/containerd``, the daemon's ``root``); ``$CONTAINERD_ADDRESS``
+(default ``/run/containerd/containerd.sock``) only helps say what is wrong when the
+store is not where it is looked for: nothing is asked of the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import IO, Any
+
+from buildmatrix.errors import EnvironmentUnavailable, InputError
+from buildmatrix.image.bolt import BoltError, Bucket, read_consistent
+from buildmatrix.image.model import (
+    DEFAULT_PLATFORM,
+    ImageConfig,
+    LayerBlob,
+    Progress,
+    ScannedImage,
+    check_manifest,
+    finish,
+    is_index,
+    read_json_blob,
+    scan_blobs,
+    select_platform,
+)
+from buildmatrix.image.ref import ImageRef, Transport, parse_name
+
+DEFAULT_ROOT = "/var/lib/containerd"
+DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
+DEFAULT_NAMESPACE = "k8s.io"
+METADATA = Path("io.containerd.metadata.v1.bolt") / "meta.db"
+CONTENT = Path("io.containerd.content.v1.content") / "blobs"
+LISTED = 12  # names shown in a message
+
+
+@dataclass(frozen=True, kw_only=True)
+class Store:
+    root: Path
+    namespace: str
+    address: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Store:
+        return cls(
+            root=Path(env.get("CONTAINERD_ROOT") or DEFAULT_ROOT),
+            namespace=env.get("CONTAINERD_NAMESPACE") or DEFAULT_NAMESPACE,
+            address=env.get("CONTAINERD_ADDRESS") or DEFAULT_ADDRESS,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """What the metadata store says: the image's target, the namespace's blobs."""
+
+    name: str
+    digest: str
+    media_type: str
+    blobs: frozenset[str]
+
+
+def candidate_names(ref: ImageRef) -> list[str]:
+    """The record names NAME may stand for: as given, then as the CRI and ``ctr
+    images import`` name images (``docker.io/library/NAME:latest``, docker's
+    normalisation, which parse_name applies for the registry transport)."""
+    given = ref.given.removeprefix(f"{Transport.CONTAINERD.value}:")
+    full = parse_name(given, given=ref.given, transport=Transport.REGISTRY)
+    names = [given]
+    if not ref.tag and not ref.digest:
+        names.append(f"{given}:latest")
+    names.append(full.name)
+    if full.digest and full.tag:
+        names.append(f"{full.host}/{full.repository}:{full.tag}@{full.digest}")
+    return list(dict.fromkeys(names))
+
+
+def _text(bucket: Bucket | None, key: bytes) -> str:
+    entry = bucket.get(key) if bucket is not None else None
+    return entry[0].decode("utf-8", "replace") if entry and not entry[1] else ""
+
+
+def _find(ref: ImageRef, store: Store, meta: Path) -> Record:
+    names = candidate_names(ref)
+    full = parse_name(names[0], given=ref.given, transport=Transport.REGISTRY)
+
+    def walk(root: Bucket) -> Record | tuple[list[str], list[str]]:
+        schema = root.bucket(b"v1")
+        items = schema.items() if schema is not None else iter(())
+        namespaces = sorted(k.decode("utf-8", "replace") for k, _, is_b in items if is_b)
+        images = root.bucket(b"v1", store.namespace.encode(), b"images")
+        if images is None:
+            return namespaces, []
+        for name in names:
+            target = images.bucket(name.encode(), b"target")
+            if target is not None:
+                return _record(root, store, name, target)
+        listed = []
+        for key, value, is_bucket in images.items():
+            if not is_bucket:
+                continue
+            name = key.decode("utf-8", "replace")
+            listed.append(name)
+            if full.digest and _repository(name) == (full.host, full.repository):
+                target = images.open(value).bucket(b"target")
+                if target is not None and _text(target, b"digest") == full.digest:
+                    return _record(root, store, name, target)
+        return namespaces, listed
+
+    try:
+        found = read_consistent(meta, walk)
+    except PermissionError:
+        raise _unreadable(meta, store) from None
+    except FileNotFoundError:
+        raise _missing(store) from None
+    except BoltError as exc:
+        raise InputError(
+            f"'{ref.given}': containerd's metadata store cannot be read ({exc}). "
+            f"Check that {store.root} is a containerd root ($CONTAINERD_ROOT)."
+        ) from None
+    except OSError as exc:
+        raise EnvironmentUnavailable(f"'{ref.given}': {meta} cannot be read ({exc}).") from None
+    if isinstance(found, Record):
+        return found
+    namespaces, listed = found
+    return _not_found(ref, store, names, namespaces, listed)
+
+
+def _repository(name: str) -> tuple[str, str]:
+    """(host, repository) of a record's name; ('', '') for one that is no reference."""
+    try:
+        parsed = parse_name(name, given=name, transport=Transport.REGISTRY)
+    except InputError:
+        return "", ""
+    return parsed.host, parsed.repository
+
+
+def _record(root: Bucket, store: Store, name: str, target: Bucket) -> Record:
+    blobs = root.bucket(b"v1", store.namespace.encode(), b"content", b"blob")
+    held = frozenset(k.decode() for k, _, b in (blobs.items() if blobs else []) if b)
+    return Record(
+        name=name,
+        digest=_text(target, b"digest"),
+        media_type=_text(target, b"mediatype"),
+        blobs=held,
+    )
+
+
+def _not_found(
+    ref: ImageRef, store: Store, names: list[str], namespaces: list[str], listed: list[str]
+) -> Record:
+    looked = " or ".join(f"'{n}'" for n in names)
+    if store.namespace not in namespaces:
+        there = ", ".join(namespaces) or "none"
+        raise InputError(
+            f"'{ref.given}': containerd at {store.root} has no namespace '{store.namespace}' "
+            f"(namespaces there: {there}). Set $CONTAINERD_NAMESPACE to the one that holds "
+            "the image (Kubernetes' is k8s.io, ctr's default is 'default', Docker's moby)."
+        )
+    more = f" and {len(listed) - LISTED} more" if len(listed) > LISTED else ""
+    shown = ", ".join(listed[:LISTED]) + more
+    raise InputError(
+        f"'{ref.given}': containerd namespace '{store.namespace}' (at {store.root}) has no "
+        f"image {looked}; it has: {shown or 'no images'}. Pull or import it there, or set "
+        "$CONTAINERD_NAMESPACE to the namespace that holds it."
+    )
+
+
+def _missing(store: Store) -> EnvironmentUnavailable:
+    socket = Path(store.address)
+    why = (
+        f"a containerd socket is at {socket}, so its root is elsewhere: set $CONTAINERD_ROOT "
+        "to the 'root' of its config (containerd config dump)"
+        if socket.is_socket()
+        else f"and no containerd socket is at {socket} ($CONTAINERD_ADDRESS) either"
+    )
+    return EnvironmentUnavailable(
+        f"containerd's metadata store {store.root / METADATA} is not there ({why}). In a "
+        "Pod, mount the node's containerd root read-only (docs/kubernetes.md)."
+    )
+
+
+def _unreadable(path: Path, store: Store) -> EnvironmentUnavailable:
+    return EnvironmentUnavailable(
+        f"{path} is not readable by this user: containerd's stores under {store.root} belong "
+        "to root. Run as root on the node (docs/check.md, containerd: permissions)."
+    )
+
+
+class _Content:
+    """The namespace's view of the content store: a blob the namespace does not hold
+    is not found, as containerd's metadata content store answers (core/metadata/
+    content.go, ``Info`` and ``ReaderAt`` look in ``getBlobBucket``)."""
+
+    def __init__(self, ref: ImageRef, store: Store, record: Record) -> None:
+        self.ref, self.store, self.record = ref, store, record
+        self.folder = store.root / CONTENT
+
+    def path(self, digest: str, *, what: str) -> Path:
+        algo, _, hexdigest = digest.partition(":")
+        if not algo.isalnum() or not hexdigest.isalnum():
+            raise InputError(f"'{self.ref.given}': {what} has a malformed digest '{digest}'.")
+        path = self.folder / algo / hexdigest
+        if digest not in self.record.blobs or not path.is_file():
+            where = "not in the content store" if not path.is_file() else "not in this namespace"
+            raise InputError(
+                f"'{self.ref.given}': {what} {digest} is {where} (containerd at "
+                f"{self.store.root}, namespace '{self.store.namespace}'). containerd keeps "
+                "only what it fetched: pull the image again for this platform "
+                "(ctr images pull --platform, or --all-platforms)."
+            )
+        return path
+
+    def json(self, desc: Mapping[str, Any], *, what: str) -> dict[str, Any]:
+        digest = str(desc.get("digest", ""))
+        try:
+            with self.path(digest, what=what).open("rb") as f:
+                label = f"'{self.ref.given}' {what} {digest[:19]}"
+                return read_json_blob(f, name=label, digest=digest)
+        except PermissionError:
+            raise _unreadable(self.folder, self.store) from None
+
+
+def _open_binary(path: Path, store: Store) -> IO[bytes]:
+    try:
+        return path.open("rb")
+    except PermissionError:
+        raise _unreadable(path, store) from None
+
+
+def scan_containerd(
+    ref: ImageRef,
+    *,
+    platform: str = DEFAULT_PLATFORM,
+    progress: Progress | None = None,
+    keep: Path | None = None,
+    store: Store | None = None,
+) -> ScannedImage:
+    """Name → image record → manifest (an index → ``platform``) → config and layers."""
+    store = store or Store.from_env()
+    record = _find(ref, store, store.root / METADATA)
+    content = _Content(ref, store, record)
+    name = f"containerd:{record.name}"
+    desc: dict[str, Any] = {"digest": record.digest, "mediaType": record.media_type}
+    doc = check_manifest(content.json(desc, what="the image's manifest"), name=name)
+    while is_index(doc):
+        desc = select_platform(doc.get("manifests") or [], platform, name=name)
+        doc = check_manifest(content.json(desc, what=f"the {platform} manifest"), name=name)
+    if doc.get("schemaVersion") != 2 or "layers" not in doc:
+        raise InputError(
+            f"'{ref.given}': unsupported manifest (schema {doc.get('schemaVersion')}, "
+            f"media type {doc.get('mediaType')}); only OCI and Docker v2 images."
+        )
+    config_desc = doc.get("config") or {}
+    config = ImageConfig.from_json(
+        content.json(config_desc, what="the image config"),
+        image_id=config_desc.get("digest"),
+        source=f"{name} image config",
+    )
+    blobs = []
+    for i, layer in enumerate(doc.get("layers") or []):
+        digest = str(layer.get("digest", ""))
+        blobs.append(
+            LayerBlob(
+                name=f"{name} layer {i} ({digest[:19]})",
+                open=partial(_open_binary, content.path(digest, what=f"layer {i}"), store),
+                digest=digest,
+            )
+        )
+    layers = scan_blobs(blobs, progress, keep=keep)
+    return finish(ref=ref.given, digest=str(desc.get("digest")), config=config, layers=layers)

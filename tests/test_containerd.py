@@ -1,0 +1,277 @@
+"""``containerd:NAME`` against a real containerd (tests/containerd_service.py).
+
+Images get into containerd the ways they get there on a node: ``ctr images import``
+of ``docker save`` and OCI archives, and ``ctr images pull`` from the tests' registry.
+Every verdict and file list is compared with the same image read from the file it
+was imported from (``docker-archive:``, ``oci:``) or the registry it was pulled from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from buildmatrix.image.bolt import BRANCH_PAGE, PAGE_HEADER, BoltFile, read_consistent
+from buildmatrix.image.containerd import METADATA
+from buildmatrix.image.open import scan_image
+from tests.conftest import CliRunner
+from tests.containerd_service import Containerd, containerd  # noqa: F401
+from tests.images import Image, fixture, write_docker_archive, write_oci_layout
+from tests.services import Registry
+from tests.test_image_sources import (
+    LAYERED,
+    MISLABELED,
+    run_check,
+    skopeo,
+    write_multi_platform_layout,
+)
+
+pytestmark = pytest.mark.integration
+
+# Shares LAYERED's first two layers (one blob in the store, read for both).
+SIBLING = Image(
+    layers=[*LAYERED.layers[:2], {"usr/lib/libsass_sm80.so": fixture("libsass_sm80.so")}],
+    labels={"io.buildmatrix.family": "hopper"},
+)
+SOURCE_ONLY = ("image", "digest", "read_from")
+
+
+@pytest.fixture
+def store(containerd: Containerd, monkeypatch: pytest.MonkeyPatch) -> Containerd:  # noqa: F811
+    for key, value in containerd.env().items():
+        monkeypatch.setenv(key, value)
+    return containerd
+
+
+def oci_archive(layout: Path, out: Path) -> Path:
+    """An OCI layout as a tar, the form ``ctr images import`` takes."""
+    with tarfile.open(out, "w") as tar:
+        for path in sorted(layout.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(layout)), recursive=False)
+    return out
+
+
+def import_oci(ctd: Containerd, layout: Path, name: str, *extra: str) -> None:
+    archive = oci_archive(layout, layout.with_suffix(".tar"))
+    ctd.ctr("images", "import", "--no-unpack", "--base-name", name, *extra, str(archive))
+
+
+def verdicts(cli: CliRunner, ref: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    code, doc = run_check(cli, ref, *extra)
+    return code, {k: v for k, v in doc.items() if k not in SOURCE_ONLY}
+
+
+def assert_same(cli: CliRunner, ours: str, theirs: str, *extra: str, digest: bool) -> None:
+    """The same verdict, report and final view as ``theirs``, and the same manifest
+    digest where both name one."""
+    assert verdicts(cli, ours, *extra) == verdicts(cli, theirs, *extra)
+    platform = extra[1] if extra else "linux/amd64"
+    a, b = scan_image(ours, platform=platform), scan_image(theirs, platform=platform)
+    assert (a.paths, a.symlinks, a.files, a.problems) == (b.paths, b.symlinks, b.files, b.problems)
+    assert a.paths, "an image with no files proves nothing"
+    if digest:
+        assert a.digest == b.digest
+
+
+@pytest.mark.parametrize("image", ["layered", "mislabeled", "sibling"])
+def test_docker_archive_imported(
+    store: Containerd, cli: CliRunner, tmp_path: Path, image: str
+) -> None:
+    crafted = {"layered": LAYERED, "mislabeled": MISLABELED, "sibling": SIBLING}[image]
+    archive = write_docker_archive(tmp_path / "a.tar", crafted, tag=f"bmtest/da-{image}:v1")
+    store.ctr("images", "import", "--no-unpack", str(archive))
+    # ctr names it docker.io/bmtest/...; the short name finds it as the CRI's would.
+    for name in (f"bmtest/da-{image}:v1", f"docker.io/bmtest/da-{image}:v1"):
+        assert_same(cli, f"containerd:{name}", f"docker-archive:{archive}", digest=False)
+
+
+@pytest.mark.parametrize("compress", ["gzip", "none", "zstd"])
+def test_oci_imported(store: Containerd, cli: CliRunner, tmp_path: Path, compress: str) -> None:
+    layout = write_oci_layout(tmp_path / "oci", LAYERED, tag="v1", compress=compress == "gzip")
+    if compress == "zstd":
+        _to_zstd(layout)
+    import_oci(store, layout, f"bmtest/oci-{compress}")
+    assert_same(cli, f"containerd:bmtest/oci-{compress}:v1", f"oci:{layout}:v1", digest=True)
+
+
+def _to_zstd(layout: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    blobs = layout / "blobs" / "sha256"
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads((blobs / index["manifests"][0]["digest"][7:]).read_text())
+    for layer in manifest["layers"]:
+        data = zstandard.ZstdCompressor().compress((blobs / layer["digest"][7:]).read_bytes())
+        layer.update(
+            digest="sha256:" + hashlib.sha256(data).hexdigest(),
+            size=len(data),
+            mediaType="application/vnd.oci.image.layer.v1.tar+zstd",
+        )
+        (blobs / layer["digest"][7:]).write_bytes(data)
+    body = json.dumps(manifest).encode()
+    index["manifests"][0].update(
+        digest="sha256:" + hashlib.sha256(body).hexdigest(), size=len(body)
+    )
+    (blobs / index["manifests"][0]["digest"][7:]).write_bytes(body)
+    (layout / "index.json").write_text(json.dumps(index))
+
+
+def test_multi_platform_index(store: Containerd, cli: CliRunner, tmp_path: Path) -> None:
+    layout = write_multi_platform_layout(tmp_path)
+    import_oci(store, layout, "bmtest/multi", "--all-platforms")
+    ours, theirs = "containerd:bmtest/multi:multi", f"oci:{layout}:multi"
+    for platform in ("linux/amd64", "linux/arm64"):
+        assert_same(cli, ours, theirs, "--platform", platform, digest=True)
+    result = cli("check", ours, "--platform", "linux/s390x")
+    assert result.code == 2
+    assert "no image for platform linux/s390x" in result.err
+
+
+def test_platform_not_fetched_exits_2(store: Containerd, cli: CliRunner, tmp_path: Path) -> None:
+    """Without --all-platforms ctr keeps only its own platform's manifest; the index
+    still names the other one, whose blob is then not in the store."""
+    layout = write_multi_platform_layout(tmp_path)
+    import_oci(store, layout, "bmtest/amd-only", "--platform", "linux/amd64")
+    ours = "containerd:bmtest/amd-only:multi"
+    assert_same(cli, ours, f"oci:{layout}:multi", digest=True)
+    result = cli("check", ours, "--platform", "linux/arm64")
+    assert result.code == 2, result.err
+    assert "the linux/arm64 manifest" in result.err and "not in the content store" in result.err
+
+
+def test_shared_layers_use_the_cache(store: Containerd, cli: CliRunner, tmp_path: Path) -> None:
+    """Two images sharing two layers: the second reads them from the layer cache,
+    as two registry or OCI images sharing them do."""
+    refs = []
+    for name, image in (("first", LAYERED), ("second", SIBLING)):
+        layout = write_oci_layout(tmp_path / name, image, tag="v1")
+        import_oci(store, layout, f"bmtest/share-{name}")
+        refs.append((f"containerd:bmtest/share-{name}:v1", f"oci:{layout}:v1"))
+    ours = cli("check", "--json", *(r[0] for r in refs), "--cache", str(tmp_path / "c1"))
+    theirs = cli("check", "--json", *(r[1] for r in refs), "--cache", str(tmp_path / "c2"))
+    assert ours.code == theirs.code == 1, ours.err  # SIBLING carries sm_80 only
+    a, b = ours.json()["cache"], theirs.json()["cache"]
+    assert (a["hits"], a["misses"]) == (b["hits"], b["misses"]) == (2, 4)
+
+
+def test_pulled_from_registry(
+    store: Containerd, registry: Registry, cli: CliRunner, tmp_path: Path
+) -> None:
+    for name, image in (("layered", LAYERED), ("mislabeled", MISLABELED)):
+        layout = write_oci_layout(tmp_path / name, image, tag="v1")
+        remote = f"{registry.host}/bmtest/ctd-{name}:v1"
+        skopeo("copy", "--dest-tls-verify=false", f"oci:{layout}:v1", f"docker://{remote}")
+        store.ctr("images", "pull", "--plain-http", remote)
+        assert_same(cli, f"containerd:{remote}", f"docker://{remote}", digest=True)
+        digest = scan_image(f"docker://{remote}").digest
+        by_digest = f"containerd:{registry.host}/bmtest/ctd-{name}@{digest}"
+        assert_same(cli, by_digest, f"docker://{remote}", digest=True)
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def test_unknown_name_and_wrong_namespace(
+    store: Containerd, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = write_docker_archive(tmp_path / "a.tar", LAYERED, tag="bmtest/known:v1")
+    store.ctr("images", "import", "--no-unpack", str(archive), namespace="team-a")
+    monkeypatch.setenv("CONTAINERD_NAMESPACE", "team-a")
+    missing = cli("check", "containerd:bmtest/known:v2")
+    assert missing.code == 2
+    assert "namespace 'team-a'" in missing.err and "docker.io/bmtest/known:v1" in missing.err
+    monkeypatch.setenv("CONTAINERD_NAMESPACE", "no-such-ns")
+    wrong = cli("check", "containerd:bmtest/known:v1")
+    assert wrong.code == 2
+    assert "no namespace 'no-such-ns'" in wrong.err and "team-a" in wrong.err
+    assert "Traceback" not in missing.err + wrong.err
+
+
+def test_missing_store_exits_3(
+    store: Containerd, cli: CliRunner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CONTAINERD_ROOT", str(tmp_path / "nothing"))
+    result = cli("check", "containerd:bmtest/any:v1")
+    assert result.code == 3
+    assert str(tmp_path / "nothing" / METADATA) in result.err
+    assert f"a containerd socket is at {store.address}" in result.err  # it answers there
+    monkeypatch.setenv("CONTAINERD_ADDRESS", str(tmp_path / "no.sock"))
+    result = cli("check", "containerd:bmtest/any:v1")
+    assert result.code == 3 and f"no containerd socket is at {tmp_path / 'no.sock'}" in result.err
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_damaged_blob_exits_2(
+    store: Containerd, cli: CliRunner, tmp_path: Path, damage: str
+) -> None:
+    unique = Image(layers=[{"etc/marker": damage.encode() + str(tmp_path).encode()}])
+    layout = write_oci_layout(tmp_path / "oci", unique, tag="v1", compress=False)
+    import_oci(store, layout, f"bmtest/damaged-{damage}")
+    index = json.loads((layout / "index.json").read_text())
+    blobs = layout / "blobs" / "sha256"
+    manifest = json.loads((blobs / index["manifests"][0]["digest"][7:]).read_text())
+    digest = manifest["layers"][0]["digest"]
+    stored = store.root / "io.containerd.content.v1.content/blobs/sha256" / digest[7:]
+    data = bytearray(stored.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+        stored.write_bytes(bytes(data))
+    elif damage == "truncate":
+        stored.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        stored.unlink()
+    result = cli("check", f"containerd:bmtest/damaged-{damage}:v1", "--allow-empty")
+    assert result.code == 2, result.err
+    expected = "not in the content store" if damage == "delete" else digest[:19]
+    assert expected in result.err and "Traceback" not in result.err
+
+
+# ------------------------------------------------------------ the metadata reader
+
+
+def test_reader_lists_what_ctr_lists(
+    store: Containerd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hundreds of names (branch pages) and a label over a page (overflow pages):
+    the bbolt reader's listing equals ``ctr images ls``, the daemon's own answer."""
+    archive = write_docker_archive(tmp_path / "a.tar", MISLABELED, tag="bmtest/many:base")
+    store.ctr("images", "import", "--no-unpack", str(archive), namespace="many")
+    for i in range(300):
+        store.ctr(
+            "images",
+            "tag",
+            "docker.io/bmtest/many:base",
+            f"docker.io/bmtest/many:t{i:03}-{'x' * 40}",
+            namespace="many",
+        )
+    # Labels are at most 4096 bytes (containerd's labels.Validate), and a page holds
+    # at least two keys (bbolt's minKeysPerPage): two such labels overflow a page.
+    big = {f"big{i}": str(i) * 4000 for i in range(4)}
+    pairs = [f"{k}={v}" for k, v in big.items()]
+    store.ctr("images", "label", "docker.io/bmtest/many:base", *pairs, namespace="many")
+
+    def walk(root: Any) -> tuple[list[str], dict[str, str]]:
+        images = root.bucket(b"v1", b"many", b"images")
+        names = [k.decode() for k, _, is_bucket in images.items() if is_bucket]
+        labels = images.bucket(b"docker.io/bmtest/many:base", b"labels")
+        return names, {k.decode(): v.decode() for k, v, _ in labels.items()}
+
+    seen: list[tuple[int, int]] = []  # (flags, overflow) of every page read
+    page = BoltFile.page
+
+    def recording(self: BoltFile, pgid: int) -> bytes:
+        data = page(self, pgid)
+        _, flags, _, overflow = PAGE_HEADER.unpack_from(data)
+        seen.append((flags, overflow))
+        return data
+
+    monkeypatch.setattr(BoltFile, "page", recording)
+    names, labels = read_consistent(store.root / METADATA, walk)
+    assert any(f == BRANCH_PAGE for f, _ in seen), "no branch page: the test is too small"
+    assert any(o > 0 for _, o in seen), "no overflow page: the labels are too small"
+    assert names == sorted(store.ctr("images", "ls", "-q", namespace="many").split())
+    assert len(names) == 301 and labels == big
