@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import tarfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from buildmatrix.image.bolt import BRANCH_PAGE, PAGE_HEADER, BoltFile, read_consistent
+from buildmatrix.image.bolt import BRANCH_PAGE, PAGE_HEADER, BoltError, BoltFile, read_consistent
 from buildmatrix.image.containerd import METADATA
 from buildmatrix.image.open import scan_image
 from tests.conftest import CliRunner
@@ -275,3 +278,98 @@ def test_reader_lists_what_ctr_lists(
     assert any(o > 0 for _, o in seen), "no overflow page: the labels are too small"
     assert names == sorted(store.ctr("images", "ls", "-q", namespace="many").split())
     assert len(names) == 301 and labels == big
+
+
+def test_damaged_metadata_is_exit_2_never_a_crash(
+    store: Containerd, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy of the live meta.db, damaged in the bytes a lookup reads (both meta
+    pages and every tree page on the way): each damaged copy is refused with exit 2
+    (or 3: no store), or, where the damage missed what matters, gives the intact
+    copy's report; the content is verified by digest, so it cannot pass otherwise."""
+    archive = write_docker_archive(tmp_path / "a.tar", LAYERED, tag="bmtest/fuzz:v1")
+    store.ctr("images", "import", "--no-unpack", str(archive), namespace="fuzz")
+    root = tmp_path / "root"
+    (root / METADATA).parent.mkdir(parents=True)
+    content = "io.containerd.content.v1.content"
+    (root / content).symlink_to(store.root / content)
+    original = (store.root / METADATA).read_bytes()
+    (root / METADATA).write_bytes(original)
+    monkeypatch.setenv("CONTAINERD_ROOT", str(root))
+    monkeypatch.setenv("CONTAINERD_NAMESPACE", "fuzz")
+    ref = "containerd:bmtest/fuzz:v1"
+    code, intact = verdicts(cli, ref)
+    assert code == 0
+
+    offsets = set(range(2 * 4096))  # the two meta pages
+    page = BoltFile.page
+
+    def recording(self: BoltFile, pgid: int) -> bytes:
+        data = page(self, pgid)
+        offsets.update(range(pgid * self.meta.page_size, pgid * self.meta.page_size + len(data)))
+        return data
+
+    with monkeypatch.context() as m:
+        m.setattr(BoltFile, "page", recording)
+        scan_image(ref)
+    read = sorted(offsets)
+    rng = random.Random(21)
+    outcomes = {0: 0, 2: 0}
+    for _ in range(150):
+        data = bytearray(original)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.choice(read)] = rng.randrange(256)
+        (root / METADATA).write_bytes(bytes(data))
+        result = cli("check", ref, "--json")
+        assert result.code in (0, 2), result.err
+        assert "Traceback" not in result.err
+        if result.code == 0:
+            assert {k: v for k, v in result.json().items() if k not in SOURCE_ONLY} == intact
+        outcomes[result.code] += 1
+    assert outcomes[2] > 0, "no damage was noticed: the damage missed the lookup"
+    for damaged in (b"", original[: len(original) // 2], bytes(len(original))):
+        (root / METADATA).write_bytes(damaged)
+        result = cli("check", ref)
+        assert result.code == 2 and "metadata store cannot be read" in result.err, result.err
+
+
+def test_reads_while_containerd_writes_see_committed_states(
+    store: Containerd, tmp_path: Path
+) -> None:
+    """ctr tags t000, t001, ... one after the other while the reader lists the names
+    again and again: every listing is a state containerd committed (the base name and
+    a prefix of the tags), whatever the interleaving. A walk that kept meeting new
+    commits may give up (BoltError); it never answers with a mixed state."""
+    archive = write_docker_archive(tmp_path / "a.tar", MISLABELED, tag="bmtest/busy:base")
+    store.ctr("images", "import", "--no-unpack", str(archive), namespace="busy")
+    tags = [f"docker.io/bmtest/busy:t{i:03}" for i in range(60)]
+    done = threading.Event()
+
+    def writer() -> None:
+        try:
+            for tag in tags:
+                store.ctr("images", "tag", "docker.io/bmtest/busy:base", tag, namespace="busy")
+        finally:
+            done.set()
+
+    def names(root: Any) -> list[str]:
+        images = root.bucket(b"v1", b"busy", b"images")
+        return [k.decode() for k, _, is_bucket in images.items() if is_bucket]
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    seen = set()
+    while not done.is_set():
+        try:
+            listed = read_consistent(store.root / METADATA, names)
+        except BoltError as exc:
+            assert "changed during each" in str(exc)
+            continue
+        finally:
+            time.sleep(0.005)  # leave the daemon some of the machine's CPU
+        k = len(listed) - 1
+        assert listed == sorted(["docker.io/bmtest/busy:base", *tags[:k]]), listed
+        seen.add(k)
+    thread.join()
+    final = read_consistent(store.root / METADATA, names)
+    assert final == sorted(["docker.io/bmtest/busy:base", *tags])

@@ -46,6 +46,7 @@ BUCKET_HEADER = 16
 BRANCH_PAGE, LEAF_PAGE, META_PAGE = 0x01, 0x02, 0x04
 BUCKET_LEAF = 0x01
 MAX_DEPTH = 32  # a B+tree of 4 KiB pages this deep would hold more than any disk
+MAX_READS = 1 << 20  # page reads in one walk; a metadata lookup needs a few dozen
 MAX_PAGE_BYTES = 1 << 30  # bbolt's maxAllocSize is 0x7FFFFFFF; a metadata page is far less
 ATTEMPTS = 8
 
@@ -90,6 +91,7 @@ class BoltFile:
     def __init__(self, fd: int, *, name: str) -> None:
         self.fd, self.name = fd, name
         self.meta = self._newest_meta()
+        self.reads = 0
 
     def _newest_meta(self) -> Meta:
         first = _meta(os.pread(self.fd, 4096, 0))
@@ -110,6 +112,9 @@ class BoltFile:
 
     def page(self, pgid: int) -> bytes:
         size = self.meta.page_size
+        self.reads += 1
+        if self.reads > MAX_READS:
+            raise BoltError(f"{self.name}: more than {MAX_READS} page reads for one lookup.")
         if not 2 <= pgid < self.meta.high_water:
             raise BoltError(f"{self.name}: page {pgid} is outside the database.")
         head = os.pread(self.fd, size, pgid * size)
@@ -141,11 +146,14 @@ class Bucket:
         if self.inline is not None:
             yield from _leaf_items(self.inline, name=self.file.name)
         else:
-            yield from self._walk(self.root, 0)
+            yield from self._walk(self.root, 0, set())
 
-    def _walk(self, pgid: int, depth: int) -> Iterator[tuple[bytes, bytes, bool]]:
+    def _walk(self, pgid: int, depth: int, seen: set[int]) -> Iterator[tuple[bytes, bytes, bool]]:
         if depth > MAX_DEPTH:
             raise BoltError(f"{self.file.name}: the tree is deeper than {MAX_DEPTH} pages.")
+        if pgid in seen:  # a B+tree reaches each page once; a loop is a broken file
+            raise BoltError(f"{self.file.name}: page {pgid} is reached twice in one bucket.")
+        seen.add(pgid)
         page = self.file.page(pgid)
         _, flags, count, _ = PAGE_HEADER.unpack_from(page)
         if flags == LEAF_PAGE:
@@ -155,7 +163,7 @@ class Bucket:
             at = PAGE_HEADER.size + i * BRANCH.size
             _check(page, at + BRANCH.size, name=self.file.name)
             _, _, child = BRANCH.unpack_from(page, at)
-            yield from self._walk(child, depth + 1)
+            yield from self._walk(child, depth + 1, seen)
 
     def get(self, key: bytes) -> tuple[bytes, bool] | None:
         """(value, is_bucket) for ``key``, or None."""
@@ -219,7 +227,7 @@ def read_consistent(path: Path, walk: Callable[[Bucket], T]) -> T:
             db = BoltFile(fd, name=str(path))
             try:
                 result = walk(db.root())
-            except BoltError:
+            except Exception:  # a walk over pages rewritten under it may fail any way
                 if db.newest_txid() == db.meta.txid:
                     raise  # the state did not move: the file itself is broken
                 continue
