@@ -22,7 +22,7 @@ import pytest
 from buildmatrix.image.bolt import BRANCH_PAGE, PAGE_HEADER, BoltError, BoltFile, read_consistent
 from buildmatrix.image.containerd import METADATA
 from buildmatrix.image.open import scan_image
-from tests.conftest import CliRunner
+from tests.conftest import REPO, CliRunner
 from tests.containerd_service import Containerd, containerd  # noqa: F401
 from tests.images import Image, fixture, write_docker_archive, write_oci_layout
 from tests.services import Registry
@@ -373,3 +373,39 @@ def test_reads_while_containerd_writes_see_committed_states(
     thread.join()
     final = read_consistent(store.root / METADATA, names)
     assert final == sorted(["docker.io/bmtest/busy:base", *tags])
+
+
+def test_smoke_affinity_and_options(
+    containerd: Containerd,  # noqa: F811
+    cli: CliRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``smoke --image`` and ``affinity`` take containerd: REFs as check does, and the
+    --containerd-* options win over the environment (as ctr's -a/-n over theirs)."""
+    archive = write_docker_archive(tmp_path / "a.tar", LAYERED, tag="bmtest/cmds:v1")
+    containerd.ctr("images", "import", "--no-unpack", str(archive), namespace="cmds")
+    for key, value in containerd.env("cmds").items():
+        monkeypatch.setenv(key, value)
+    ours, theirs = "containerd:bmtest/cmds:v1", f"docker-archive:{archive}"
+    snapshot = str(REPO / "tests" / "fixtures" / "nodes" / "h100-580.json")
+
+    def smoke(ref: str, *extra: str) -> tuple[int, Any]:
+        r = cli("smoke", "--snapshot", snapshot, "--json", "--image", ref, *extra)
+        doc = r.json()
+        checks = json.dumps(doc["checks"]).replace(ref, "REF")  # messages name the image
+        return r.code, json.loads(checks)
+
+    assert smoke(ours) == smoke(theirs)
+    assert smoke(ours)[0] == 0
+    a = cli("affinity", ours, "--format", "json")
+    b = cli("affinity", theirs, "--format", "json")
+    assert a.code == b.code == 0 and a.out == b.out
+    # The environment points elsewhere; the options say where the image is.
+    monkeypatch.setenv("CONTAINERD_NAMESPACE", "nowhere")
+    monkeypatch.setenv("CONTAINERD_ROOT", str(tmp_path / "nothing"))
+    assert cli("check", ours).code == 3
+    given = ("--containerd-root", str(containerd.root), "--containerd-namespace", "cmds")
+    assert verdicts(cli, ours, *given) == verdicts(cli, theirs)
+    assert cli("affinity", ours, "--format", "json", *given).out == b.out
+    assert smoke(ours, *given) == smoke(theirs)

@@ -8,13 +8,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import GfdKeys
 from buildmatrix.profiles import ENV_VAR, ProfileSet, load_profiles, resolve_profiles_dir
+
+if TYPE_CHECKING:
+    from buildmatrix.image.containerd import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,6 +59,45 @@ def platform_option(func: F) -> F:
         help="Platform to pick from a multi-platform image.",
     )
     return decorator(func)
+
+
+CONTAINERD_OPTIONS = {  # option -> (environment variable, what it is), as ctr takes them
+    "--containerd-address": ("CONTAINERD_ADDRESS", "containerd's socket"),
+    "--containerd-namespace": ("CONTAINERD_NAMESPACE", "containerd namespace (default k8s.io)"),
+    "--containerd-root": ("CONTAINERD_ROOT", "containerd's root folder"),
+}
+
+
+def _keep_containerd(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.meta[f"buildmatrix.{param.name}"] = value
+
+
+def containerd_options(func: F) -> F:
+    """Where ``containerd:`` REFs are read (image/containerd.py); read by
+    :func:`containerd_store` rather than passed, so commands keep their parameters."""
+    for flag, (env, what) in CONTAINERD_OPTIONS.items():
+        func = click.option(
+            flag,
+            envvar=env,
+            metavar="PATH" if "namespace" not in flag else "NAME",
+            expose_value=False,
+            callback=_keep_containerd,
+            help=f"For containerd: REFs: {what} (default: ${env}).",
+        )(func)
+    return func
+
+
+def containerd_store() -> Store:
+    """The containerd store the current command's options name (image/containerd.py)."""
+    from buildmatrix.image.containerd import Store
+
+    meta = click.get_current_context().meta
+    env = {
+        e: meta.get(f"buildmatrix.{f[2:].replace('-', '_')}", "")
+        for f, (e, _) in CONTAINERD_OPTIONS.items()
+    }
+    return Store.from_env(env)
 
 
 def node_option(func: F) -> F:

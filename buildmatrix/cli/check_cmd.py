@@ -8,6 +8,8 @@ import click
 
 from buildmatrix.cli._common import (
     ByteProgress,
+    containerd_options,
+    containerd_store,
     echo_json,
     json_option,
     load,
@@ -76,6 +78,7 @@ def _markdown(result: object) -> str:
     help="Count every fatbinary container (translation unit), specialised ones too.",
 )
 @platform_option
+@containerd_options
 @click.option(
     "--cache",
     "cache_dir",
@@ -154,7 +157,9 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
         for ref in refs:
             progress = ByteProgress()
             try:
-                image = scan_image(ref, platform=platform, progress=progress)
+                image = scan_image(
+                    ref, platform=platform, progress=progress, containerd=containerd_store()
+                )
             finally:
                 progress.done()
             results.append(run_check(image, profiles, opts, facts))

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from buildmatrix.cli._common import ByteProgress, load, platform_option, profiles_option
+from buildmatrix.cli._common import (
+    ByteProgress,
+    containerd_options,
+    containerd_store,
+    load,
+    platform_option,
+    profiles_option,
+)
 from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import GfdKeys
 
@@ -57,6 +64,7 @@ def _dump(obj: Any, fmt: str) -> str:
     "affinity into (printed whole; every workload of a multi-document file).",
 )
 @platform_option
+@containerd_options
 @profiles_option
 def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
     ref: str,
@@ -106,7 +114,7 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
             raise InputError(f"--into {into}: holds no manifest.")
     progress = ByteProgress()
     try:
-        image = scan_image(ref, platform=platform, progress=progress)
+        image = scan_image(ref, platform=platform, progress=progress, containerd=containerd_store())
     finally:
         progress.done()
     choice = choose(image, profiles, needs, load_cuda_facts())

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from buildmatrix.cli._common import (
+    containerd_options,
+    containerd_store,
     echo_json,
     gfd_mode,
     json_option,
@@ -129,7 +131,7 @@ def _check_images(
         outcome = _ImageOutcome(ref=ref)
         keep = Path(tempfile.mkdtemp(prefix="buildmatrix-load-")) if load_test else None
         try:
-            image = scan_image(ref, platform=platform, keep=keep)
+            image = scan_image(ref, platform=platform, keep=keep, containerd=containerd_store())
             opts = Options(snapshot=snap, require_sass=require_sass)
             outcome.result = run_check(image, profiles, opts, facts)
             if load_test:
@@ -254,6 +256,7 @@ def _print_report(
 )
 @node_option
 @platform_option
+@containerd_options
 @profiles_option
 @json_option
 def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from buildmatrix.errors import EnvironmentUnavailable
 from buildmatrix.image.model import Progress, ScannedImage
 from buildmatrix.image.platform import DEFAULT_PLATFORM
 from buildmatrix.image.ref import ImageRef, Transport, parse_ref
+
+if TYPE_CHECKING:
+    from buildmatrix.image.containerd import Store
 
 
 def scan_image(
@@ -16,11 +20,13 @@ def scan_image(
     platform: str = DEFAULT_PLATFORM,
     progress: Progress | None = None,
     keep: Path | None = None,
+    containerd: Store | None = None,
 ) -> ScannedImage:
     """Open REF and reduce it to its config and final-view device code.
 
     With ``keep`` (a private folder the caller deletes), every file with device code
     can be read again afterwards from ``FileReport.stored`` (``smoke --load-test``).
+    ``containerd`` says where ``containerd:`` REFs are read (default: from $CONTAINERD_*).
     """
     ref = parse_ref(text)
     match ref.transport:
@@ -43,7 +49,9 @@ def scan_image(
         case Transport.CONTAINERD:
             from buildmatrix.image.containerd import scan_containerd
 
-            return scan_containerd(ref, platform=platform, progress=progress, keep=keep)
+            return scan_containerd(
+                ref, platform=platform, progress=progress, keep=keep, store=containerd
+            )
         case Transport.DAEMON:
             engine_image = _from_engine(ref, progress=progress, required=True, keep=keep)
             if engine_image is None:  # pragma: no cover - required=True raises instead
