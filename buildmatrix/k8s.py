@@ -56,6 +56,7 @@ POOLS_PATH = "/etc/buildmatrix/pools.yaml"
 # The registry Secret's .dockerconfigjson, mounted as config.json in the folder
 # $DOCKER_CONFIG names: where the Docker CLI, and buildmatrix, read credentials.
 REGISTRY_CONFIG_DIR = "/var/run/secrets/buildmatrix.io/registry"
+CONTAINERD_ROOT = "/var/lib/containerd"  # containerd's default root (defaults/defaults_unix.go)
 # A Secret's name (apimachinery validation.IsDNS1123Subdomain): at most 253 characters.
 _DNS_SUBDOMAIN = re.compile(
     r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
@@ -81,6 +82,7 @@ class Settings:
     mode: str = "apply"
     gfd_keys: GfdKeys = GfdKeys.AUTO  # smoke --gfd-keys, and what the policy allows
     mig_strategy: str | None = None  # a cluster with MIG GPUs: GFD's strategy (grants monitoring)
+    containerd: bool = False  # mount the node's containerd stores for containerd: REFs
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?")
@@ -227,7 +229,7 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
     script = f"while true; do {smoke}; sleep {settings.interval}; done"
     capabilities = "utility,compute" if settings.load_test else "utility"
     gpu = {"nodeSelectorTerms": node_selector_terms(settings.node_selectors)}
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "pools", "mountPath": "/etc/buildmatrix", "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
@@ -236,6 +238,8 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
         {"name": "tmp", "emptyDir": {}},  # load-test files; the root is read-only
     ]
     env: list[dict[str, Any]] = []
+    if settings.containerd:
+        _mount_containerd(mounts, volumes, env)
     if settings.registry_secret is not None:
         # Not optional: without its Secret the Pod does not start and the node stays
         # tainted, rather than smoke running without the credentials the pools need.
@@ -335,6 +339,25 @@ def _mig_monitoring(settings: Settings) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
         },
     }
+
+
+def _mount_containerd(
+    mounts: list[dict[str, Any]], volumes: list[dict[str, Any]], env: list[dict[str, Any]]
+) -> None:
+    """The node's containerd content and metadata stores, read-only, where the agent
+    reads ``containerd:`` REFs (docs/kubernetes.md). Only the two folders: containerd
+    keeps its root 0700 (cmd/containerd/server/server.go), but the content store's
+    folders are 0755 and its blobs 0444 (plugins/content/local/store.go, writer.go),
+    the metadata folder 0711 and meta.db 0644 (plugins/metadata/plugin.go), so the
+    agent reads them as its own non-root user."""
+    for name, folder in (
+        ("containerd-content", "io.containerd.content.v1.content"),
+        ("containerd-metadata", "io.containerd.metadata.v1.bolt"),
+    ):
+        path = f"{CONTAINERD_ROOT}/{folder}"
+        mounts.append({"name": name, "mountPath": path, "readOnly": True})
+        volumes.append({"name": name, "hostPath": {"path": path, "type": "Directory"}})
+    env.append({"name": "CONTAINERD_ROOT", "value": CONTAINERD_ROOT})
 
 
 def _example_job(profiles: ProfileSet, ns: str, facts: CudaFacts) -> dict[str, Any]:

@@ -409,3 +409,28 @@ def test_smoke_affinity_and_options(
     assert verdicts(cli, ours, *given) == verdicts(cli, theirs)
     assert cli("affinity", ours, "--format", "json", *given).out == b.out
     assert smoke(ours, *given) == smoke(theirs)
+
+
+@pytest.mark.parametrize("mode", ["apply", "nfd"])
+def test_manifests_mount_the_stores_read_only(cli: CliRunner, mode: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    from tests.test_k8s_manifests import K8S_VERSION, _docs, _pod
+
+    docs = _docs(cli, "--containerd", "--mode", mode)
+    for d in docs:
+        if d["apiVersion"].startswith("apps/"):  # NFD's CRDs have no schema there
+            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    pod = _pod(docs)
+    (container,) = pod["containers"]
+    host = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    for name, folder in (
+        ("containerd-content", "io.containerd.content.v1.content"),
+        ("containerd-metadata", "io.containerd.metadata.v1.bolt"),
+    ):
+        path = f"/var/lib/containerd/{folder}"
+        assert host[name] == {"path": path, "type": "Directory"}
+        assert mounts[name] == {"name": name, "mountPath": path, "readOnly": True}
+    assert {"name": "CONTAINERD_ROOT", "value": "/var/lib/containerd"} in container["env"]
+    plain = _pod(_docs(cli, "--mode", mode))
+    assert not any(v["name"].startswith("containerd") for v in plain["volumes"])

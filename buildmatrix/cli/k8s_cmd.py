@@ -186,6 +186,12 @@ def k8s() -> None:
 )
 @click.option("--example-job", is_flag=True, help="Also print an example FP8 training Job.")
 @click.option(
+    "--containerd",
+    is_flag=True,
+    help="Mount the node's containerd content and metadata stores read-only, so that "
+    "pools may name images as containerd:NAME (read from the node, not a registry).",
+)
+@click.option(
     "--gpu-operator-values",
     "operator_values",
     is_flag=True,
@@ -248,6 +254,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     node_selectors: tuple[str, ...],
     runtime_class: bool,
     example_job: bool,
+    containerd: bool,
     operator_values: bool,
     nfd_values: bool,
     gfd_keys: str,
@@ -318,6 +325,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
         gfd_keys=GfdKeys(gfd_keys),
         mode=mode,
         mig_strategy=mig_strategy,
+        containerd=containerd,
     )
     from buildmatrix.cuda import load_cuda_facts
 
