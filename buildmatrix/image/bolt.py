@@ -57,6 +57,10 @@ class BoltError(Exception):
     """The file is not a bbolt database, or a page is out of its bounds."""
 
 
+class BoltBusy(BoltError):
+    """Every walk met a newer commit: the database is being written too fast to read."""
+
+
 def fnv1a64(data: bytes) -> int:
     h = 0xCBF29CE484222325
     for byte in data:
@@ -233,6 +237,6 @@ def read_consistent(path: Path, walk: Callable[[Bucket], T]) -> T:
                 continue
             if db.newest_txid() == db.meta.txid:
                 return result
-        raise BoltError(f"{path}: the database changed during each of {ATTEMPTS} reads.")
+        raise BoltBusy(f"{path}: the database changed during each of {ATTEMPTS} reads.")
     finally:
         os.close(fd)

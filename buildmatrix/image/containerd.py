@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.image.bolt import BoltError, Bucket, read_consistent
+from buildmatrix.image.bolt import BoltBusy, BoltError, Bucket, read_consistent
 from buildmatrix.image.model import (
     DEFAULT_PLATFORM,
     ImageConfig,
@@ -128,6 +128,8 @@ def _find(ref: ImageRef, store: Store, meta: Path) -> Record:
         raise _unreadable(meta, store) from None
     except FileNotFoundError:
         raise _missing(store) from None
+    except BoltBusy as exc:
+        raise EnvironmentUnavailable(f"'{ref.given}': {exc} Try again.") from None
     except BoltError as exc:
         raise InputError(
             f"'{ref.given}': containerd's metadata store cannot be read ({exc}). "
@@ -152,7 +154,9 @@ def _repository(name: str) -> tuple[str, str]:
 
 def _record(root: Bucket, store: Store, name: str, target: Bucket) -> Record:
     blobs = root.bucket(b"v1", store.namespace.encode(), b"content", b"blob")
-    held = frozenset(k.decode() for k, _, b in (blobs.items() if blobs else []) if b)
+    held = frozenset(
+        k.decode("utf-8", "replace") for k, _, b in (blobs.items() if blobs else []) if b
+    )
     return Record(
         name=name,
         digest=_text(target, b"digest"),
