@@ -63,20 +63,18 @@ def _config(base: Path) -> Path:
     return config
 
 
-@pytest.fixture(scope="session")
-def containerd() -> Iterator[Containerd]:
-    """containerd started for the session (skips with the reason where it cannot)."""
+def start_containerd(base: Path) -> tuple[subprocess.Popen[bytes], Containerd]:
+    """containerd with its config, root, state and socket under ``base`` (keep the
+    path short: a unix socket's path is limited to 107 bytes); RuntimeError with
+    the end of its log where it does not come up."""
     binary = shutil.which("containerd")
     if binary is None or shutil.which("ctr") is None:
-        pytest.skip("containerd is not installed (Debian package containerd)")
-    if os.geteuid() != 0:
-        pytest.skip("containerd needs root to start")
-    # A short folder: a unix socket's path is limited to 107 bytes.
-    base = Path(tempfile.mkdtemp(prefix="bm-ctd-", dir="/tmp"))
+        raise FileNotFoundError("containerd is not installed (Debian package containerd)")
     log = (base / "containerd.log").open("wb")
     proc = subprocess.Popen(
         [binary, "--config", str(_config(base))], stdout=log, stderr=subprocess.STDOUT
     )
+    log.close()
     service = Containerd(root=base / "root", address=str(base / "c.sock"))
 
     def up() -> bool:
@@ -94,19 +92,34 @@ def containerd() -> Iterator[Containerd]:
     try:
         _wait(up, "containerd")
     except RuntimeError as exc:
+        stop_containerd(proc)
+        tail = (base / "containerd.log").read_text(errors="replace")[-400:]
+        raise RuntimeError(f"{exc}: {tail}") from None
+    return proc, service
+
+
+def stop_containerd(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        tail = (base / "containerd.log").read_text(errors="replace")[-400:]
+
+
+@pytest.fixture(scope="session")
+def containerd() -> Iterator[Containerd]:
+    """containerd started for the session (skips with the reason where it cannot)."""
+    if os.geteuid() != 0:
+        pytest.skip("containerd needs root to start")
+    base = Path(tempfile.mkdtemp(prefix="bm-ctd-", dir="/tmp"))
+    try:
+        proc, service = start_containerd(base)
+    except (FileNotFoundError, RuntimeError) as exc:
         shutil.rmtree(base, ignore_errors=True)
-        pytest.skip(f"containerd does not start here ({exc}): {tail}")
+        pytest.skip(f"containerd does not start here ({exc})")
     try:
         yield service
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        stop_containerd(proc)
         shutil.rmtree(base, ignore_errors=True)
