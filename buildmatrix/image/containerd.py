@@ -28,7 +28,6 @@ from typing import IO, Any
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.bolt import BoltBusy, BoltError, Bucket, read_consistent
 from buildmatrix.image.model import (
-    DEFAULT_PLATFORM,
     ImageConfig,
     LayerBlob,
     Progress,
@@ -36,8 +35,13 @@ from buildmatrix.image.model import (
     check_manifest,
     finish,
     is_index,
+    layer_diff_ids,
     read_json_blob,
     scan_blobs,
+)
+from buildmatrix.image.platform import (
+    DEFAULT_PLATFORM,
+    require_config_platform,
     select_platform,
 )
 from buildmatrix.image.ref import ImageRef, Transport, parse_name
@@ -262,8 +266,10 @@ def scan_containerd(
     name = f"containerd:{record.name}"
     desc: dict[str, Any] = {"digest": record.digest, "mediaType": record.media_type}
     doc = check_manifest(content.json(desc, what="the image's manifest"), name=name)
+    unplaced = False  # picked from an index entry without a platform
     while is_index(doc):
         desc = select_platform(doc.get("manifests") or [], platform, name=name)
+        unplaced = not isinstance(desc.get("platform"), dict)
         doc = check_manifest(content.json(desc, what=f"the {platform} manifest"), name=name)
     if doc.get("schemaVersion") != 2 or "layers" not in doc:
         raise InputError(
@@ -271,19 +277,25 @@ def scan_containerd(
             f"media type {doc.get('mediaType')}); only OCI and Docker v2 images."
         )
     config_desc = doc.get("config") or {}
+    config_doc = content.json(config_desc, what="the image config")
+    if unplaced:
+        require_config_platform(config_doc, platform, name=ref.given)
     config = ImageConfig.from_json(
-        content.json(config_desc, what="the image config"),
-        image_id=config_desc.get("digest"),
-        source=f"{name} image config",
+        config_doc, image_id=config_desc.get("digest"), source=f"{name} image config"
     )
+    descs = doc.get("layers") or []
+    diff_ids = layer_diff_ids(config_doc, count=len(descs), source=f"{name} image config")
     blobs = []
-    for i, layer in enumerate(doc.get("layers") or []):
+    for i, (layer, diff_id) in enumerate(zip(descs, diff_ids, strict=True)):
         digest = str(layer.get("digest", ""))
+        path = content.path(digest, what=f"layer {i}")
         blobs.append(
             LayerBlob(
                 name=f"{name} layer {i} ({digest[:19]})",
-                open=partial(_open_binary, content.path(digest, what=f"layer {i}"), store),
+                open=partial(_open_binary, path, store),
                 digest=digest,
+                diff_id=diff_id,
+                local=path,
             )
         )
     layers = scan_blobs(blobs, progress, keep=keep)
