@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from buildmatrix.image.bolt import BRANCH_PAGE, PAGE_HEADER, BoltError, BoltFile, read_consistent
-from buildmatrix.image.containerd import METADATA
+from buildmatrix.image.containerd import METADATA, candidate_names
 from buildmatrix.image.open import scan_image
+from buildmatrix.image.ref import Transport, parse_ref
 from tests.conftest import REPO, CliRunner
 from tests.containerd_service import Containerd, containerd  # noqa: F401
 from tests.images import Image, fixture, write_docker_archive, write_oci_layout
@@ -434,3 +435,28 @@ def test_manifests_mount_the_stores_read_only(cli: CliRunner, mode: str) -> None
     assert {"name": "CONTAINERD_ROOT", "value": "/var/lib/containerd"} in container["env"]
     plain = _pod(_docs(cli, "--mode", mode))
     assert not any(v["name"].startswith("containerd") for v in plain["volumes"])
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("train", ["train", "train:latest", "docker.io/library/train:latest"]),
+        ("team/train:1", ["team/train:1", "docker.io/team/train:1"]),
+        ("docker.io/library/train:1", ["docker.io/library/train:1"]),
+        ("127.0.0.1:5000/t@sha256:" + "a" * 64, ["127.0.0.1:5000/t@sha256:" + "a" * 64]),
+        (
+            "ghcr.io/o/t:1@sha256:" + "b" * 64,
+            ["ghcr.io/o/t:1@sha256:" + "b" * 64, "ghcr.io/o/t@sha256:" + "b" * 64],
+        ),
+    ],
+)
+def test_names_looked_up(text: str, names: list[str]) -> None:
+    """As given first, then as the CRI and ctr name what they pull and import."""
+    ref = parse_ref(f"containerd:{text}")
+    assert ref.transport is Transport.CONTAINERD
+    assert candidate_names(ref) == names
+
+
+def test_a_malformed_name_is_exit_2(cli: CliRunner) -> None:
+    result = cli("check", "containerd:Team/Train")
+    assert result.code == 2 and "not a valid image reference" in result.err
