@@ -70,6 +70,7 @@ def start_containerd(base: Path) -> tuple[subprocess.Popen[bytes], Containerd]:
     binary = shutil.which("containerd")
     if binary is None or shutil.which("ctr") is None:
         raise FileNotFoundError("containerd is not installed (Debian package containerd)")
+    base.chmod(0o755)  # as /var/lib: only containerd's own root folder (0700) is closed
     log = (base / "containerd.log").open("wb")
     proc = subprocess.Popen(
         [binary, "--config", str(_config(base))], stdout=log, stderr=subprocess.STDOUT

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import shutil
+import site
+import subprocess
+import sys
 import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -460,3 +466,81 @@ def test_names_looked_up(text: str, names: list[str]) -> None:
 def test_a_malformed_name_is_exit_2(cli: CliRunner) -> None:
     result = cli("check", "containerd:Team/Train")
     assert result.code == 2 and "not a valid image reference" in result.err
+
+
+AGENT_USER = "65532"  # the tool image's USER (Dockerfile), the DaemonSet's agent
+
+
+def _as_agent(python: str, *args: str, mounts: tuple[tuple[Path, Path], ...] = ()) -> Any:
+    """``python -m buildmatrix ARGS`` as the agent's non-root user, every capability
+    dropped, in a mount namespace holding ``mounts`` (read-only bind mounts): what the
+    DaemonSet's container sees with the hostPath volumes of ``k8s manifests
+    --containerd``."""
+    binds = "".join(f"mount --bind -o ro {a} {b} && " for a, b in mounts)
+    user = f"--reuid {AGENT_USER} --regid {AGENT_USER} --clear-groups --inh-caps=-all"
+    script = f'{binds}exec setpriv {user} "$@"'
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", python, "-m", "buildmatrix", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_the_agent_reads_the_mounted_folders_as_non_root(
+    containerd: Containerd,  # noqa: F811
+    cli: CliRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the two folders mounted read-only the agent's non-root user reads the
+    image, with the verdict root gets; through containerd's root folder (0700) it is
+    refused with exit 3, naming the folder."""
+    if not all(shutil.which(t) for t in ("unshare", "setpriv", "mount")):
+        pytest.skip("unshare, setpriv and mount (util-linux) are needed")
+    archive = write_docker_archive(tmp_path / "a.tar", LAYERED, tag="bmtest/agent:v1")
+    containerd.ctr("images", "import", "--no-unpack", str(archive), namespace="agent")
+    base = Path(tempfile.mkdtemp(prefix="bm-agent-", dir="/tmp"))  # open to the agent
+    try:
+        base.chmod(0o755)
+        root = base / "root"
+        folders = ("io.containerd.content.v1.content", "io.containerd.metadata.v1.bolt")
+        for folder in folders:
+            (root / folder).mkdir(parents=True)
+        cache = base / "cache"
+        cache.mkdir(mode=0o777)
+        cache.chmod(0o777)
+        env = {
+            "CONTAINERD_NAMESPACE": "agent",
+            "XDG_CACHE_HOME": str(cache),
+            "HOME": str(cache),
+            "PYTHONPATH": os.pathsep.join([str(REPO), *site.getsitepackages()]),
+        }
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        python = next(
+            (
+                p
+                for p in (sys.executable, "/usr/bin/python3")
+                if _as_agent(p, "--version").returncode == 0
+            ),
+            None,
+        )
+        if python is None:
+            pytest.skip(f"no Python interpreter here that user {AGENT_USER} may run")
+        mounts = tuple((containerd.root / f, root / f) for f in folders)
+        args = ("check", "containerd:bmtest/agent:v1", "--json")
+        monkeypatch.setenv("CONTAINERD_ROOT", str(root))
+        agent = _as_agent(python, *args, mounts=mounts)
+        assert agent.returncode == 0, agent.stderr
+        monkeypatch.setenv("CONTAINERD_ROOT", str(containerd.root))
+        ours = cli(*args)
+        assert ours.code == 0
+        assert json.loads(agent.stdout) == ours.json()
+        refused = _as_agent(python, *args)  # the root folder itself, not mounted
+        assert refused.returncode == 3, refused.stderr
+        assert "not readable by this user" in refused.stderr
+        assert str(containerd.root / METADATA) in refused.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
