@@ -222,6 +222,8 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
         smoke += f" --gfd-keys {settings.gfd_keys.value}"
     if settings.load_test:
         smoke += " --load-test"
+    if settings.containerd:  # the pools' images as the node holds them, when it does
+        smoke += " --prefer-containerd"
     if settings.mig_strategy is not None:
         smoke += f" --mig-strategy {settings.mig_strategy}"
     # A failed check is exit 1 and leaves the node tainted; the loop goes on so that

@@ -558,3 +558,38 @@ def test_the_agent_reads_the_mounted_folders_as_non_root(
         assert str(containerd.root / METADATA) in refused.stderr
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_smoke_prefers_the_image_the_node_holds(
+    store: Containerd, registry: Registry, cli: CliRunner, tmp_path: Path
+) -> None:
+    """``smoke --prefer-containerd`` (the DaemonSet's with ``k8s manifests
+    --containerd``): a registry name the node's containerd holds is judged as the node
+    holds it (here an sm_80-only build under the name whose registry copy runs on
+    Hopper), a name it does not hold is read from the registry, and a store that is
+    not there fails the node (exit 3), not a silent switch to the registry."""
+    name = f"{registry.host}/bmtest/nodefirst:v1"
+    layout = write_oci_layout(tmp_path / "good", LAYERED, tag="v1")
+    skopeo("copy", "--dest-tls-verify=false", f"oci:{layout}:v1", f"docker://{name}")
+    old = Image(layers=[{"usr/lib/libsass_sm80.so": fixture("libsass_sm80.so")}])
+    archive = write_docker_archive(tmp_path / "old.tar", old, tag=name)
+    store.ctr("images", "import", "--no-unpack", str(archive))
+    snapshot = str(REPO / "tests" / "fixtures" / "nodes" / "h100-580.json")
+
+    def smoke(ref: str, *extra: str) -> tuple[int, dict[str, Any]]:
+        r = cli("smoke", "--snapshot", snapshot, "--json", "--image", ref, *extra)
+        return r.code, {c["name"]: c for c in r.json()["checks"]}
+
+    assert smoke(f"docker://{name}")[0] == 0  # the registry's copy runs on Hopper
+    code, checks = smoke(f"docker://{name}", "--prefer-containerd")
+    assert code == 1
+    (image,) = [c for n, c in checks.items() if n.startswith("image ")]
+    assert image["name"] == f"image containerd:{name}"  # says where it was read
+    assert not image["ok"]
+    other = f"{registry.host}/bmtest/nodefirst-registry-only:v1"
+    skopeo("copy", "--dest-tls-verify=false", f"oci:{layout}:v1", f"docker://{other}")
+    assert smoke(f"docker://{other}", "--prefer-containerd")[0] == 0
+    missing = ("--containerd-root", str(tmp_path / "no-store"))
+    code, checks = smoke(f"docker://{name}", "--prefer-containerd", *missing)
+    assert code == 3  # a source that is not there, as for an unreachable registry
+    assert any("cannot be checked" in c["message"] for c in checks.values() if not c["ok"])

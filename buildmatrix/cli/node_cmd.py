@@ -115,6 +115,7 @@ def _check_images(
     require_sass: bool,
     load_test: bool,
     platform: str,
+    prefer_containerd: bool = False,
 ) -> list[_ImageOutcome]:
     """Each image judged on the node's GPUs (and loaded by the driver with --load-test).
 
@@ -123,7 +124,7 @@ def _check_images(
     """
     from buildmatrix.check import Options, run_check
     from buildmatrix.cuda import load_cuda_facts
-    from buildmatrix.image.open import scan_image
+    from buildmatrix.image.open import scan_image, scan_node_first
 
     facts = load_cuda_facts()
     outcomes = []
@@ -131,7 +132,11 @@ def _check_images(
         outcome = _ImageOutcome(ref=ref)
         keep = Path(tempfile.mkdtemp(prefix="buildmatrix-load-")) if load_test else None
         try:
-            image = scan_image(ref, platform=platform, keep=keep, containerd=containerd_store())
+            store = containerd_store()
+            if prefer_containerd:
+                image = scan_node_first(ref, platform=platform, keep=keep, containerd=store)
+            else:
+                image = scan_image(ref, platform=platform, keep=keep, containerd=store)
             opts = Options(snapshot=snap, require_sass=require_sass)
             outcome.result = run_check(image, profiles, opts, facts)
             if load_test:
@@ -254,6 +259,12 @@ def _print_report(
     metavar="FILE",
     help="Credentials for --apply (default: in-cluster ServiceAccount, else ~/.kube/config).",
 )
+@click.option(
+    "--prefer-containerd",
+    is_flag=True,
+    help="Read each registry image from the node's containerd when it holds that name "
+    "(what the kubelet would start), else from the registry.",
+)
 @node_option
 @platform_option
 @containerd_options
@@ -275,6 +286,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     nfd_file: Path | None,
     apply_to_node: bool,
     kubeconfig: Path | None,
+    prefer_containerd: bool,
     node: str | None,
     platform: str,
     profiles_dir: str | None,
@@ -332,6 +344,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         require_sass=require_sass,
         load_test=load_test,
         platform=_images_platform(platform, live=snapshot is None),
+        prefer_containerd=prefer_containerd,
     )
     report = evaluate(
         snap,

@@ -169,20 +169,25 @@ def _record(root: Bucket, store: Store, name: str, target: Bucket) -> Record:
     )
 
 
+class NotInStore(InputError):
+    """The store has no image of that name (in that namespace): for a caller that can
+    look elsewhere (smoke --prefer-containerd falls back to the registry)."""
+
+
 def _not_found(
     ref: ImageRef, store: Store, names: list[str], namespaces: list[str], listed: list[str]
 ) -> Record:
     looked = " or ".join(f"'{n}'" for n in names)
     if store.namespace not in namespaces:
         there = ", ".join(namespaces) or "none"
-        raise InputError(
+        raise NotInStore(
             f"'{ref.given}': containerd at {store.root} has no namespace '{store.namespace}' "
             f"(namespaces there: {there}). Set $CONTAINERD_NAMESPACE to the one that holds "
             "the image (Kubernetes' is k8s.io, ctr's default is 'default', Docker's moby)."
         )
     more = f" and {len(listed) - LISTED} more" if len(listed) > LISTED else ""
     shown = ", ".join(listed[:LISTED]) + more
-    raise InputError(
+    raise NotInStore(
         f"'{ref.given}': containerd namespace '{store.namespace}' (at {store.root}) has no "
         f"image {looked}; it has: {shown or 'no images'}. Pull or import it there, or set "
         "$CONTAINERD_NAMESPACE to the namespace that holds it."

@@ -90,3 +90,31 @@ def _from_engine(
             )
         return None
     return scan_daemon_image(client, image, ref, progress=progress, keep=keep)
+
+
+def scan_node_first(
+    text: str,
+    *,
+    platform: str = DEFAULT_PLATFORM,
+    keep: Path | None = None,
+    containerd: Store,
+) -> ScannedImage:
+    """REF as the node would run it: a registry (or bare) name is read from the node's
+    containerd when it holds that name (what the kubelet starts with an image already
+    pulled), else from the registry. Any other containerd error is an error: the
+    store was meant to be read (mounted) and is not as expected."""
+    from buildmatrix.image.containerd import NotInStore
+
+    ref = parse_ref(text)
+    if ref.transport in (Transport.REGISTRY, Transport.BARE):
+        name = text.removeprefix("docker://")
+        try:
+            return scan_image(
+                f"{Transport.CONTAINERD.value}:{name}",
+                platform=platform,
+                keep=keep,
+                containerd=containerd,
+            )
+        except NotInStore:
+            pass
+    return scan_image(text, platform=platform, keep=keep, containerd=containerd)
