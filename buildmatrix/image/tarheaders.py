@@ -1,16 +1,21 @@
 """Tar headers read strictly: only forms Python's tarfile and Go's archive/tar (what
 the Docker engine and containerd unpack layers with) read alike pass.
 
-:class:`StrictTarInfo` is tarfile's TarInfo with every header block checked first;
-what fails raises :class:`TarHeaderError`, which the layer readers turn into a
-refusal (docs/security.md, "What is refused").
+:class:`StrictTarInfo` is tarfile's TarInfo with every header block checked first,
+and every member checked with the extension headers before it (PAX ``x``, GNU ``L``
+and ``K``): their records are parsed again as Go's reader parses them
+(``archive/tar/strconv.go``, ``parsePAXRecord``; ``reader.go``, ``Reader.next``,
+``mergePAX``, ``readGNUSparsePAXHeaders``) and only forms whose meaning is the same
+to both pass. What fails raises :class:`TarHeaderError`, which the layer readers
+turn into a refusal naming the member (docs/security.md, "Tar headers").
+tests/test_go_tar.py holds this to Go's reader itself.
 """
 
 from __future__ import annotations
 
 import re
 import tarfile
-from typing import Self
+from typing import IO, Any, Self
 
 
 class TarHeaderError(Exception):
@@ -36,17 +41,77 @@ _OCTAL = re.compile(rb" *[0-7]*[ \0]*")
 _USTAR, _GNU, _V7 = b"ustar\x0000", b"ustar  \x00", b"\0" * 8
 # Type flags container layers use: files, links, devices, folders, FIFOs, and the
 # PAX and GNU long-name extension headers.
-_TYPES = frozenset(b"\x0001234567xgLK")
+_TYPES = frozenset(b"\x0001234567xgLK")  # "g" and "7": refused with the member named
 
 
 class StrictTarInfo(tarfile.TarInfo):
-    """tarfile's TarInfo, but every header block is first checked strictly."""
+    """tarfile's TarInfo, but every header block is first checked strictly, and each
+    member with the extension headers that precede it (:meth:`_proc_member`, the
+    hook tarfile's source names for subclasses)."""
+
+    # The extension headers read before this member, outermost first; where its
+    # data starts and its size as its own header gives them (before PAX records).
+    extensions: tuple[bytes, ...] = ()
+    stored: tuple[int, int] = (0, 0)
+    header_name = ""
 
     @classmethod
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
         if buf and buf.count(0) != len(buf):  # empty and all-zero blocks: tarfile's ends
             check_header(bytes(buf))
         return super().frombuf(buf, encoding, errors)
+
+    def _proc_member(self, tarfile: Any) -> Any:
+        from buildmatrix.image.paxheaders import check_member, refuse_alone
+
+        refuse_alone(self)
+        if self.type not in EXTENSIONS:
+            member = super()._proc_member(tarfile)  # type: ignore[misc]
+            member.stored = (member.offset_data, member.size)
+            member.header_name = member.name
+            return member
+        if self.size > MAX_SPECIAL:
+            raise TarHeaderError(
+                f"an extension header of {self.size} bytes, over Go's {MAX_SPECIAL}"
+            )
+        recorder = Recorder(tarfile.fileobj)
+        tarfile.fileobj = recorder
+        try:
+            member = super()._proc_member(tarfile)  # type: ignore[misc]
+        except (ValueError, UnicodeError) as exc:  # tarfile's own parse of the records
+            raise TarHeaderError(f"an extension header cannot be read ({exc})") from None
+        finally:
+            tarfile.fileobj = recorder.inner
+        check_member(member, self.type, self.size, recorder.reads)
+        return member
+
+
+# Extension headers: they describe the member that follows. Go's reader reads at
+# most 1 MiB of one (archive/tar/format.go, maxSpecialFileSize; readSpecialFile).
+EXTENSIONS = (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+MAX_SPECIAL = 1 << 20
+
+
+class Recorder:
+    """tarfile's file object while an extension header is processed: every call
+    passes through; the bytes read are kept (at most ``MAX_SPECIAL`` plus a block
+    more), so the records can be parsed again as Go's reader parses them."""
+
+    def __init__(self, inner: IO[bytes]) -> None:
+        self.inner = inner
+        self.reads: list[bytes] = []
+        self._kept = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.inner.read(n)
+        self._kept += len(data)
+        if self._kept > 2 * MAX_SPECIAL + tarfile.BLOCKSIZE:
+            raise TarHeaderError(f"extension headers over {MAX_SPECIAL} bytes")
+        self.reads.append(data)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def check_header(buf: bytes) -> None:
