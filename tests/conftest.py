@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,3 +74,29 @@ from tests.services import (  # noqa: E402, F401
     registry,
     token_registry,
 )
+
+
+@pytest.fixture(scope="session")
+def gotar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/gotar/main.go (the oracle of tests/test_go_tar.py) built once per session
+    (standard library only: no network)."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("Go is not installed (scripts/test installs golang-go): no Go tar oracle")
+    out = tmp_path_factory.mktemp("gotar")
+    env = {
+        **os.environ,
+        "GOFLAGS": "-mod=mod",
+        "GOCACHE": str(out / "cache"),
+        "GOPATH": str(out / "path"),
+        "CGO_ENABLED": "0",
+    }
+    src = Path(__file__).parent / "gotar" / "main.go"
+    subprocess.run(
+        [go, "build", "-o", str(out / "gotar"), str(src)],
+        check=True,
+        env=env,
+        cwd=src.parent,
+        capture_output=True,
+    )
+    return out / "gotar"

@@ -323,3 +323,69 @@ def test_compat_note_json(raw: bytes) -> None:
     for key in ("driver", "device"):
         assert fields[key] is None or all(type(v) is int for v in fields[key])
     assert isinstance(fields["cuda"], str)
+
+
+# ------------------------------------------------- tar extension headers, held to Go's reader
+
+_PAX_KEYS = [
+    b"path", b"linkpath", b"size", b"mtime", b"uid", b"comment", b"hdrcharset",
+    b"GNU.sparse.size", b"GNU.sparse.realsize", b"GNU.sparse.name", b"GNU.sparse.map",
+    b"GNU.sparse.numblocks", b"GNU.sparse.major", b"GNU.sparse.minor",
+    b"GNU.sparse.offset", b"GNU.sparse.numbytes",
+    b"SCHILY.xattr.user.note", b"SCHILY.xattr.trusted.overlay.redirect",
+    b"SCHILY.xattr.user.overlay.opaque",
+]  # fmt: skip
+_PAX_VALUES = [
+    b"", b"0", b"1", b"4", b"10", b"1_0", b" 5", b"-1", b"y", b"BINARY",
+    b"usr/lib/libbad.so", b"usr/share/x", b"usr/lib/", b"0,4", b"0,4,8,2",
+]  # fmt: skip
+
+
+@st.composite
+def _extension_headers(draw: st.DrawFn) -> bytes:
+    """PAX (x, g) and GNU (L, K) headers in any order and number, with records from
+    the forms that Go's reader and Python's read differently."""
+    from tests.test_go_tar import long, pax
+
+    out = b""
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.sampled_from([b"x", b"x", b"g", b"L", b"K"]))
+        if kind in (b"L", b"K"):
+            out += long(draw(st.sampled_from(_PAX_VALUES[10:])), typ=kind)
+            continue
+        pairs = draw(
+            st.lists(
+                st.tuples(st.sampled_from(_PAX_KEYS), st.sampled_from(_PAX_VALUES)), max_size=4
+            )
+        )
+        out += pax(*pairs, typ=kind)
+    return out
+
+
+@settings(FUZZ, max_examples=min(EXAMPLES, 60))  # one Go process per example
+@given(st.data())
+def test_tar_headers_read_as_go_reads_them(gotar: object, data: st.DataObject) -> None:
+    """Every generated header form: buildmatrix refuses the layer, or sees exactly
+    what Go's archive/tar sees (tests/test_go_tar.py, the oracle)."""
+    import tempfile
+    from pathlib import Path
+
+    from tests.test_go_tar import buildmatrix_view, file, go_view, header, layer
+
+    parts = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        ext = data.draw(_extension_headers())
+        kind = data.draw(st.sampled_from([b"0", b"5", b"2", b"\0"]))
+        name = data.draw(st.sampled_from([b"usr/lib/libbad.so", b"x", b"usr/lib/"]))
+        size = data.draw(st.sampled_from([0, 4, 10, 600]))
+        member = (
+            file(name, SEEDS["libtwo.so"][:size], typ=kind)
+            if kind in (b"0", b"\0")
+            else (header(name, kind, link=b"libok.so" if kind == b"2" else b""))
+        )
+        parts.append(ext + member)
+    raw = layer(*parts)
+    ours = buildmatrix_view(raw)
+    with tempfile.TemporaryDirectory() as tmp:
+        go = go_view(Path(str(gotar)), raw, Path(tmp))
+    assert isinstance(ours, str) or ours == go, (ours, go)

@@ -7,15 +7,21 @@ from pathlib import Path
 
 from buildmatrix.binary.scan import ScanProblem, inspect_image_file
 from buildmatrix.binary.source import CorruptBinary, FileSource
+from buildmatrix.errors import InputError
 from buildmatrix.image.spool import might_hold_code
 from buildmatrix.image.tree import LayerSummary, Node, Result
 from buildmatrix.image.workers import run_all
 
-# overlayfs features the overlay2 driver can leave in a layer folder that change what
-# a name means; a layer that uses them is not read directly (the caller falls back
-# to the engine's own export).
-_UNREAD_XATTRS = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
-_OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
+# overlayfs xattrs in a layer folder (Linux Documentation/filesystems/overlayfs.rst).
+# The root engine's overlay2 mounts use the trusted.overlay.* names; user.overlay.*
+# ones count only on a mount with "userxattr" (a rootless engine). An opaque folder
+# is modelled; a redirect or metacopy makes the container see what the folder does
+# not hold, so it is refused, never read past; a user.overlay.opaque folder is left
+# to the engine's export (the layer's own tar), whose meaning does not depend on
+# the mount. Any other overlay xattr is refused.
+_OPAQUE = "trusted.overlay.opaque"
+_MOUNT_DEPENDENT = "user.overlay.opaque"
+_OVERLAY = ("trusted.overlay.", "user.overlay.")
 
 
 class UnreadableLayer(Exception):
@@ -25,9 +31,9 @@ class UnreadableLayer(Exception):
 def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
     """One layer from its overlay2 ``diff`` folder, as :func:`scan_layer` reads it
     from a tar: whiteouts are 0/0 character devices, an opaque folder carries the
-    ``trusted.overlay.opaque`` (or ``user.overlay.opaque``) attribute ``y``; files
-    are inspected in place. Raises :class:`UnreadableLayer` where the folder uses
-    overlayfs features this reader does not model."""
+    ``trusted.overlay.opaque`` attribute ``y``; files are inspected in place. Raises
+    :class:`UnreadableLayer` where what the folder means depends on the mount, and
+    InputError where it carries overlay redirects or metacopy."""
     import os
     import stat
 
@@ -45,10 +51,10 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
         for entry in entries:
             path = f"{rel}{entry.name}"
             st = entry.stat(follow_symlinks=False)
-            _refuse_unmodelled(entry.path)
+            opaque = _overlay_xattrs(entry.path, name=name, path=path)
             if stat.S_ISDIR(st.st_mode):
                 summary.add(path, Node("dir"))
-                if _xattr(entry.path, _OPAQUE_XATTRS) == b"y":
+                if opaque:
                     summary.make_opaque(path)
                 subfolders.append((entry.path, f"{path}/"))
             elif stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
@@ -72,20 +78,31 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
     return summary
 
 
-def _xattr(path: str, names: tuple[str, ...]) -> bytes | None:
+def _overlay_xattrs(full: str, *, name: str, path: str) -> bool:
+    """Whether the entry is an opaque folder; refuses redirects, metacopy and other
+    overlay xattrs (InputError), leaves mount-dependent ones to the export."""
     import os
 
-    for attr in names:
-        try:
-            return os.getxattr(path, attr, follow_symlinks=False)
-        except OSError:
-            continue
-    return None
-
-
-def _refuse_unmodelled(path: str) -> None:
-    if _xattr(path, _UNREAD_XATTRS) is not None:
-        raise UnreadableLayer(f"{path}: uses overlayfs redirect or metacopy")
+    try:
+        found = [a for a in os.listxattr(full, follow_symlinks=False) if a.startswith(_OVERLAY)]
+    except OSError:
+        return False  # a file system without xattrs: overlayfs sees none either
+    if not found:
+        return False
+    if _MOUNT_DEPENDENT in found:
+        raise UnreadableLayer(
+            f"{full}: {_MOUNT_DEPENDENT} means something only on userxattr mounts"
+        )
+    if found != [_OPAQUE]:
+        raise InputError(
+            f"{name}: '{path}' carries the overlayfs xattr(s) {', '.join(sorted(found))} in "
+            "the engine's layer folder; overlayfs follows them (a redirect shows other files "
+            "than the layer holds), so the image is refused. Nothing was checked."
+        )
+    try:
+        return os.getxattr(full, _OPAQUE, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
 
 
 def _open_stored(full: str) -> int:
