@@ -143,3 +143,37 @@ def test_an_oversized_registry_manifest_is_refused_while_streaming(cli: CliRunne
         server.shutdown()
     assert result.code == 2, result.err
     assert "is over 16 MiB" in result.err
+
+
+def _ar(name: bytes, data: bytes) -> bytes:
+    """A static archive (ar format) of one member."""
+    head = b"%-16s%-12d%-6d%-6d%-8o%-10d`\n" % (name, 0, 0, 0, 0o644, len(data))
+    return b"!<arch>\n" + head + data + b"\n" * (len(data) % 2)
+
+
+def _nested_archive(depth: int) -> bytes:
+    blob = fixture("libtwo_static.a")
+    for _ in range(depth):
+        blob = _ar(b"inner.a/", blob)
+    return blob
+
+
+@pytest.mark.parametrize("command", ["inspect", "check"])
+def test_archives_nested_deep_are_refused_not_a_traceback(
+    command: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    """400 archives deep once exhausted the stack (RecursionError): refused, exit 2,
+    with the limit named; 15 deep (under the limit) still reads its code."""
+    from buildmatrix.binary.scan import MAX_ARCHIVE_NESTING
+
+    root = tmp_path / "root"
+    (root / "usr" / "lib").mkdir(parents=True)
+    (root / "usr" / "lib" / "libdeep.a").write_bytes(_nested_archive(400))
+    args = ["check", f"dir:{root}", "--sm", "9.0"] if command == "check" else ["inspect", str(root)]
+    r = cli(*args)
+    assert r.code == 2, r.out + r.err
+    assert f"nested more than {MAX_ARCHIVE_NESTING} deep" in r.err and "Traceback" not in r.err
+    (root / "usr" / "lib" / "libdeep.a").write_bytes(_nested_archive(MAX_ARCHIVE_NESTING - 1))
+    r = cli("inspect", str(root), "--json")
+    assert r.code == 0, r.err
+    assert "sm_80" in r.out

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 WRAPPER_SECTION = ".nvFatBinSegment"  # the runtime's __fatBinC_Wrapper_t records
 _HEAD = 64
+# Static archives inside static archives: no linker reads them, but a hostile file can
+# nest them to exhaust the stack (400 deep did); 16 is far above any real build.
+MAX_ARCHIVE_NESTING = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,17 +129,24 @@ class ScanProblem:
 
 
 def inspect_source(
-    src: ByteSource, *, path: str, head: bytes | None = None, deep: bool = True
+    src: ByteSource, *, path: str, head: bytes | None = None, deep: bool = True, nesting: int = 0
 ) -> FileReport | None:
     """The device code in one file, or None when it has none.
 
     ``deep``: also search an ELF file's data for fatbinaries and cubins that no
-    section or wrapper names (buildmatrix.binary.embedded).
+    section or wrapper names (buildmatrix.binary.embedded). ``nesting``: how many
+    static archives hold this file (at most ``MAX_ARCHIVE_NESTING``).
     """
     if head is None:
         head = src.read_at(0, _HEAD)
     if is_archive(head):
-        return _archive(src, path)
+        if nesting >= MAX_ARCHIVE_NESTING:
+            raise InputError(
+                f"{path}: static archives nested more than {MAX_ARCHIVE_NESTING} deep; no "
+                "linker or loader reads archives inside archives, so the file is refused "
+                "(docs/security.md, Bounds). Nothing was checked."
+            )
+        return _archive(src, path, nesting=nesting)
     if is_elf(head):
         info = read_elf(src)
         if info.machine == EM_CUDA:
@@ -204,13 +214,13 @@ def inspect_image_file(
     return code
 
 
-def _archive(src: ByteSource, path: str) -> FileReport | None:
+def _archive(src: ByteSource, path: str, *, nesting: int) -> FileReport | None:
     """A static archive: the device code of every member object, as cuobjdump lists
     it. The containers of each member keep their own numbers after the previous
     member's, so each translation unit stays one unit."""
     entries: list[FatbinEntry] = []
     for member in members(src):
-        report = inspect_source(member.source, path=f"{path}({member.name})")
+        report = inspect_source(member.source, path=f"{path}({member.name})", nesting=nesting + 1)
         if report is None:
             continue
         base = 1 + max((e.container for e in entries), default=-1)
