@@ -93,7 +93,7 @@ def summarise(
     """The summary the members of a layer tar make; ``read_file`` reads a regular
     file's device code."""
     summary = LayerSummary(name=name)
-    for member in tar:
+    for member in forward_members(tar):
         path = clean_member_name(member.name, layer=name)
         if not path:
             continue
@@ -144,6 +144,24 @@ def unreadable() -> tuple[type[Exception], ...]:
 
     isal_error = cast(type[Exception], igzip_lib.IsalError)
     return (tarfile.TarError, EOFError, OSError, zlib.error, isal_error, zstandard.ZstdError)
+
+
+def forward_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """Each member once, front to back, kept by no one: tarfile's own iterator keeps
+    every member it reads (``TarFile.members``), which for a layer of a million
+    empty files was ~1 GiB. Members read before (the in-place reader's read-ahead,
+    all or up to a refusal) come first, from that list."""
+    members: list[tarfile.TarInfo] = tar.members  # type: ignore[attr-defined]
+    if getattr(tar, "_loaded", False):  # every member read already
+        yield from members
+        return
+    # tarfile reads the first member when it opens; it is handed out by next().
+    pending = [] if tar.firstmember is not None else list(members)  # type: ignore[attr-defined]
+    members.clear()
+    yield from pending
+    while (member := tar.next()) is not None:
+        members.clear()
+        yield member
 
 
 def file_result(
