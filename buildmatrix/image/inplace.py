@@ -17,6 +17,7 @@ from buildmatrix.image.layers import (
     check_diff_id,
     clean_member_name,
     file_result,
+    forward_members,
     read_as_layer,
     scan_layer,
     summarise,
@@ -49,21 +50,19 @@ def scan_layer_at(
             return scan_layer(cast(IO[bytes], window), name=name, diff_id=diff_id)
         archive = FileSource(fd, name=str(file))
         with read_as_layer(name):
+            ahead, digest = _read_ahead(
+                _Window(fd, offset, size), archive, file, offset, size, hashed=bool(diff_id)
+            )
             buffered = io.BufferedReader(window, buffer_size=TAR_BUFSIZE)
             with tarfile.open(fileobj=buffered, mode="r:", tarinfo=StrictTarInfo) as tar:
-                ahead, digest = _read_ahead(tar, archive, file, offset, size, hashed=bool(diff_id))
-                end = buffered.tell()
 
                 def in_place(member: tarfile.TarInfo, path: str) -> Result:
-                    if member.offset in ahead:
-                        return ahead[member.offset]
                     if member.size < 4:
                         return None
                     if member.issparse():  # its bytes are not one run of the file
-                        result = file_result(tar, member, path, None)
-                        if ahead:
-                            buffered.seek(end)  # where the end-of-archive check reads
-                        return result
+                        return file_result(tar, member, path, None)
+                    if ahead is not None:  # every candidate was read ahead
+                        return ahead.get(member.offset)
                     return _inspect_in_archive(_job(file, offset, size, member, path), archive)
 
                 summary = summarise(tar, name, in_place)
@@ -97,40 +96,40 @@ def sha256_at(file: str, offset: int, size: int) -> str:
 
 
 def _read_ahead(
-    tar: tarfile.TarFile, archive: FileSource, file: Path, offset: int, size: int, *, hashed: bool
-) -> tuple[dict[int, Result], str | None]:
+    window: _Window, archive: FileSource, file: Path, offset: int, size: int, *, hashed: bool
+) -> tuple[dict[int, Result] | None, str | None]:
     """The device code of a layer's candidate files (regular, not sparse, whose first
-    bytes may be code) by member offset, read by workers (buildmatrix.image.workers),
-    and with ``hashed`` the layer's SHA-256, one more job; none when the layer is
-    small or its headers do not all read — the summary then reads each file as it
-    comes, and refuses the layer where the reader does."""
+    bytes may be code) by member offset, read by workers (buildmatrix.image.workers)
+    after a first pass over the headers that keeps no member, and with ``hashed``
+    the layer's SHA-256, one more job; None when the layer is small or its headers
+    do not all read — the summary then reads each file as it comes, and refuses the
+    layer where the reader does."""
     from buildmatrix.image.workers import PARALLEL_BYTES
 
     if size < PARALLEL_BYTES:
-        return {}, None
-    ahead: dict[int, Result] = {}
+        return None, None
     refused: tuple[type[Exception], ...] = (TarHeaderError, InputError, *unreadable())
+    jobs = []
     try:
-        members = tar.getmembers()
-        jobs = []
-        for m in members:
-            if not m.isreg() or m.issparse() or m.size < 4:
-                continue
-            job = _job(file, offset, size, m, clean_member_name(m.name, layer=str(file)))
-            _, start, length, path = job
-            head = archive.read_at(start, min(64, length))
-            if len(head) >= 4 and might_hold_code(head, path):
-                jobs.append((m.offset, job))
-            else:
-                ahead[m.offset] = None  # no device code: nothing to read again
+        # A window of its own: the buffer closes it when it goes (the fd stays open).
+        buffered = io.BufferedReader(window, buffer_size=TAR_BUFSIZE)
+        with tarfile.open(fileobj=buffered, mode="r:", tarinfo=StrictTarInfo) as tar:
+            for m in forward_members(tar):
+                if not m.isreg() or m.issparse() or m.size < 4:
+                    continue
+                job = _job(file, offset, size, m, clean_member_name(m.name, layer=str(file)))
+                _, start, length, path = job
+                head = archive.read_at(start, min(64, length))
+                if len(head) >= 4 and might_hold_code(head, path):
+                    jobs.append((m.offset, job))
     except refused:
-        return {}, None
+        return None, None
     if hashed:  # the biggest job, so the first a worker takes
         jobs.append((-1, (str(file), offset, size, _HASH)))
     results = run_all(_inspect_archived, [job for _, job in jobs], [job[2] for _, job in jobs])
     digest = str(results.pop()) if hashed else None
     jobs = jobs[:-1] if hashed else jobs
-    ahead.update((at, result) for (at, _), result in zip(jobs, results, strict=True))  # type: ignore[misc]
+    ahead = {at: cast(Result, result) for (at, _), result in zip(jobs, results, strict=True)}
     return ahead, digest
 
 

@@ -71,6 +71,10 @@ class Leaf:
     node: Node
 
 
+PLAIN_FILE = Leaf(Node("file"))
+"""Every file without device code: one shared leaf (leaves are immutable)."""
+
+
 class _Whiteout:
     """A whiteout mark: the name is hidden in every lower layer."""
 
@@ -86,7 +90,9 @@ class LayerSummary:
     def __init__(self, name: str) -> None:
         self.name = name
         self.root = Dir()
-        self._names: set[str] = set()
+        # Paths claimed so far, by their str hash (SipHash, keyed per process: PEP 456):
+        # a third of the memory of the strings. A collision could only refuse a layer.
+        self._names: set[int] = set()
 
     def _refuse(self, why: str) -> NoReturn:
         raise InputError(
@@ -96,9 +102,10 @@ class LayerSummary:
 
     def claim(self, path: str) -> None:
         """Each path once per layer: the engine refuses duplicates."""
-        if path in self._names:
+        key = hash(path)
+        if key in self._names:
             self._refuse(f"'{path}' appears twice in the layer")
-        self._names.add(path)
+        self._names.add(key)
 
     def _folder(self, parts: list[str], *, create: bool, what: str) -> Dir:
         """The folder ``parts`` name, following this layer's symlinks inside its root.
@@ -151,7 +158,7 @@ class LayerSummary:
             if not isinstance(folder.children.get(base), Dir):
                 folder.children[base] = Dir()
         else:
-            folder.children[base] = Leaf(node)
+            folder.children[base] = PLAIN_FILE if node == PLAIN_FILE.node else Leaf(node)
 
     def add_hardlink(self, path: str, target: str) -> None:
         """Bound to what ``target`` holds now, in this layer (the engine links in it)."""
