@@ -185,3 +185,60 @@ from buildmatrix.cli import main
 code = main(["check", sys.argv[1], "--sm", "9.0", "--allow-empty", "--json", "--no-cache"])
 assert code in (0, 1) and pids and os.getpid() not in pids, (code, pids)
 """
+
+
+@pytest.mark.parametrize(
+    ("xattr", "refused_by"),
+    [
+        ("trusted.overlay.redirect", "in the engine's layer folder"),
+        ("trusted.overlay.metacopy", "in the engine's layer folder"),
+        ("user.overlay.opaque", "it sets the overlay xattr 'user.overlay.opaque'"),
+    ],
+)
+def test_overlay_xattrs_set_through_a_layer_are_refused(
+    xattr: str,
+    refused_by: str,
+    overlay2_host: str,
+    cli: CliRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A layer tar that sets an overlay xattr on a folder: the overlay2 engine copies
+    it into its layer folder (checked there), where overlayfs follows it. The
+    folder reader refuses trusted.overlay.* redirects and metacopy itself, never
+    falling back to a reader that passes; user.overlay.* counts only on userxattr
+    mounts, so that folder is left to the export, whose layer tar is refused too."""
+    import hashlib
+    import os
+
+    from tests.images import layer_tar, write_archive_blobs
+    from tests.test_go_tar import header, pax
+
+    base = layer_tar({"opt/hidden/libbad.so": fixture("libsass_sm80.so"), "usr/lib/ok": b"x"})
+    top = (
+        pax((b"SCHILY.xattr." + xattr.encode(), b"/opt/hidden"))
+        + header(b"usr/lib/cuda", b"5")
+        + b"\0" * 1024
+    )
+    tars = [base, top]
+    diff_ids = ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars]
+    tag = f"bmtest/overlay-xattr:{xattr.rsplit('.', maxsplit=1)[-1]}"
+    config = Image(layers=[], labels={"io.buildmatrix.family": "hopper"}).config(diff_ids)
+    blobs = [(f"{i}/layer.tar", t) for i, t in enumerate(tars)]
+    archive = write_archive_blobs(tmp_path / "image.tar", config, blobs, tag=tag)
+    docker = ["docker", "-H", overlay2_host]
+    subprocess.run([*docker, "load", "-i", str(archive)], check=True, capture_output=True)
+    monkeypatch.setenv("DOCKER_HOST", overlay2_host)
+    try:
+        upper = json.loads(
+            subprocess.run(
+                [*docker, "image", "inspect", tag], check=True, capture_output=True, text=True
+            ).stdout
+        )[0]["GraphDriver"]["Data"]["UpperDir"]
+        folder = Path(upper) / "usr" / "lib" / "cuda"
+        assert os.getxattr(folder, xattr, follow_symlinks=False) == b"/opt/hidden"
+        r = cli("check", f"docker-daemon:{tag}", "--sm", "9.0", "--no-cache")
+    finally:
+        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
+    assert r.code == 2, r.out + r.err
+    assert refused_by in r.err and "usr/lib/cuda" in r.err, r.err

@@ -26,7 +26,7 @@ from buildmatrix.errors import InputError
 from buildmatrix.image.layers import clean_member_name, read_as_layer, scan_layer
 from buildmatrix.image.tarheaders import StrictTarInfo
 from buildmatrix.image.tarstream import member_data, open_tar_stream
-from tests.images import fixture, scan_in_place
+from tests.images import Image, fixture, scan_in_place, write_archive_blobs
 
 SM80 = fixture("libsass_sm80.so")
 HOPPER = fixture("libhopper_a.so")
@@ -264,3 +264,53 @@ def test_gnu_tar_sparse_reads_as_go_reads_it(gotar: Path, tmp_path: Path) -> Non
     ours = buildmatrix_view(raw)
     assert ours == go_view(gotar, raw, tmp_path)
     assert any(m["name"] == "usr/lib/libbad.so" for m in ours)  # type: ignore[index]
+
+
+def _engine_files(host: str, raw: bytes, tmp_path: Path, tag: str) -> dict[str, str] | str:
+    """The regular files (path -> sha256) the engine unpacks from a one-layer image
+    (``docker load`` + ``docker export``), or 'refused' where ``docker load`` fails."""
+    config = Image(layers=[]).config(["sha256:" + hashlib.sha256(raw).hexdigest()])
+    archive = write_archive_blobs(tmp_path / "image.tar", config, [("l/layer.tar", raw)], tag=tag)
+    docker = ["docker", "-H", host]
+    loaded = subprocess.run(
+        [*docker, "load", "-i", str(archive)], capture_output=True, text=True, check=False
+    )
+    if loaded.returncode:
+        return f"refused: {loaded.stderr.strip()}"
+    try:
+        cid = subprocess.run(
+            [*docker, "create", tag, "x"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        exported = subprocess.run([*docker, "export", cid], capture_output=True, check=True)
+        subprocess.run([*docker, "rm", cid], capture_output=True, check=True)
+    finally:
+        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as tar:
+        for m in tar:
+            data = tar.extractfile(m) if m.isreg() else None
+            if data is not None:
+                files[m.name] = hashlib.sha256(data.read()).hexdigest()
+    return files
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_the_engine_unpacks_what_go_reads(
+    case: str, gotar: Path, docker_host: str, tmp_path: Path
+) -> None:
+    """The oracle's oracle: the engine unpacks the files Go's reader names, with Go's
+    contents (or refuses the image where Go's reader fails). So each refused form
+    above is one where the engine would run a library the old reading missed."""
+    raw = HOSTILE[case]
+    go = go_view(gotar, raw, tmp_path)
+    engine = _engine_files(docker_host, raw, tmp_path, f"bmtest/gotar-{len(case)}:{case[:3]}x")
+    if isinstance(go, str):
+        assert str(engine).startswith("refused"), engine
+        return
+    if case == "contiguous type 7":  # Go reads it; moby's createTarFile does not unpack it
+        assert "unhandled tar header type 55" in str(engine), engine
+        return
+    assert isinstance(engine, dict), engine
+    for member in go:
+        if member["type"] == "0":
+            assert engine.get(member["name"]) == member["sha256"], (member, sorted(engine))
