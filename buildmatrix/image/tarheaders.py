@@ -62,10 +62,11 @@ class StrictTarInfo(tarfile.TarInfo):
         return super().frombuf(buf, encoding, errors)
 
     def _proc_member(self, tarfile: Any) -> Any:
-        from buildmatrix.image.paxheaders import check_member, refuse_alone
+        if self.type not in EXTENSIONS:  # the member itself
+            if self.type in REFUSED:
+                from buildmatrix.image.paxheaders import refuse_alone
 
-        refuse_alone(self)
-        if self.type not in EXTENSIONS:
+                refuse_alone(self)
             member = super()._proc_member(tarfile)  # type: ignore[misc]
             member.stored = (member.offset_data, member.size)
             member.header_name = member.name
@@ -74,6 +75,8 @@ class StrictTarInfo(tarfile.TarInfo):
             raise TarHeaderError(
                 f"an extension header of {self.size} bytes, over Go's {MAX_SPECIAL}"
             )
+        from buildmatrix.image.paxheaders import check_member
+
         recorder = Recorder(tarfile.fileobj)
         tarfile.fileobj = recorder
         try:
@@ -90,6 +93,7 @@ class StrictTarInfo(tarfile.TarInfo):
 # most 1 MiB of one (archive/tar/format.go, maxSpecialFileSize; readSpecialFile).
 EXTENSIONS = (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 MAX_SPECIAL = 1 << 20
+REFUSED = (tarfile.XGLTYPE, tarfile.CONTTYPE)  # see buildmatrix.image.paxheaders
 
 
 class Recorder:
@@ -127,7 +131,8 @@ def check_header(buf: bytes) -> None:
                 "tar readers parse differently"
             )
     unsigned = sum(buf[:148]) + 8 * 32 + sum(buf[156:])
-    if buf[148] & 0x80 or _field(buf, 148, 156) not in (unsigned, _signed(buf)):
+    checksum = _field(buf, 148, 156)  # the signed sum only where the unsigned one fails
+    if buf[148] & 0x80 or (checksum != unsigned and checksum != _signed(buf)):
         raise TarHeaderError("a header's checksum does not match")
     magic = buf[257:265]
     if buf[156] not in _TYPES:
