@@ -187,6 +187,9 @@ HOSTILE: dict[str, bytes] = {
         file(BAD, SM80),
     ),
     "contiguous type 7": layer(file(BAD, SM80, typ=b"7")),
+    # Found by tests/test_fuzz.py: tarfile makes a folder of type NUL + "NAME/" before
+    # it applies the long name; Go decides on the long name (a file).
+    "type NUL folder name with GNU L": layer(long(BAD), file(b"usr/lib/", SM80, typ=b"\0")),
     "overlay redirect xattr": layer(
         pax((b"SCHILY.xattr.trusted.overlay.redirect", b"/opt/hidden")),
         header(b"usr/lib/cuda", b"5"),

@@ -114,8 +114,11 @@ def check_member(member: StrictTarInfo, kind: bytes, size: int, reads: list[byte
             _refuse(member, "its PAX records read differently in Go's reader")
         _check_values(member, records)
         _check_sparse(member, records, reads)
-    if member.type == tarfile.AREGTYPE:
-        _refuse(member, "type NUL with an extension header; Go may read it as a folder")
+    if member.raw_type == tarfile.AREGTYPE:  # Go decides file or folder on the long name
+        _refuse(
+            member,
+            "type NUL with an extension header; Go and Python decide apart whether it is a folder",
+        )
     if tarfile.GNUTYPE_LONGNAME in member.extensions and b"path" in pax:
         _refuse(member, "both a PAX path and a GNU long name; Go's reader takes the GNU one")
     if tarfile.GNUTYPE_LONGLINK in member.extensions and b"linkpath" in pax:

@@ -54,12 +54,15 @@ class StrictTarInfo(tarfile.TarInfo):
     extensions: tuple[bytes, ...] = ()
     stored: tuple[int, int] = (0, 0)
     header_name = ""
+    raw_type = b""
 
     @classmethod
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
         if buf and buf.count(0) != len(buf):  # empty and all-zero blocks: tarfile's ends
             check_header(bytes(buf))
-        return super().frombuf(buf, encoding, errors)
+        info = super().frombuf(buf, encoding, errors)
+        info.raw_type = bytes(buf[156:157])  # tarfile turns "\0" + "NAME/" into a folder
+        return info
 
     def _proc_member(self, tarfile: Any) -> Any:
         if self.type not in EXTENSIONS:  # the member itself
