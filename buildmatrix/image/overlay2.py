@@ -89,15 +89,15 @@ def _overlay_xattrs(full: str, *, name: str, path: str) -> bool:
         return False  # a file system without xattrs: overlayfs sees none either
     if not found:
         return False
-    if _MOUNT_DEPENDENT in found:
-        raise UnreadableLayer(
-            f"{full}: {_MOUNT_DEPENDENT} means something only on userxattr mounts"
-        )
-    if found != [_OPAQUE]:
+    if set(found) - {_OPAQUE, _MOUNT_DEPENDENT}:  # refused before any fallback
         raise InputError(
             f"{name}: '{path}' carries the overlayfs xattr(s) {', '.join(sorted(found))} in "
             "the engine's layer folder; overlayfs follows them (a redirect shows other files "
             "than the layer holds), so the image is refused. Nothing was checked."
+        )
+    if _MOUNT_DEPENDENT in found:
+        raise UnreadableLayer(
+            f"{full}: {_MOUNT_DEPENDENT} means something only on userxattr mounts"
         )
     try:
         return os.getxattr(full, _OPAQUE, follow_symlinks=False) == b"y"
