@@ -107,7 +107,9 @@ def run_once(
     assert (shell, flag) == ("/bin/sh", "-c")
     once = script.removeprefix("while true; do ").split("; sleep")[0]
     return subprocess.run(
-        [shell, flag, local(f"{once} {append}")],
+        # ``append`` names files of the test's host side (a checkout under /tmp too):
+        # not rewritten into the Pod's volumes
+        [shell, flag, f"{local(once)} {append}"],
         env=env,
         capture_output=True,
         text=True,
