@@ -9,7 +9,7 @@
 ARG PYTHON_BASE=python:3.11-slim
 FROM ${PYTHON_BASE}
 COPY dist/ /tmp/wheels/
-RUN python3 -m pip install --no-cache-dir --no-index --find-links /tmp/wheels buildmatrix \
+RUN python3 -m pip install --no-cache-dir --no-index --find-links /tmp/wheels buildmatrix-gpu \
     && rm -rf /tmp/wheels
 # NVML needs no root: the NVIDIA container toolkit gives the device nodes (0666) and
 # the driver's libraries to any user.

@@ -97,7 +97,7 @@ def test_wheel_ships_profiles_and_schemas(tmp_path: Path) -> None:
          "-w", str(tmp_path), str(REPO)],
         check=True, capture_output=True,
     )  # fmt: skip
-    (wheel,) = tmp_path.glob("buildmatrix-*.whl")
+    (wheel,) = tmp_path.glob("buildmatrix_gpu-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "buildmatrix/arch_profiles/sm_90.yaml" in names
     assert "buildmatrix/schemas/arch-profile.schema.json" in names
