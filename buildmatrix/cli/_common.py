@@ -40,6 +40,28 @@ def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
 
 
+def timeout_option(func: F) -> F:
+    """--timeout SECONDS: a registry's connect and read time-out for this command
+    (image/registry.py, DEFAULT_TIMEOUT; docs/check.md, "Time-outs")."""
+
+    def enter(ctx: click.Context, _param: click.Parameter, value: float | None) -> None:
+        if value is not None:
+            from buildmatrix.image.registry import waiting
+
+            ctx.with_resource(waiting(value))
+
+    decorator = click.option(
+        "--timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        metavar="SECONDS",
+        expose_value=False,
+        callback=enter,
+        help="How long to wait for a registry to accept a connection, and then for each "
+        "next bytes of its answer (default 30).",
+    )
+    return decorator(func)
+
+
 def pools_option(func: F) -> F:
     decorator = click.option(
         "--pools",

@@ -16,6 +16,7 @@ from buildmatrix.cli._common import (
     platform_option,
     profiles_option,
     table,
+    timeout_option,
 )
 
 
@@ -79,6 +80,7 @@ def _markdown(result: object) -> str:
 )
 @platform_option
 @containerd_options
+@timeout_option
 @click.option(
     "--cache",
     "cache_dir",

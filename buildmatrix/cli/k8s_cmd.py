@@ -15,6 +15,7 @@ from buildmatrix.cli._common import (
     load,
     platform_option,
     profiles_option,
+    timeout_option,
 )
 from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import GfdKeys
@@ -65,6 +66,7 @@ def _dump(obj: Any, fmt: str) -> str:
 )
 @platform_option
 @containerd_options
+@timeout_option
 @profiles_option
 def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
     ref: str,

@@ -26,6 +26,7 @@ from buildmatrix.cli._common import (
     pools_option,
     profiles_option,
     table,
+    timeout_option,
 )
 from buildmatrix.errors import BuildmatrixError, EnvironmentUnavailable, InputError
 from buildmatrix.labelkeys import GFD_KEYS, GfdKeys, is_mig_key, writes_gfd_keys
@@ -268,6 +269,7 @@ def _print_report(
 @node_option
 @platform_option
 @containerd_options
+@timeout_option
 @profiles_option
 @json_option
 def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them

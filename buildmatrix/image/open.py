@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from buildmatrix.errors import EnvironmentUnavailable
+from buildmatrix.errors import BuildmatrixError, EnvironmentUnavailable
 from buildmatrix.image.model import Progress, ScannedImage
 from buildmatrix.image.platform import DEFAULT_PLATFORM
 from buildmatrix.image.ref import ImageRef, Transport, parse_ref
@@ -58,15 +58,42 @@ def scan_image(
                 raise EnvironmentUnavailable(f"'{ref.given}': the Docker engine is not there.")
             return engine_image
         case Transport.BARE:
-            found = _from_engine(ref, progress=progress, required=False, keep=keep)
-            if found is not None:
-                return found
-            from buildmatrix.image.ref import parse_name
-            from buildmatrix.image.registry import scan_registry
-
-            remote = parse_name(text, given=text, transport=Transport.REGISTRY)
-            return scan_registry(remote, platform=platform, progress=progress, keep=keep)
+            return _engine_else_registry(ref, platform=platform, progress=progress, keep=keep)
     raise AssertionError(ref.transport)  # pragma: no cover - every transport is handled
+
+
+def _engine_else_registry(
+    ref: ImageRef,
+    *,
+    platform: str,
+    progress: Progress | None,
+    keep: Path | None,
+) -> ScannedImage:
+    """A bare NAME[:TAG]: the local engine's image if it has one, else the registry's.
+    When the registry fails too, the message says first why the engine did not serve
+    it (no engine, or no such image there), then what the registry said."""
+    from buildmatrix.image.daemon import engine, find_image, scan_daemon_image
+    from buildmatrix.image.ref import parse_name
+    from buildmatrix.image.registry import scan_registry
+
+    try:
+        client = engine()
+    except EnvironmentUnavailable:
+        why = "no local Docker engine answers (DOCKER_HOST or the default socket)"
+    else:
+        image = find_image(client, ref)
+        if image is not None:
+            return scan_daemon_image(client, image, ref, progress=progress, keep=keep)
+        why = f"the local Docker engine has no image {ref.name}"
+    remote = parse_name(ref.given, given=ref.given, transport=Transport.REGISTRY)
+    try:
+        return scan_registry(remote, platform=platform, progress=progress, keep=keep)
+    except BuildmatrixError as exc:
+        said = str(exc).removeprefix(f"'{ref.given}': ")
+        raise type(exc)(
+            f"'{ref.given}': {why}, so the registry was asked, and: {said} "
+            f"(docker-daemon:NAME reads only the engine, docker://HOST/NAME only the registry.)"
+        ) from None
 
 
 def _from_engine(

@@ -10,6 +10,7 @@ stored) and every manifest and blob verified against its digest.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import io
 import ipaddress
@@ -48,7 +49,25 @@ if TYPE_CHECKING:
     import requests
 
 ACCEPT = ", ".join((*INDEX_TYPES, *MANIFEST_TYPES))
-TIMEOUT = 60
+# How long a request waits for the registry to accept the connection (connect
+# time-out), and then for each next bytes of its answer (read time-out): a CI step
+# that reads a registry which never answers fails within this, and says which wait
+# ran out (docs/check.md, "Time-outs"). --timeout SECONDS sets it.
+DEFAULT_TIMEOUT = 30.0
+_WAIT: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "buildmatrix_registry_timeout", default=DEFAULT_TIMEOUT
+)
+
+
+@contextmanager
+def waiting(seconds: float) -> Iterator[None]:
+    """Make ``seconds`` the connect and read time-out of the registry clients made in
+    this context (``--timeout``), as ``image.cache.use`` does for the layer cache."""
+    token = _WAIT.set(seconds)
+    try:
+        yield
+    finally:
+        _WAIT.reset(token)
 
 
 def is_loopback(host: str) -> bool:
@@ -63,16 +82,40 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _timed_session(session: requests.Session, timeout: float) -> None:
+    """Give every request of ``session`` the connect and read time-outs.
+
+    oras-py sends its requests (``Registry.do_request``, the token flow of
+    ``oras.auth.token``) on its session without a ``timeout``, which requests takes as
+    waiting for ever; an adapter is where a session's requests can get one.
+    """
+    import requests.adapters
+
+    class TimedAdapter(requests.adapters.HTTPAdapter):
+        # the same call, every argument passed on
+        def send(  # type: ignore[override]
+            self, request: requests.PreparedRequest, **kwargs: Any
+        ) -> requests.Response:
+            if kwargs.get("timeout") is None:
+                kwargs["timeout"] = (timeout, timeout)
+            return super().send(request, **kwargs)
+
+    for prefix in ("http://", "https://"):
+        session.mount(prefix, TimedAdapter())
+
+
 class RegistryClient:
-    def __init__(self, ref: ImageRef) -> None:
+    def __init__(self, ref: ImageRef, *, timeout: float | None = None) -> None:
         import oras.provider
 
         self.ref = ref
+        self.timeout = _WAIT.get() if timeout is None else timeout
         self.credentials = Lookup(credentials=None, source="")
         insecure = is_loopback(ref.host)
         self.registry: oras.provider.Registry = oras.provider.Registry(
             ref.host, insecure=insecure, tls_verify=True, auth_backend=self._scheme(insecure)
         )
+        _timed_session(self.registry.session, self.timeout)
         self.container = self.registry.get_container(f"{ref.host}/{ref.repository}")
         # Credentials as the Docker CLI finds them (image/dockerconfig.py), not with
         # oras-py's own lookup: that one merges $DOCKER_CONFIG's file with
@@ -99,7 +142,7 @@ class RegistryClient:
 
         url = f"{'http' if insecure else 'https'}://{self.ref.host}/v2/"
         try:
-            response = requests.get(url, timeout=TIMEOUT)
+            response = requests.get(url, timeout=(self.timeout, self.timeout))
         except requests.exceptions.RequestException as exc:
             raise self._unreachable(exc) from None
         challenge = response.headers.get("WWW-Authenticate", "")
@@ -121,6 +164,22 @@ class RegistryClient:
         )
 
     def _unreachable(self, exc: Exception) -> EnvironmentUnavailable:
+        import requests
+        import urllib3.exceptions
+
+        waited = f"{self.timeout:g} s"
+        if isinstance(exc, requests.exceptions.ConnectTimeout):
+            return EnvironmentUnavailable(
+                f"registry {self.ref.host} did not accept a connection within {waited} "
+                "(connect time-out). Check the address and the network path to it, or wait "
+                "longer with --timeout SECONDS."
+            )
+        if isinstance(exc, requests.exceptions.ReadTimeout | urllib3.exceptions.ReadTimeoutError):
+            return EnvironmentUnavailable(
+                f"registry {self.ref.host} accepted the connection but sent nothing for "
+                f"{waited} (read time-out). Check that the registry is healthy, or wait "
+                "longer with --timeout SECONDS."
+            )
         return EnvironmentUnavailable(
             f"registry {self.ref.host} is unreachable ({type(exc).__name__}: {exc}). Check "
             "the address and that the registry is running; loopback registries are "
@@ -168,8 +227,12 @@ class RegistryClient:
         # to verify against (as containerd does), so that a proxy or a corrupted
         # store cannot hand over other content under the registry's digest.
         served = response.headers.get("Docker-Content-Digest", "")
+        import urllib3.exceptions
+
         try:  # read at most the cap, whatever Content-Length claims
             body = response.raw.read(MAX_JSON + 1, decode_content=True)
+        except urllib3.exceptions.ReadTimeoutError as exc:
+            raise self._unreachable(exc) from None
         finally:
             response.close()
         if len(body) > MAX_JSON:
@@ -191,9 +254,13 @@ class RegistryClient:
 
     @contextmanager
     def blob(self, digest: str) -> Iterator[IO[bytes]]:
+        import urllib3.exceptions
+
         response = self._get(self._url("blobs", digest), stream=True, what=f"blob {digest[:19]}")
         try:
             yield cast(IO[bytes], response.raw)
+        except urllib3.exceptions.ReadTimeoutError as exc:  # the answer stopped mid-blob
+            raise self._unreachable(exc) from None
         finally:
             response.close()
 
@@ -208,8 +275,9 @@ def scan_registry(
     platform: str = DEFAULT_PLATFORM,
     progress: Progress | None = None,
     keep: Path | None = None,
+    timeout: float | None = None,
 ) -> ScannedImage:
-    client = RegistryClient(ref)
+    client = RegistryClient(ref, timeout=timeout)
     doc, digest = client.manifest(ref.reference, digest=ref.digest or None)
     where = f"{ref.host}/{ref.repository} manifest"
     unplaced = False  # picked from an index entry without a platform
