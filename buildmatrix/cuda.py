@@ -78,6 +78,8 @@ class CudaFacts:
     toolkits: tuple[Toolkit, ...]
     minor_compat: dict[int, DriverVersion]
     architectures: dict[str, ArchSupport]
+    # MAJOR.MINOR -> its patch releases published as nvidia/cuda images (data/cuda.yaml)
+    releases: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def toolkit(self, cuda: Version) -> Toolkit | None:
         """The toolkit release MAJOR.MINOR, or None when the table does not know it."""
@@ -153,7 +155,20 @@ def facts_from_data(data: object, *, source: str) -> CudaFacts:
         )
         for name, a in data["architectures"].items()
     }
-    return CudaFacts(toolkits=toolkits, minor_compat=minor_compat, architectures=architectures)
+    releases = {mm: tuple(v) for mm, v in data.get("releases", {}).items()}
+    listed = {f"{tk.version.major}.{tk.version.minor}" for tk in toolkits}
+    for mm, patches in releases.items():
+        if mm not in listed:
+            raise InputError(f"{source}: releases: '{mm}' is not a toolkit of 'toolkits'.")
+        for patch in patches:
+            if not patch.startswith(f"{mm}."):
+                raise InputError(f"{source}: releases.{mm}: '{patch}' is not a {mm} release.")
+    return CudaFacts(
+        toolkits=toolkits,
+        minor_compat=minor_compat,
+        architectures=architectures,
+        releases=releases,
+    )
 
 
 @cache

@@ -92,6 +92,41 @@ def _check_fields(pattern: str, allowed: list[str], *, source: Path, key: str) -
             )
 
 
+def _check_cuda_releases(cudas: list[Cuda], *, tag: str, source: Path) -> None:
+    """Each full CUDA version must be a release NVIDIA publishes as nvidia/cuda images
+    (data/cuda.yaml, releases), and two versions of one MAJOR.MINOR need ``{cuda}`` in
+    the tag pattern to get tags of their own."""
+    from buildmatrix.cuda import load_cuda_facts
+
+    facts = load_cuda_facts()
+    for cuda in cudas:
+        known = facts.releases.get(cuda.mm)
+        if cuda.full == cuda.mm or known is None or cuda.full in known:
+            continue  # MAJOR.MINOR, or a toolkit whose releases the facts do not list
+        listed = (
+            f"the known ones are {', '.join(known)}"
+            if known
+            else f"no nvidia/cuda image of CUDA {cuda.mm} is published yet"
+        )
+        raise InputError(
+            f"{source}: key 'cuda': '{cuda.full}' is not a released CUDA version: {listed} "
+            f"(nvidia/cuda:VERSION-* tags; buildmatrix/data/cuda.yaml, releases). Use one of "
+            "them, or extend the releases there when NVIDIA publishes a new one."
+        )
+    if "{cuda}" in tag:
+        return
+    first: dict[str, Cuda] = {}
+    for cuda in cudas:
+        if cuda.mm in first:
+            raise InputError(
+                f"{source}: key 'cuda': '{first[cuda.mm].full}' and '{cuda.full}' are both "
+                f"CUDA {cuda.mm}, so their variants get the same tags (the tag pattern "
+                f"'{tag}' names CUDA by major and minor). Keep one of them, or put {{cuda}} "
+                "into the tag pattern."
+            )
+        first[cuda.mm] = cuda
+
+
 def spec_from_data(data: Any, path: Path, profiles: ProfileSet) -> ImageSpec:
     source = path
     if data is None:
@@ -116,6 +151,7 @@ def spec_from_data(data: Any, path: Path, profiles: ProfileSet) -> ImageSpec:
         if m is None:  # pragma: no cover - the schema's pattern is the same
             raise InputError(f"{source}: key 'cuda': '{text}' is not a CUDA version.")
         cudas.append(Cuda(full=text, major=int(m[1]), minor=int(m[2])))
+    _check_cuda_releases(cudas, tag=data.get("tag", DEFAULT_TAG), source=source)
     known = [f.value for f in profiles.families]
     families = tuple(data["families"]) if "families" in data else None
     for family in families or ():

@@ -1,0 +1,120 @@
+"""CUDA versions in image specs: a full version must be a release NVIDIA publishes as
+nvidia/cuda images (buildmatrix/data/cuda.yaml, releases), and two versions of one
+CUDA minor are named when the tag pattern cannot tell them apart."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from buildmatrix.cuda import facts_from_data, load_cuda_facts
+from buildmatrix.errors import InputError
+from buildmatrix.profiles import load_profiles
+from buildmatrix.specs import spec_from_data
+from buildmatrix.yamlio import load_yaml_text
+from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
+
+FACTS = load_cuda_facts()
+
+
+def _images(tmp_path: Path, cuda: str, tag: str | None = None) -> Path:
+    images = tmp_path / "images"
+    shutil.copytree(REPO / "images" / "infer", images / "infer")
+    spec = images / "infer" / "image.yaml"
+    text = re.sub(r"cuda: \[.*\]", f"cuda: {cuda}", spec.read_text())
+    text = re.sub(r"exclude:\n(  .*\n)+", "", text)  # the shipped exclusion names 12.9
+    if tag is not None:
+        text = re.sub(r"^tag: .*$", f'tag: "{tag}"', text, flags=re.MULTILINE)
+    spec.write_text(text)
+    return images
+
+
+def _generate(cli: CliRunner, images: Path, tmp_path: Path) -> Any:
+    return cli("generate", "--images", str(images), "--out", str(tmp_path / "build"))
+
+
+def test_a_patch_nvidia_never_released_is_refused_with_the_known_ones(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    result = _generate(cli, _images(tmp_path, '["12.8.99"]'), tmp_path)
+    assert result.code == 2
+    err = " ".join(result.err.split())
+    assert "key 'cuda': '12.8.99' is not a released CUDA version" in err
+    assert "the known ones are 12.8.0, 12.8.1" in err
+    assert "image.yaml" in err
+    assert not (tmp_path / "build").exists()
+
+
+def test_a_toolkit_without_images_yet_says_so(cli: CliRunner, tmp_path: Path) -> None:
+    result = _generate(cli, _images(tmp_path, '["13.5.0"]'), tmp_path)
+    assert result.code == 2
+    assert "no nvidia/cuda image of CUDA 13.5 is published yet" in " ".join(result.err.split())
+
+
+def test_two_versions_of_one_minor_are_named(cli: CliRunner, tmp_path: Path) -> None:
+    result = _generate(cli, _images(tmp_path, '["12.8.0", "12.8.1"]'), tmp_path)
+    assert result.code == 2
+    err = " ".join(result.err.split())
+    assert "'12.8.0' and '12.8.1' are both CUDA 12.8" in err
+    assert "put {cuda} into the tag pattern" in err
+    assert "every axis" not in err
+    # with the full version in the tag, both are variants of their own
+    images = _images(
+        tmp_path / "b", '["12.8.0", "12.8.1"]', tag="{version}-cu{cuda}-py{python}-{family}"
+    )
+    ok = _generate(cli, images, tmp_path / "b")
+    assert ok.code == 0, ok.err
+    built = {p.name for p in (tmp_path / "b" / "build" / "infer").glob("*.Dockerfile")}
+    assert any("cu12.8.0" in n for n in built) and any("cu12.8.1" in n for n in built)
+
+
+def _spec(cuda: list[str]) -> dict[str, Any]:
+    return {"name": "x", "repository": "ml/x", "version": "1", "template": "Dockerfile.j2",
+            "cuda": cuda, "families": ["hopper"]}  # fmt: skip
+
+
+def test_every_listed_release_is_accepted_and_every_other_patch_refused(tmp_path: Path) -> None:
+    """Exhaustive over the facts: each listed release (and MAJOR.MINOR) passes; the next
+    patch after the newest, and every gap between listed ones, is refused naming the
+    listed ones."""
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "Dockerfile.j2").write_text("FROM nvidia/cuda:{{ cuda }}-base-ubuntu24.04\n")
+    profiles = load_profiles(SHIPPED_PROFILES)
+    path = folder / "image.yaml"
+    assert FACTS.releases, "the facts list no releases"
+    for mm, releases in FACTS.releases.items():
+        for ok in (mm, *releases):
+            spec_from_data(_spec([ok]), path, profiles)
+        patches = {int(r.rsplit(".", 1)[1]) for r in releases}
+        for patch in range(max(patches, default=-1) + 2):
+            if patch in patches:
+                continue
+            with pytest.raises(InputError, match="is not a released CUDA version") as err:
+                spec_from_data(_spec([f"{mm}.{patch}"]), path, profiles)
+            assert all(r in str(err.value) for r in releases)
+
+
+def test_the_releases_are_toolkits_of_the_facts() -> None:
+    text = (REPO / "buildmatrix" / "data" / "cuda.yaml").read_text()
+    data = load_yaml_text(text, source="cuda.yaml")
+    assert set(data["releases"]) == {f"{t.version.major}.{t.version.minor}" for t in FACTS.toolkits}
+    data["releases"]["14.0"] = ["14.0.0"]
+    with pytest.raises(InputError, match=r"'14\.0' is not a toolkit"):
+        facts_from_data(data, source="cuda.yaml")
+    del data["releases"]["14.0"]
+    data["releases"]["12.8"] = ["12.9.0"]
+    with pytest.raises(InputError, match=r"'12\.9\.0' is not a 12\.8 release"):
+        facts_from_data(data, source="cuda.yaml")
+
+
+def test_the_shipped_specs_name_released_versions() -> None:
+    for spec in sorted((REPO / "images").glob("*/image.yaml")):
+        (line,) = [x for x in spec.read_text().splitlines() if x.startswith("cuda:")]
+        for version in re.findall(r'"(\d+\.\d+\.\d+)"', line):
+            mm = version.rsplit(".", 1)[0]
+            assert version in FACTS.releases[mm], (spec, version)
