@@ -30,8 +30,11 @@ StatefulSet, DaemonSet, ReplicaSet), ANDing it with any node affinity already th
 from __future__ import annotations
 
 import copy
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from buildmatrix.arch import CodeKind
@@ -88,13 +91,36 @@ class Needs:
     require_sass: bool = False
 
 
+# --min-memory units: what nvidia.com/gpu.memory counts (MiB, GFD) and what GPU
+# datasheets and people say (GB, decimal; GiB, binary). A job's floor rounds up.
+_MEMORY_UNITS = {"mib": 1 << 20, "mb": 10**6, "gib": 1 << 30, "gb": 10**9}
+
+
+def parse_memory_mib(text: str) -> int:
+    """``--min-memory``: MiB as an integer (``71680``), or with a unit (``70GiB``,
+    ``80GB``, ``40960MiB``, ``40000MB``; any case, a space allowed), in MiB rounded
+    up."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or (unit and unit not in _MEMORY_UNITS) or (not unit and "." in text):
+        raise InputError(
+            f"--min-memory '{text}': GPU memory in MiB, an integer (71680), or with a "
+            "unit: 70GiB, 80GB, 40960MiB or 40000MB."
+        )
+    number = Decimal(match.group(1))
+    mib = math.ceil(number * _MEMORY_UNITS[unit or "mib"] / (1 << 20))
+    if mib < 1:
+        raise InputError(f"--min-memory '{text}': must be at least 1 MiB.")
+    return mib
+
+
 def validate_needs(needs: Needs) -> None:
     """Unknown feature names are bad input, before any image is read."""
     for feature in needs.features:
         if feature not in FEATURE_MIN_CC:
             raise InputError(
-                f"--require {feature}: not a feature the profiles know"
-                f"{did_you_mean(feature, FEATURE_MIN_CC)}; one of "
+                f"--require {feature}: not a feature the profiles know."
+                f"{did_you_mean(feature, FEATURE_MIN_CC)} Features: "
                 f"{', '.join(FEATURE_MIN_CC)}."
             )
 

@@ -160,7 +160,11 @@ def validate_targets(profiles: ProfileSet, opts: Options) -> None:
     for name in opts.families:
         profiles.family(name)
     for text in opts.sms:
-        profiles.get(f"sm_{parse_sm(text).cc.number}")
+        try:
+            sm = parse_sm(text)
+        except InputError as exc:
+            raise InputError(f"--sm {exc}{profiles.product_hint(text)}") from None
+        profiles.get(f"sm_{sm.cc.number}")
 
 
 def resolve_targets(

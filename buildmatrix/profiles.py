@@ -8,6 +8,7 @@ may run it (products, driver floor, features).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -197,7 +198,8 @@ class ProfileSet:
         if not members:
             known = [f.value for f in self.families]
             raise InputError(
-                f"no arch profile has family '{name}'.{did_you_mean(name, known)} "
+                f"no arch profile has family '{name}'."
+                f"{self.product_hint(name) or did_you_mean(name, known)} "
                 f"Families in {self.directory}: {', '.join(known)}."
             )
         return members
@@ -220,6 +222,30 @@ class ProfileSet:
         if profile.cc == cc:
             return profile.min_driver, f"{profile.sm} ({profile.family})"
         return profile.min_driver, f"{cc}, a GPU newer than {profile.sm} ({profile.family})"
+
+    def product_hint(self, name: str) -> str:
+        """For a GPU product name given where an SM or a family belongs (``H100``,
+        ``l40s``): ' 'H100' is a GPU product, of ... (family hopper, sm_90): pass
+        --family hopper or --sm sm_90.' Matched as a whole word of the NVML product
+        names the profiles list (A100 matches 'NVIDIA A100-SXM4-80GB'); '' when none."""
+        word = name.lower()
+        found = [
+            (p, product)
+            for p in self.profiles
+            for product in p.products
+            if word in re.split(r"[\s\-]+", product.lower())
+        ]
+        if not found:
+            return ""
+        sms = list(dict.fromkeys(p.sm for p, _ in found))
+        families = list(dict.fromkeys(p.family.value for p, _ in found))
+        products = ", ".join(product for _, product in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        return (
+            f" '{name}' is a GPU product ({products}{more}: family {', '.join(families)}, "
+            f"{', '.join(sms)}): pass --family {' or --family '.join(families)}, or "
+            f"--sm {' or --sm '.join(sms)}."
+        )
 
     def by_product(self, name: str) -> Profile | None:
         """The profile that lists NVML product ``name`` (exact match)."""

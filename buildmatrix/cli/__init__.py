@@ -23,7 +23,27 @@ from buildmatrix.cli.profiles_cmd import profiles
 from buildmatrix.errors import BuildmatrixError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Group(click.Group):
+    """Lists each command with its whole first paragraph, wrapped, where click would cut
+    it at 45 characters with '...'."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is None or command.hidden:
+                continue
+            first = (command.short_help or command.help or "").split("\n\n")[0]
+            rows.append((name, " ".join(first.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(
+    cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, "--version", prog_name="buildmatrix")
 def cli() -> None:
     """Make the GPU architecture a first-class axis of image builds and node admission.

@@ -201,7 +201,8 @@ def generate(
     click.echo(
         f"{len(expected)} Dockerfiles in {out}: {written} written, "
         f"{len(expected) - written} unchanged, {len(stale)} stale removed; "
-        f"{_left_out(matrix.dropped)} (--explain says why)"
+        f"{_left_out(matrix.dropped)}"
+        + (" (--explain says why)" if matrix.dropped and not explain else "")
     )
     return 0
 

@@ -40,6 +40,19 @@ def _dump(obj: Any, fmt: str) -> str:
     return yaml.dump(obj, Dumper=Plain, sort_keys=False)
 
 
+def _memory(_ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """--min-memory in MiB, from MiB or a unit (affinity.parse_memory_mib)."""
+    if value is None:
+        return None
+    from buildmatrix.affinity import parse_memory_mib
+    from buildmatrix.errors import InputError
+
+    try:
+        return parse_memory_mib(value)
+    except InputError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--min-memory "), param=param) from None
+
+
 @click.command("affinity")
 @click.argument("ref")
 @click.option(
@@ -51,9 +64,10 @@ def _dump(obj: Any, fmt: str) -> str:
 )
 @click.option(
     "--min-memory",
-    type=click.IntRange(min=1),
     metavar="MIB",
-    help="GPU memory the job needs, in MiB (nvidia.com/gpu.memory-mb, the smallest GPU's).",
+    callback=_memory,
+    help="GPU memory the job needs: MiB (nvidia.com/gpu.memory-mb, the smallest GPU's), an "
+    "integer, or with a unit: 70GiB, 80GB, 40960MiB.",
 )
 @click.option("--require-sass", is_flag=True, help="Leave out GPUs that run the image only by JIT.")
 @click.option("--format", "fmt", type=_FORMATS, default="yaml", show_default=True)
@@ -61,8 +75,8 @@ def _dump(obj: Any, fmt: str) -> str:
     "--into",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="FILE",
-    help="A Pod, Job, CronJob, Deployment, StatefulSet or DaemonSet manifest to merge the "
-    "affinity into (printed whole; every workload of a multi-document file).",
+    help="A Pod, Job, CronJob, Deployment, StatefulSet, ReplicaSet or DaemonSet manifest to "
+    "merge the affinity into (printed whole; every workload of a multi-document file).",
 )
 @platform_option
 @containerd_options

@@ -72,7 +72,17 @@ def show(parent_dir: str | None, sm: str, profiles_dir: str | None, as_json: boo
     for key, value in data.items():
         if isinstance(value, list):
             text = indent.join(value) or "-"
+        elif isinstance(value, dict):  # product_floors: one line per product
+            text = indent.join(_floor_line(k, v) for k, v in value.items()) or "-"
         else:
             text = "-" if value is None else str(value)
         click.echo(f"{key.ljust(width)}  {text}")
     return 0
+
+
+def _floor_line(product: str, floor: object) -> str:
+    """``NVIDIA H200  550.90.07  (source)`` for one entry of product_floors."""
+    if not isinstance(floor, dict):
+        return f"{product}  {floor}"
+    source = f"  ({floor['source']})" if floor.get("source") else ""
+    return f"{product}  {floor.get('min_driver', '-')}{source}"
