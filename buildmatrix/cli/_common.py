@@ -36,8 +36,39 @@ def profiles_option(func: F) -> F:
     return decorator(func)
 
 
+_JSON_FLAG = "buildmatrix.json"
+
+
 def json_option(func: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
+    """``--format text|json`` (default text), the one output option of every command
+    that prints JSON, passed on as the boolean ``as_json``; ``--json`` stays as the
+    same as ``--format json``."""
+
+    def remember(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+        if value:
+            ctx.meta[_JSON_FLAG] = True
+
+    def wanted(ctx: click.Context, _param: click.Parameter, value: str) -> bool:
+        return value == "json" or bool(ctx.meta.get(_JSON_FLAG))
+
+    func = click.option(
+        "--format",
+        "as_json",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        callback=wanted,
+        help='text (tables) or json (with "version": 1).',
+    )(func)
+    # eager: read before --format whatever the order on the command line
+    return click.option(
+        "--json",
+        is_flag=True,
+        is_eager=True,
+        expose_value=False,
+        callback=remember,
+        help="The same as --format json.",
+    )(func)
 
 
 def timeout_option(func: F) -> F:

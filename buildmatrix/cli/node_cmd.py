@@ -167,11 +167,19 @@ def _verified(outcomes: Sequence[_ImageOutcome]) -> list[VerifiedImage]:
     return found
 
 
-def _unavailable_report(exc: EnvironmentUnavailable) -> dict[str, Any]:
+def _unavailable_report(exc: EnvironmentUnavailable, *, node: str | None) -> dict[str, Any]:
+    """The report of a node whose GPUs could not be read: every key of a full one
+    (docs/smoke.md, --json), the node as --node names it (None without)."""
     from buildmatrix.node.labels import SMOKE
 
     check = {"name": "nvml", "ok": False, "message": str(exc), "warning": False}
-    return {"verdict": "fail", "checks": [check], "labels": {SMOKE: "failed"}}
+    return {
+        "verdict": "fail",
+        "node": node,
+        "checks": [check],
+        "labels": {SMOKE: "failed"},
+        "load_test": [],
+    }
 
 
 def _write_nfd(path: Path, labels: dict[str, str]) -> None:
@@ -318,7 +326,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     try:
         snap = _snapshot(snapshot, record, node, sysfs)
     except EnvironmentUnavailable as exc:
-        doc = _unavailable_report(exc)
+        doc = _unavailable_report(exc, node=node)
         if nfd_file is not None:
             _write_nfd(nfd_file, doc["labels"])
         if api is not None and node is not None:
