@@ -102,6 +102,8 @@ class CheckResult:
     problems: list[str] = field(default_factory=list)
     # The cuda-compat states a node on this driver may run the image in.
     compat: CompatChoice | None = None
+    # every sign of the CUDA release the code needs (runtime_sources), not only the winner
+    runtime_sources: tuple[tuple[Version, str], ...] = ()
 
     @property
     def forward(self) -> CompatUse | None:
@@ -134,6 +136,10 @@ class CheckResult:
             "ignored": self.ignored,
             "forward_compat": compat_json(self.image.compat, self.compat),
             "read_from": self.image.read_from,
+            "cuda_runtime_sources": [
+                {"version": major_minor(v), "source": s} for v, s in self.runtime_sources
+            ],
+            "cuda_runtime_note": runtime_note(list(self.runtime_sources)),
         }
 
 
@@ -227,6 +233,9 @@ def resolve_targets(
     return unique, declared, claims
 
 
+CUDA_VERSION_SOURCE = "CUDA_VERSION in the image config"
+
+
 def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
     """Every sign of the CUDA release the image's code needs, with where it comes from:
     CUDA_VERSION in the config, each ``libcudart.so.X[.Y]`` it ships, and the release
@@ -235,7 +244,7 @@ def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
     found: list[tuple[Version, str]] = []
     m = _CUDA_ENV.match(image.config.env.get("CUDA_VERSION", ""))
     if m:
-        found.append((Version(f"{m[1]}.{m[2]}"), "CUDA_VERSION in the image config"))
+        found.append((Version(f"{m[1]}.{m[2]}"), CUDA_VERSION_SOURCE))
     for path in image.paths:
         hit = _CUDART.search(path)
         if hit:
@@ -249,6 +258,21 @@ def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
 def cuda_runtime(image: ScannedImage) -> tuple[Version, str] | None:
     """The newest CUDA release any source shows (runtime_sources): the floors follow it."""
     return max(runtime_sources(image), key=lambda x: x[0], default=None)
+
+
+def runtime_note(sources: list[tuple[Version, str]]) -> str | None:
+    """Where the image's CUDA_VERSION names an older release than its code needs (kernels
+    built by nvcc 13.5 in a CUDA_VERSION=12.8.1 image): say that the two disagree and
+    which one the floors follow. None where they agree or there is no CUDA_VERSION."""
+    declared = [v for v, s in sources if s == CUDA_VERSION_SOURCE]
+    winner = max(sources, key=lambda x: x[0], default=None)
+    if not declared or winner is None or winner[0] <= declared[0]:
+        return None
+    return (
+        f"the image's CUDA_VERSION says CUDA {major_minor(declared[0])}, but "
+        f"{winner[1]} needs CUDA {major_minor(winner[0])}: the driver floors follow "
+        f"{major_minor(winner[0])}"
+    )
 
 
 def run_check(
@@ -333,6 +357,7 @@ def run_check(
         driver=driver,
         problems=problems,
         compat=choice,
+        runtime_sources=tuple(runtime_sources(image)),
     )
 
 

@@ -90,7 +90,7 @@ def test_check_reports_archives_without_judging_them(cli: CliRunner, tmp_path: P
     assert r.code == 0, r.out
     files = {f["path"]: f["format"] for f in r.json()["files"]}
     assert files == {"usr/lib/libtwo_static.a": "archive", "usr/lib/libsass_ptx.so": "elf"}
-    r = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
+    r = cli("check", f"docker-archive:{archive}", "--sm", "9.0", "-v")
     assert "usr/lib/libtwo_static.a (static archive: reported, not judged)" in r.out
     only = write_docker_archive(
         tmp_path / "only.tar", Image(layers=[{"usr/lib/libtwo_static.a": fixture(ARCHIVE)}])

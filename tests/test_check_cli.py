@@ -42,10 +42,16 @@ def test_table_output_fail_names_file_and_reason(cli: CliRunner, archive: str) -
     result = cli("check", archive, "--family", "ampere")
     assert result.code == 1
     assert "FAIL" in result.out
+    # one line for the targets of one cause (-v: one per target, as in the JSON)
+    assert (
+        "ampere (sm_80, sm_86): no runnable code: usr/lib/libhopper_a.so: sm_90a is "
+        "arch-specific SASS and runs only on 9.0, not 8.0/8.6"
+    ) in result.out
+    verbose = cli("check", archive, "--family", "ampere", "-v")
     assert (
         "ampere (sm_80): no runnable code: usr/lib/libhopper_a.so: sm_90a is arch-specific "
         "SASS and runs only on 9.0, not 8.0"
-    ) in result.out
+    ) in verbose.out
 
 
 def test_summary_is_appended(cli: CliRunner, archive: str, tmp_path: Path) -> None:

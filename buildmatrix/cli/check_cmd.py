@@ -96,6 +96,13 @@ def _markdown(result: object) -> str:
     metavar="FILE",
     help="Append a Markdown summary to FILE (e.g. $GITHUB_STEP_SUMMARY).",
 )
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="List every file, every piece of specialised code and every failure line; by "
+    "default one summary line each (--format json always has them all).",
+)
 @profiles_option
 @json_option
 def check(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -114,6 +121,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     summary: Path | None,
     profiles_dir: str | None,
     as_json: bool,
+    verbose: bool,
 ) -> int:
     """Check which GPUs images can run on, from the binaries inside them.
 
@@ -189,7 +197,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     for i, result in enumerate(results):
         if i:
             click.echo("")
-        _print_result(result)
+        _print_result(result, verbose=verbose)
     if len(results) > 1:
         failed = [r.image.ref for r in results if not r.passed]
         click.echo(
@@ -213,8 +221,9 @@ def _cache_json(cache: object) -> dict[str, object] | None:
     }
 
 
-def _print_result(result: object) -> None:
-    from buildmatrix.check import CheckResult
+def _print_result(result: object, *, verbose: bool) -> None:
+    from buildmatrix.causes import group_by_cause
+    from buildmatrix.check import CheckResult, runtime_note
 
     assert isinstance(result, CheckResult)
     runtime = result.cuda_runtime
@@ -232,6 +241,9 @@ def _print_result(result: object) -> None:
         if runtime
         else "runtime  no CUDA runtime found"
     )
+    note = runtime_note(list(result.runtime_sources))
+    if note:
+        click.echo(f"runtime  note: {note}")
     if result.image.read_from:
         click.echo(f"read     {result.image.read_from}")
     click.echo(f"driver   {result.driver}" if result.driver else "driver   not given")
@@ -246,8 +258,9 @@ def _print_result(result: object) -> None:
     click.echo(
         f"files    {len(result.files)} with device code"
         + (f", {len(result.ignored)} ignored" if result.ignored else "")
+        + (" (-v lists them)" if result.files and not verbose else "")
     )
-    if result.files:
+    if result.files and verbose:
         rows = [
             [
                 f.path
@@ -269,15 +282,19 @@ def _print_result(result: object) -> None:
     ]
     click.echo("\n" + table(["TARGET", "SM", "VERDICT", "DRIVER"], rows))
     notes = sorted({s for t in result.targets for s in t.specialised})
-    if notes:
+    if notes and verbose:
         click.echo("\nspecialised code, not counted (--strict counts it):")
-        for note in notes[:20]:
-            click.echo(f"  - {note}")
-        if len(notes) > 20:
-            click.echo(f"  ... and {len(notes) - 20} more (--json lists them)")
+        for line in notes:
+            click.echo(f"  - {line}")
+    elif notes:
+        click.echo(
+            f"\nspecialised code: {len(notes)} container(s) not counted (--strict counts "
+            "them; -v lists them)"
+        )
     if result.passed:
         click.echo("\nPASS")
         return
     click.echo("\nFAIL")
-    for problem in result.problems:
+    targets = [(t.target.name, t.sm, str(t.target.cc)) for t in result.targets]
+    for problem in result.problems if verbose else group_by_cause(result.problems, targets):
         click.echo(f"  - {problem}")
