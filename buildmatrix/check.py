@@ -104,6 +104,8 @@ class CheckResult:
     compat: CompatChoice | None = None
     # every sign of the CUDA release the code needs (runtime_sources), not only the winner
     runtime_sources: tuple[tuple[Version, str], ...] = ()
+    # What could not be checked and does not fail the image (unless --strict).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def forward(self) -> CompatUse | None:
@@ -131,6 +133,7 @@ class CheckResult:
             "verdict": "pass" if self.passed else "fail",
             "files": [f.to_json() for f in self.files],
             "problems": self.problems,
+            "warnings": self.warnings,
             "cuda_runtime": runtime,
             "driver": str(self.driver) if self.driver else None,
             "ignored": self.ignored,
@@ -341,12 +344,17 @@ def run_check(
             )
             + "; pass --allow-empty if that is intended"
         )
-    if runtime is None and driver is not None and loaded and opts.strict:
-        problems.append(
-            "the CUDA runtime the image needs cannot be determined (no CUDA_VERSION, no "
-            "libcudart.so, no cubin that records its toolkit), so its driver floor is "
-            "unknown; --strict fails it"
+    warnings: list[str] = []
+    if runtime is None and driver is not None and loaded:
+        unknown = (
+            "no CUDA runtime found: the CUDA runtime the image needs cannot be determined "
+            "(no CUDA_VERSION, no libcudart.so, no cubin that records its toolkit), so "
+            f"driver {driver} is not checked against a runtime's driver floor"
         )
+        if opts.strict:
+            problems.append(f"{unknown}; --strict fails it")
+        else:
+            warnings.append(f"{unknown}; --strict fails such an image")
     return CheckResult(
         image=image,
         declared=declared,
@@ -358,6 +366,7 @@ def run_check(
         problems=problems,
         compat=choice,
         runtime_sources=tuple(runtime_sources(image)),
+        warnings=warnings,
     )
 
 

@@ -10,7 +10,7 @@ Compatibility guide, "Minor Version Compatibility" (PTX JIT is not covered by it
 
 from __future__ import annotations
 
-from collections import Counter
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -104,17 +104,23 @@ def judge_codes(
 @dataclass(frozen=True, kw_only=True)
 class Unit:
     """One translation unit's loadable code (a fatbinary container) and the kernels
-    its cubins name, where they can be read (uncompressed cubins)."""
+    its cubins define (compressed ones decompressed: buildmatrix.binary.kernels)."""
 
     codes: tuple[CodeTarget, ...]
     kernels: tuple[str, ...] = ()
     index: int = 0  # the container's place in the file
-    # Its cubins are stored compressed (-Xfatbin -compress-all, as NVIDIA's libraries
-    # and torch ship): its kernels cannot be read without decompressing them.
-    compressed: bool = False
+    # Whether its kernels were read: False where no cubin of it was (PTX only, or a
+    # compressed cubin the scan did not decompress); the rule never exempts on names
+    # it has not read.
+    kernels_known: bool = True
     # Kept as data and loaded by the program itself (cuModuleLoadData), which picks
     # one per GPU: found by content (buildmatrix.binary.embedded).
     embedded: bool = False
+
+    @property
+    def specific(self) -> bool:
+        """Only arch- or family-specific code (``sm_90a``, ``sm_100f``, ...)."""
+        return all(c.arch.suffix is not Suffix.NONE for c in self.codes)
 
     def describe(self) -> str:
         archs = ", ".join(sorted({str(c.arch) for c in self.codes}))
@@ -131,6 +137,27 @@ class FileJudgement:
     specialised: tuple[str, ...] = ()  # containers left out of the verdict, and why
 
 
+# A kernel named for a GPU architecture: an SM number (sm80, sm_90a, _sm100), a
+# CUTLASS arch tag (cutlass_70_...), or a generation's name. Kernel names of NVIDIA's
+# libraries carry them where a kernel is one GPU's variant (cuBLAS 13's sm_75-only
+# container holds cutlass_70_simt_*, its sm_120-only one *_forwardCompat_*
+# kernels tagged cutlass_80; cuDNN 9's Volta_*).
+_ARCH_NAMED = re.compile(
+    r"(?i)(?:sm_?\d{2,3}[af]?(?!\d)|cutlass_\d{2,3}_|volta|turing|ampere|hopper|blackwell)"
+)
+
+
+def _specialisation(unit: Unit, dispatches: bool) -> str | None:
+    """Why a container with nothing for the GPU is left out, or None: it counts."""
+    if unit.specific:
+        return "holds only arch- or family-specific code, launched after a capability check"
+    if dispatches:
+        return "the file holds arch-specific code, so it chooses kernels by compute capability"
+    if unit.kernels_known and unit.kernels and all(_ARCH_NAMED.search(k) for k in unit.kernels):
+        return "each of its kernels is named for a GPU architecture"
+    return None
+
+
 def judge_units(
     units: Sequence[Unit],
     cc: ComputeCapability,
@@ -144,27 +171,24 @@ def judge_units(
 
     Each container is loaded as its own module, so each must run: a file whose
     second translation unit has only sm_80 code fails on 9.0 even when the first has
-    sm_90. Libraries also carry specialised containers that are launched only after
-    a capability check (torch's sm_90a, sm_100a/sm_103f, sm_120a kernels): the file's
-    common set is its most frequent container target set (several tied: their
-    union); a container without code for the GPU fails the file when all its targets
-    lie within the common set (a short translation unit), and is reported as a
-    specialisation when it has targets outside it or is stored compressed. Code the
-    file keeps as data (found by content) is loaded by the program itself, one blob
-    per GPU: beside registered code that counts it is reported, not judged; else the
-    best blob for the GPU counts and the file fails when none has code for it. Compressed
-    containers hide their kernels, and the libraries that ship them so dispatch by
-    capability (cuDNN 9's libcudnn_cnn has two sm_75-only containers beside its
-    sm_75..sm_120f ones, cuBLAS 13 one among 194): without kernel names a short unit
-    cannot be told from a specialised one, so they are reported, not failed. The file
-    still fails where none of its containers runs. ``strict`` counts every container.
+    sm_90. A registered container with nothing for the GPU is left out (reported as
+    specialised) only where the file shows that it picks its kernels by the GPU's
+    compute capability (docs/check.md, "Per translation unit"): the container holds
+    only arch- or family-specific code (``sm_90a`` runs on 9.0 alone, so whatever
+    launches it checks the capability first), or the file holds such code in any
+    container (NVIDIA's cuDNN and cuBLASLt, torch), or every kernel of the container
+    is named for an architecture (cuBLAS's ``cutlass_70_*``). Anything else is a
+    short translation unit and fails the file; so does a file where no registered
+    container runs. Code kept as data (found by content) is loaded by the program
+    itself, one blob per GPU: beside registered code that counts it is reported,
+    not judged; else the best blob for the GPU counts and the file fails when none
+    has code for it. ``strict`` counts every container.
     """
     if not units:
         return FileJudgement(verdict=Verdict.NONE, reasons=("no device code",))
-    sets = [frozenset(str(c.arch) for c in u.codes) for u in units]
-    counts = Counter(sets)
-    top = max(counts.values())
-    common = frozenset().union(*(s for s, n in counts.items() if n == top))
+    dispatches = any(
+        c.arch.suffix is not Suffix.NONE for u in units if not u.embedded for c in u.codes
+    )
     judged: list[tuple[int, Judgement]] = []
     specialised: list[str] = []
     # Libraries repeat a few target sets over thousands of containers: judge each once.
@@ -180,11 +204,11 @@ def judge_units(
         j = results[i]
         if unit.embedded and not strict:
             continue  # judged below, once the registered code is
-        short = sets[i] <= common and not unit.compressed
-        if j.verdict is Verdict.NONE and not strict and not short:
+        why = _specialisation(unit, dispatches) if j.verdict is Verdict.NONE else None
+        if why is not None and not strict:
             specialised.append(
-                f"container {unit.index} ({unit.describe()}) is specialised code with nothing for "
-                f"{cc}, left out of the verdict (--strict counts it)"
+                f"container {unit.index} ({unit.describe()}) has nothing for {cc} and is "
+                f"specialised code: {why}; left out of the verdict (--strict counts it)"
             )
             continue
         judged.append((i, j))

@@ -7,9 +7,11 @@ by the tests):
 - container header, 16 bytes ``<IHHQ``: magic 0xBA55ED50, version, header size,
   size of the entries that follow. Several containers may follow one another.
 - entry header, at least 64 bytes: ``+0 u16 kind`` (1 PTX, 2 ELF, 8 LTO IR),
-  ``+4 u32 header size``, ``+8 u64 payload size``, ``+24 u16 minor``, ``+26 u16
-  major`` (the PTX ISA version for PTX), ``+28 u32 arch``, ``+40 u64 flags``,
-  ``+56 u64 uncompressed size``. The next entry starts after header and payload.
+  ``+4 u32 header size``, ``+8 u64 payload size``, ``+16 u32 compressed size``,
+  ``+24 u16 minor``, ``+26 u16 major`` (the PTX ISA version for PTX), ``+28 u32
+  arch``, ``+40 u64 flags``, ``+56 u64 uncompressed size``. The next entry starts
+  after header and payload. Compressed cubins are decompressed
+  (buildmatrix.binary.decompress) for their kernels and toolkit note.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
+from buildmatrix.binary.decompress import COMPRESSION_FLAGS, decompress_payload
 from buildmatrix.binary.elf import Layout
 from buildmatrix.binary.source import (
     ByteSource,
+    BytesSource,
     CorruptBinary,
     SliceSource,
     find_each,
@@ -38,12 +42,11 @@ FATBIN_MAGIC = 0xBA55ED50
 FATBIN_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
 _CONTAINER = struct.Struct("<IHHQ")
 _ENTRY = struct.Struct(
-    "<HHIQ8xHHI8xQ8xQ"
-)  # kind, _, hsize, payload, minor, major, arch, flags, unc
+    "<HHIQI4xHHI8xQ8xQ"
+)  # kind, _, hsize, payload, compressed size, minor, major, arch, flags, uncompressed size
 
-# Flags seen with nvcc 12.x/13.0 (verified against cuobjdump in the tests).
-FLAG_COMPRESSED_LZ4 = 0x2000
-FLAG_COMPRESSED = 0x8000
+# Flags seen with nvcc 12.x/13.0 (verified against cuobjdump in the tests); the
+# compression flags (0x2000 LZ4, 0x8000 Zstandard) are buildmatrix.binary.decompress's.
 FLAG_ARCH_SPECIFIC = 0x100000
 FLAG_FAMILY_SPECIFIC = 0x200000
 
@@ -72,8 +75,9 @@ class FatbinEntry:
     offset: int
     # Which fatbinary container (one translation unit) of the file holds the entry.
     container: int = 0
-    # Kernel names of an uncompressed SASS cubin (its .text.NAME sections); None where
-    # they cannot be read without decompressing (compressed cubins) or for PTX.
+    # Kernel names of a SASS cubin (its .text.NAME sections); None for PTX, for a
+    # payload that is no readable ELF, and for a compressed cubin not decompressed
+    # (buildmatrix.binary.kernels says which are).
     kernels: tuple[str, ...] | None = None
     # The CUDA release whose ptxas/nvlink wrote the cubin (.note.nv.tkinfo), if read.
     toolkit: Version | None = None
@@ -261,7 +265,7 @@ def container_entries(
                 f"{name}: {body_end - p} stray bytes at {p:#x} inside a fatbin container."
             )
         raw = read_exact(src, p, _ENTRY.size, what="fatbin entry header")
-        kind_id, _, ehsize, payload, minor, major, number, flags, _unc = _ENTRY.unpack(raw)
+        kind_id, _, ehsize, payload, _packed, minor, major, number, flags, _unc = _ENTRY.unpack(raw)
         if not _MIN_ENTRY_HEADER <= ehsize <= _MAX_HEADER:
             raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has header size {ehsize}.")
         if p + ehsize + payload > body_end:
@@ -274,7 +278,7 @@ def container_entries(
             raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has unknown kind {kind_id}.")
         if not 10 <= number <= 999:
             raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has arch {number}.")
-        compressed = bool(flags & (FLAG_COMPRESSED | FLAG_COMPRESSED_LZ4))
+        compressed = bool(flags & COMPRESSION_FLAGS)
         facts: tuple[tuple[str, ...] | None, Version | None] = (None, None)
         if kind is EntryKind.SASS and not compressed:
             where_cubin = f"{name} cubin at {p + ehsize:#x}"
@@ -295,6 +299,22 @@ def container_entries(
         )
         p += ehsize + payload
     return entries
+
+
+def decompressed_cubin(src: ByteSource, entry: FatbinEntry, *, name: str) -> BytesSource:
+    """The cubin of the compressed SASS entry ``entry`` of ``src``: its header read
+    again for the compressed size (+16) and the uncompressed size (+56), the payload
+    decompressed (buildmatrix.binary.decompress) within those bounds."""
+    raw = read_exact(src, entry.offset, _ENTRY.size, what="fatbin entry header")
+    _, _, ehsize, payload, packed, _, _, _, flags, unc = _ENTRY.unpack(raw)
+    where = f"{name} ({entry.arch_name} cubin at {entry.offset + ehsize:#x})"
+    if not 0 < packed <= payload:
+        raise CorruptBinary(
+            f"{where}: compressed entry claims {packed} compressed bytes in a "
+            f"{payload}-byte payload."
+        )
+    data = read_exact(src, entry.offset + ehsize, packed, what="compressed fatbin entry")
+    return BytesSource(decompress_payload(data, flags=flags, size=unc, name=where), name=where)
 
 
 WRAPPER_MAGIC = 0x466243B1  # __fatBinC_Wrapper_t.magic (clang CGCUDANV.cpp; ZLUDA fatbin.rs)

@@ -22,6 +22,7 @@ from buildmatrix.binary.fatbin import (
     parse_fatbin,
     wrapped_containers,
 )
+from buildmatrix.binary.kernels import read_compressed
 from buildmatrix.binary.ptx import looks_like_ptx, ptx_target
 from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
 from buildmatrix.errors import InputError
@@ -96,7 +97,10 @@ class FileReport:
                 groups.setdefault(e.container, []).append(e)
         units = []
         for index, entries in sorted(groups.items()):
-            if all(e.kind is EntryKind.SASS and e.kernels == () for e in entries):
+            # One translation unit's cubins define the same kernels, so one read cubin
+            # without any (a compressed unit may have only its smallest read) shows it.
+            read = [e.kernels for e in entries if e.kernels is not None]
+            if all(e.kind is EntryKind.SASS for e in entries) and read and not any(read):
                 continue  # no kernel at all: a link stub
             kernels = tuple(dict.fromkeys(k for e in entries for k in e.kernels or ()))
             codes = tuple(CodeTarget(arch=e.arch, ptx_isa=e.ptx_isa) for e in entries)
@@ -105,8 +109,7 @@ class FileReport:
                     codes=codes,
                     kernels=kernels,
                     index=index,
-                    compressed=any(e.kind is EntryKind.SASS for e in entries)
-                    and all(e.kernels is None for e in entries if e.kind is EntryKind.SASS),
+                    kernels_known=any(e.kernels is not None for e in entries),
                     embedded=any(e.embedded for e in entries),
                 )
             )
@@ -134,8 +137,9 @@ def inspect_source(
     """The device code in one file, or None when it has none.
 
     ``deep``: also search an ELF file's data for fatbinaries and cubins that no
-    section or wrapper names (buildmatrix.binary.embedded). ``nesting``: how many
-    static archives hold this file (at most ``MAX_ARCHIVE_NESTING``).
+    section or wrapper names (buildmatrix.binary.embedded), and decompress the
+    compressed cubins the verdict needs (buildmatrix.binary.kernels). ``nesting``: how
+    many static archives hold this file (at most ``MAX_ARCHIVE_NESTING``).
     """
     if head is None:
         head = src.read_at(0, _HEAD)
@@ -179,11 +183,14 @@ def inspect_source(
             regions = data_regions(src, info, skip=covered)
             base = 1 + max((e.container for e in entries), default=-1)
             entries += embedded_code(src, regions, first_container=base)
+            entries = read_compressed(src, entries)
         if section is None and not entries:
             return None
         return FileReport(path=path, format="elf", entries=tuple(entries))
     if head[:4] == FATBIN_MAGIC_BYTES:
         entries = parse_fatbin(src, 0, src.size, where="fatbin file")
+        if deep:
+            entries = read_compressed(src, entries)
         return FileReport(path=path, format="fatbin", entries=tuple(entries))
     if looks_like_ptx(head, path):
         arch, isa = ptx_target(src)

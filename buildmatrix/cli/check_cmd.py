@@ -37,6 +37,8 @@ def _markdown(result: object) -> str:
     lines += ["", f"{len(result.files)} file(s) with device code."]
     if result.problems:
         lines += ["", "Problems:", ""] + [f"- {p}" for p in result.problems]
+    if result.warnings:
+        lines += ["", "Warnings:", ""] + [f"- {w}" for w in result.warnings]
     return "\n".join(lines) + "\n"
 
 
@@ -291,6 +293,8 @@ def _print_result(result: object, *, verbose: bool) -> None:
             f"\nspecialised code: {len(notes)} container(s) not counted (--strict counts "
             "them; -v lists them)"
         )
+    for warning in result.warnings:
+        click.echo(f"\nWARNING: {warning}")
     if result.passed:
         click.echo("\nPASS")
         return

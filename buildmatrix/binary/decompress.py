@@ -1,0 +1,96 @@
+"""Compressed fatbinary entries, decompressed as the CUDA runtime and cuobjdump do.
+
+nvcc compresses an entry's payload when the fatbinary is built with ``-Xfatbin
+-compress-all`` (or, for large entries, by default) and marks it in the entry
+header's flags (docs/inspect.md; ZLUDA ``dark_api/src/fatbin.rs``,
+``get_or_decompress_content``; n-eiling/cuda-fatbin-decompression,
+``fatbin-decompress.h``):
+
+- ``0x2000``: a raw LZ4 block (no frame), what ``--compress-mode=speed`` writes and
+  what the CUDA 12.x compilers wrote by default;
+- ``0x8000``: one Zstandard frame, what nvcc 13 writes with
+  ``--compress-mode=default``, ``size`` and ``balance``.
+
+The entry header gives both sizes: ``+16 u32`` the compressed bytes (the payload
+that follows is padded to 8 bytes after them) and ``+56 u64`` the uncompressed size.
+Established with nvcc 13.0 on this project's fixtures: every mode decompresses to
+the very bytes of the uncompressed build's cubin (tests/test_decompress.py).
+
+The uncompressed size bounds the output: a size past :data:`MAX_UNCOMPRESSED` is
+refused before anything is allocated, and a payload that would decompress to more
+or fewer bytes than its header says is corrupt.
+"""
+
+from __future__ import annotations
+
+from buildmatrix.binary.source import CorruptBinary
+
+FLAG_LZ4 = 0x2000
+FLAG_ZSTD = 0x8000
+COMPRESSION_FLAGS = FLAG_LZ4 | FLAG_ZSTD
+
+# ZLUDA's bound for one module (MAX_MODULE_DECOMPRESSION_BOUND, dark_api/src/fatbin.rs),
+# and the in-memory bound of a candidate file (docs/check.md, memory bound). The largest
+# cubin in the libraries of the tests (torch 2.14.1, cuBLAS 13, cuDNN 9) is far below it.
+MAX_UNCOMPRESSED = 64 << 20
+# Zstandard's window bounds the decoder's own memory (its default limit is 128 MiB);
+# no frame of an entry of at most MAX_UNCOMPRESSED bytes needs a larger one.
+_MAX_WINDOW = 1 << 27
+
+
+def decompress_payload(data: bytes, *, flags: int, size: int, name: str) -> bytes:
+    """The ``size`` uncompressed bytes of a compressed entry payload ``data``.
+
+    ``name`` names the entry in messages. Raises :class:`CorruptBinary` for a size
+    past the bound, an unknown or doubled compression flag, and any payload that does
+    not decompress to exactly ``size`` bytes.
+    """
+    method = flags & COMPRESSION_FLAGS
+    if method not in (FLAG_LZ4, FLAG_ZSTD):
+        raise CorruptBinary(
+            f"{name}: compression flags {method:#x} name no known method "
+            f"(0x2000 LZ4, 0x8000 Zstandard)."
+        )
+    if not 0 < size <= MAX_UNCOMPRESSED:
+        raise CorruptBinary(
+            f"{name}: claims {size} bytes uncompressed; buildmatrix decompresses at most "
+            f"{MAX_UNCOMPRESSED >> 20} MiB per entry, so it refuses this one."
+        )
+    out = _lz4(data, size, name) if method == FLAG_LZ4 else _zstd(data, size, name)
+    if len(out) != size:
+        raise CorruptBinary(
+            f"{name}: decompresses to {len(out)} bytes, but its header says {size}."
+        )
+    return out
+
+
+def _lz4(data: bytes, size: int, name: str) -> bytes:
+    import lz4.block
+
+    try:
+        # uncompressed_size is the output buffer: LZ4_decompress_safe never writes past it.
+        out: bytes = lz4.block.decompress(data, uncompressed_size=size)
+    except lz4.block.LZ4BlockError as exc:
+        raise CorruptBinary(f"{name}: not a valid LZ4 block ({exc}).") from None
+    return out
+
+
+def _zstd(data: bytes, size: int, name: str) -> bytes:
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW)
+    chunks: list[bytes] = []
+    have = 0
+    try:
+        # Read at most one byte past the header's size: a frame that claims (or holds)
+        # more is refused without decompressing the rest.
+        with dctx.stream_reader(data, read_across_frames=False) as reader:
+            while have <= size:
+                chunk = reader.read(size + 1 - have)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                have += len(chunk)
+    except zstandard.ZstdError as exc:
+        raise CorruptBinary(f"{name}: not a valid Zstandard frame ({exc}).") from None
+    return b"".join(chunks)

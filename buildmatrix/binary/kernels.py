@@ -1,0 +1,76 @@
+"""Which compressed cubins of a file are decompressed, for their kernels and toolkit.
+
+An uncompressed cubin is read in place for its kernels (``.text.NAME`` sections) and
+the release that built it (``.note.nv.tkinfo``); a compressed one must first be
+decompressed whole (buildmatrix.binary.decompress), which costs what its
+uncompressed size costs: torch 2.14.1's ``libtorch_cuda.so`` holds 2,975 compressed
+cubins, 33 s to decompress all against 0.4 s to list them. So a file's compressed
+cubins are read where the verdict needs them, and nowhere else
+(docs/check.md, "Per translation unit"):
+
+- **kernels**, where the per-translation-unit rule looks at them
+  (buildmatrix.compat.judge_units): in a file without arch- or family-specific code,
+  each registered container whose target set does not include the file's most
+  frequent one (a container that may lack code where the rest of the file has it);
+  its smallest compressed cubin is read (one translation unit's cubins are one
+  source compiled per arch, so they define the same kernels);
+- **toolkit**, the one sign of a statically linked CUDA runtime: where none was read
+  for kernels, the file's smallest compressed cubin (a registered one if any).
+
+Each cubin read is marked on its entry (``kernels``, ``toolkit``); a container none
+of whose cubins was read keeps ``kernels`` None, which the rule never exempts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+
+from buildmatrix.arch import Suffix
+from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, cubin_facts, decompressed_cubin
+from buildmatrix.binary.source import ByteSource
+
+
+def _registered_sets(entries: Sequence[FatbinEntry]) -> dict[int, frozenset[str]]:
+    """The target set (SASS and PTX) of each registered container."""
+    sets: dict[int, set[str]] = {}
+    for e in entries:
+        if not e.embedded and e.kind is not EntryKind.LTOIR:
+            sets.setdefault(e.container, set()).add(str(e.arch))
+    return {c: frozenset(s) for c, s in sets.items()}
+
+
+def _needing_kernels(entries: Sequence[FatbinEntry]) -> set[int]:
+    """Registered containers whose kernels the per-translation-unit rule may use."""
+    if any(e.arch.suffix is not Suffix.NONE for e in entries if not e.embedded):
+        return set()  # the file chooses its kernels by capability (compat.judge_units)
+    sets = _registered_sets(entries)
+    if len(set(sets.values())) < 2:
+        return set()  # every container has the same targets: none lacks code alone
+    common = Counter(sets.values()).most_common(1)[0][0]
+    return {c for c, s in sets.items() if not common <= s}
+
+
+def read_compressed(src: ByteSource, entries: list[FatbinEntry]) -> list[FatbinEntry]:
+    """``entries`` with the compressed cubins the verdict needs decompressed and
+    read for their kernels and toolkit (see the module's docstring)."""
+    packed = [i for i, e in enumerate(entries) if e.compressed and e.kind is EntryKind.SASS]
+    if not packed:
+        return entries
+    smallest: dict[int, int] = {}
+    for i in packed:
+        c = entries[i].container
+        if entries[i].embedded:
+            continue
+        if c not in smallest or entries[i].size < entries[smallest[c]].size:
+            smallest[c] = i
+    chosen = {smallest[c] for c in _needing_kernels(entries) if c in smallest}
+    if not chosen:
+        registered = [i for i in packed if not entries[i].embedded] or packed
+        chosen.add(min(registered, key=lambda i: entries[i].size))
+    out = list(entries)
+    for i in sorted(chosen):
+        kernels, toolkit = cubin_facts(decompressed_cubin(src, entries[i], name=src.name))
+        out[i] = replace(entries[i], kernels=kernels, toolkit=toolkit)
+    return out
