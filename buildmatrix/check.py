@@ -22,7 +22,6 @@ from buildmatrix.compat import (
     check_driver,
     combine,
     driver_floors,
-    judge_units,
 )
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
@@ -31,6 +30,7 @@ from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.model import ScannedImage
 from buildmatrix.node.snapshot import Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
+from buildmatrix.units import judge_units
 
 FAMILY_LABEL = "io.buildmatrix.family"
 _CUDART = re.compile(r"(?:^|/)libcudart\.so\.(\d+)(?:\.(\d+))?")

@@ -17,14 +17,12 @@ from packaging.version import Version
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix, parse_arch
 from buildmatrix.compat import (
     CodeTarget,
-    Unit,
     Verdict,
     check_driver,
     combine,
     driver_floors,
     judge_code,
     judge_codes,
-    judge_units,
 )
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, parse_driver_version
 from buildmatrix.profiles import load_profiles
@@ -236,86 +234,3 @@ def test_unknown_cuda_major_fails_closed() -> None:
     got = check_driver(_driver("999.1"), floors)
     assert not got.ok
     assert "knows no driver floor for CUDA 14.x" in got.reasons[0]
-
-
-def _unit(*archs: str, index: int = 0, compressed: bool = False, embedded: bool = False) -> Unit:
-    return Unit(
-        codes=tuple(
-            CodeTarget(arch=parse_arch(a), ptx_isa=Version("9.0") if a.startswith("c") else None)
-            for a in archs
-        ),
-        index=index,
-        compressed=compressed,
-        embedded=embedded,
-    )
-
-
-def test_every_translation_unit_must_run() -> None:
-    """libtwo: a.cu for sm_80 + sm_90, b.cu for sm_80 only: kb has nothing for 9.0."""
-    units = [_unit("sm_80", "sm_90", index=1), _unit("sm_80", index=2)]
-    got = judge_units(units, CC(9, 0), driver=None, facts=FACTS)
-    assert got.verdict is Verdict.NONE
-    assert got.reasons == (
-        "container 2 (sm_80): sm_80 SASS runs only on compute capability 8.x, not 9.0",
-    )
-    assert judge_units(units, CC(8, 0), driver=None, facts=FACTS).verdict is Verdict.NATIVE
-
-
-def test_specialised_containers_are_reported_not_failed() -> None:
-    common = [_unit("sm_80", "sm_90", index=i) for i in range(3)]
-    special = _unit("sm_90a", index=3)
-    got = judge_units([*common, special], CC(8, 0), driver=None, facts=FACTS)
-    assert got.verdict is Verdict.NATIVE
-    assert got.specialised == (
-        "container 3 (sm_90a) is specialised code with nothing for 8.0, left out of the "
-        "verdict (--strict counts it)",
-    )
-    strict = judge_units([*common, special], CC(8, 0), driver=None, facts=FACTS, strict=True)
-    assert strict.verdict is Verdict.NONE
-    # a short container (within the common set) is never a specialisation
-    short = judge_units([*common, _unit("sm_80", index=4)], CC(9, 0), driver=None, facts=FACTS)
-    assert short.verdict is Verdict.NONE
-
-
-def test_jit_in_one_unit_makes_the_file_jit() -> None:
-    units = [_unit("sm_90", "compute_90"), _unit("sm_100", "compute_90", index=1)]
-    driver = _driver("580.65.06")
-    got = judge_units(units, CC(10, 0), driver=driver, facts=FACTS)
-    assert got.verdict is Verdict.JIT
-    assert got.reasons[0].startswith("container 0 (compute_90, sm_90): compute_90 PTX")
-
-
-def test_compressed_containers_hide_their_kernels_so_are_not_short() -> None:
-    """cuDNN 9's libcudnn_cnn: sm_75-only containers beside full ones, compressed."""
-    full = [_unit("sm_75", "sm_80", "sm_90a", compressed=True, index=i) for i in range(3)]
-    turing = _unit("sm_75", compressed=True, index=3)
-    got = judge_units([*full, turing], CC(9, 0), driver=None, facts=FACTS)
-    assert got.verdict is Verdict.NATIVE
-    assert len(got.specialised) == 1
-    strict = judge_units([*full, turing], CC(9, 0), driver=None, facts=FACTS, strict=True)
-    assert strict.verdict is Verdict.NONE
-    # uncompressed, the same container is a short translation unit
-    plain = [_unit("sm_75", "sm_80", "sm_90a", index=i) for i in range(3)]
-    short = judge_units([*plain, _unit("sm_75", index=3)], CC(9, 0), driver=None, facts=FACTS)
-    assert short.verdict is Verdict.NONE
-
-
-def test_code_kept_as_data_is_chosen_per_gpu() -> None:
-    blobs = [_unit("sm_80", embedded=True, index=0), _unit("sm_90", embedded=True, index=1)]
-    # alone in the file: the best blob counts, none at all fails
-    assert judge_units(blobs, CC(9, 0), driver=None, facts=FACTS).verdict is Verdict.NATIVE
-    assert judge_units(blobs, CC(8, 6), driver=None, facts=FACTS).verdict is Verdict.NATIVE
-    got = judge_units(blobs, CC(10, 0), driver=None, facts=FACTS)
-    assert got.verdict is Verdict.NONE
-    assert "sm_90 SASS runs only on compute capability 9.x, not 10.0" in " ".join(got.reasons)
-    # beside registered code, a blob with nothing for the GPU is reported
-    registered = _unit("sm_100", "sm_90", index=2)
-    got = judge_units([*blobs, registered], CC(10, 0), driver=None, facts=FACTS)
-    assert got.verdict is Verdict.NATIVE
-    assert len(got.specialised) == 2
-    assert all("kept as data" in s for s in got.specialised)
-    # a registered link stub that counts for nothing leaves the blobs to decide
-    stub = _unit("sm_75", compressed=True, index=2)
-    assert judge_units([*blobs, stub], CC(9, 0), driver=None, facts=FACTS).verdict is Verdict.NATIVE
-    strict = judge_units([*blobs, registered], CC(10, 0), driver=None, facts=FACTS, strict=True)
-    assert strict.verdict is Verdict.NONE

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,7 +98,11 @@ def test_fixtures_list_nothing_twice() -> None:
         deep, shallow = inspect_file(path), inspect_file(path, deep=False)
         assert (deep is None) == (shallow is None), path.name
         if deep is not None and shallow is not None:
-            assert deep.entries == shallow.entries, path.name
+            # (deep also decompresses the cubins the verdict needs: buildmatrix.binary.kernels)
+            unread = [
+                replace(e, kernels=None, toolkit=None) if e.compressed else e for e in deep.entries
+            ]
+            assert unread == list(shallow.entries), path.name
 
 
 def test_magic_numbers_in_other_data_are_not_code(tmp_path: Path) -> None:

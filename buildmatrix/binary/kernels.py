@@ -9,7 +9,7 @@ cubins are read where the verdict needs them, and nowhere else
 (docs/check.md, "Per translation unit"):
 
 - **kernels**, where the per-translation-unit rule looks at them
-  (buildmatrix.compat.judge_units): in a file without arch- or family-specific code,
+  (buildmatrix.units.judge_units): in a file without arch- or family-specific code,
   each registered container whose target set does not include the file's most
   frequent one (a container that may lack code where the rest of the file has it);
   its smallest compressed cubin is read (one translation unit's cubins are one
@@ -44,7 +44,7 @@ def _registered_sets(entries: Sequence[FatbinEntry]) -> dict[int, frozenset[str]
 def _needing_kernels(entries: Sequence[FatbinEntry]) -> set[int]:
     """Registered containers whose kernels the per-translation-unit rule may use."""
     if any(e.arch.suffix is not Suffix.NONE for e in entries if not e.embedded):
-        return set()  # the file chooses its kernels by capability (compat.judge_units)
+        return set()  # the file chooses its kernels by capability (units.judge_units)
     sets = _registered_sets(entries)
     if len(set(sets.values())) < 2:
         return set()  # every container has the same targets: none lacks code alone

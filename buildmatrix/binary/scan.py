@@ -30,8 +30,9 @@ from buildmatrix.errors import InputError
 if TYPE_CHECKING:
     from packaging.version import Version
 
-    from buildmatrix.compat import CodeTarget, Unit
+    from buildmatrix.compat import CodeTarget
     from buildmatrix.forward import CompatLibrary
+    from buildmatrix.units import Unit
 
 # The fatbinary the CUDA runtime registers at load time is .nv_fatbin; relocatable
 # device code (-rdc=true) sits in __nv_relfatbin and is used only where there is no
@@ -89,7 +90,8 @@ class FileReport:
         whose cubins provably define no kernel (nvcc's device-link stub: readable
         cubins without any .text section), since nothing in them is ever launched.
         """
-        from buildmatrix.compat import CodeTarget, Unit
+        from buildmatrix.compat import CodeTarget
+        from buildmatrix.units import Unit
 
         groups: dict[int, list[FatbinEntry]] = {}
         for e in self.entries:

@@ -1,0 +1,185 @@
+"""The per-translation-unit rule: does a file of several fatbinary containers run?
+
+Pure: units (one per container, buildmatrix.binary.scan.FileReport.units) in, a
+verdict with its reasons and the containers left out of it (docs/check.md, "Per
+translation unit"). One code entry is judged by buildmatrix.compat.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+from buildmatrix.arch import ComputeCapability, Suffix
+from buildmatrix.compat import combine, judge_codes
+from buildmatrix.cuda import CudaFacts, DriverVersion
+from buildmatrix.verdict import RANK, CodeTarget, Judgement, Verdict
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unit:
+    """One translation unit's loadable code (a fatbinary container) and the kernels
+    its cubins define (compressed ones decompressed: buildmatrix.binary.kernels)."""
+
+    codes: tuple[CodeTarget, ...]
+    kernels: tuple[str, ...] = ()
+    index: int = 0  # the container's place in the file
+    # Whether its kernels were read: False where no cubin of it was (PTX only, or a
+    # compressed cubin the scan did not decompress); the rule never exempts on names
+    # it has not read.
+    kernels_known: bool = True
+    # Kept as data and loaded by the program itself (cuModuleLoadData), which picks
+    # one per GPU: found by content (buildmatrix.binary.embedded).
+    embedded: bool = False
+
+    @property
+    def specific(self) -> bool:
+        """Only arch- or family-specific code (``sm_90a``, ``sm_100f``, ...)."""
+        return all(c.arch.suffix is not Suffix.NONE for c in self.codes)
+
+    def describe(self) -> str:
+        archs = ", ".join(sorted({str(c.arch) for c in self.codes}))
+        if not self.kernels:
+            return archs
+        more = f" and {len(self.kernels) - 3} more" if len(self.kernels) > 3 else ""
+        return f"{archs}; kernels {', '.join(self.kernels[:3])}{more}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileJudgement:
+    verdict: Verdict
+    reasons: tuple[str, ...]
+    specialised: tuple[str, ...] = ()  # containers left out of the verdict, and why
+
+
+# A kernel named for a GPU architecture: an SM number (sm80, sm_90a, _sm100), a
+# CUTLASS arch tag (cutlass_70_...), or a generation's name. Kernel names of NVIDIA's
+# libraries carry them where a kernel is one GPU's variant (cuBLAS 13's sm_75-only
+# container holds cutlass_70_simt_*, its sm_120-only one *_forwardCompat_*
+# kernels tagged cutlass_80; cuDNN 9's Volta_*).
+_ARCH_NAMED = re.compile(
+    r"(?i)(?:sm_?\d{2,3}[af]?(?!\d)|cutlass_\d{2,3}_|volta|turing|ampere|hopper|blackwell)"
+)
+
+
+def _specialisation(unit: Unit, dispatches: bool) -> str | None:
+    """Why a container with nothing for the GPU is left out, or None: it counts."""
+    if unit.specific:
+        return "holds only arch- or family-specific code, launched after a capability check"
+    if dispatches:
+        return "the file holds arch-specific code, so it chooses kernels by compute capability"
+    if unit.kernels_known and unit.kernels and all(_ARCH_NAMED.search(k) for k in unit.kernels):
+        return "each of its kernels is named for a GPU architecture"
+    return None
+
+
+def judge_units(
+    units: Sequence[Unit],
+    cc: ComputeCapability,
+    *,
+    driver: DriverVersion | None,
+    facts: CudaFacts,
+    strict: bool = False,
+    driver_cuda: Version | None = None,
+) -> FileJudgement:
+    """Verdict for one file of several fatbinary containers (translation units).
+
+    Each container is loaded as its own module, so each must run: a file whose
+    second translation unit has only sm_80 code fails on 9.0 even when the first has
+    sm_90. A registered container with nothing for the GPU is left out (reported as
+    specialised) only where the file shows that it picks its kernels by the GPU's
+    compute capability (docs/check.md, "Per translation unit"): the container holds
+    only arch- or family-specific code (``sm_90a`` runs on 9.0 alone, so whatever
+    launches it checks the capability first), or the file holds such code in any
+    container (NVIDIA's cuDNN and cuBLASLt, torch), or every kernel of the container
+    is named for an architecture (cuBLAS's ``cutlass_70_*``). Anything else is a
+    short translation unit and fails the file; so does a file where no registered
+    container runs. Code kept as data (found by content) is loaded by the program
+    itself, one blob per GPU: beside registered code that counts it is reported,
+    not judged; else the best blob for the GPU counts and the file fails when none
+    has code for it. ``strict`` counts every container. ``driver_cuda``: the CUDA
+    version the driver reports, where known (buildmatrix.compat.judge_code).
+    """
+    if not units:
+        return FileJudgement(verdict=Verdict.NONE, reasons=("no device code",))
+    dispatches = any(
+        c.arch.suffix is not Suffix.NONE for u in units if not u.embedded for c in u.codes
+    )
+    several = sum(not u.embedded for u in units) > 1
+    judged: list[tuple[int, Judgement]] = []
+    specialised: list[str] = []
+    # Libraries repeat a few target sets over thousands of containers: judge each once.
+    judged_sets: dict[tuple[CodeTarget, ...], Judgement] = {}
+    results = [
+        judged_sets.get(u.codes)
+        or judged_sets.setdefault(
+            u.codes,
+            judge_codes(u.codes, cc, driver=driver, facts=facts, driver_cuda=driver_cuda),
+        )
+        for u in units
+    ]
+    for i, unit in enumerate(units):
+        j = results[i]
+        if unit.embedded and not strict:
+            continue  # judged below, once the registered code is
+        # A file's one registered container is judged as it is, whatever it holds.
+        left_out = None
+        if j.verdict is Verdict.NONE and several and not strict:
+            left_out = _specialisation(unit, dispatches)
+        if left_out is not None:
+            specialised.append(
+                f"container {unit.index} ({unit.describe()}) has nothing for {cc} and is "
+                f"specialised code: {left_out}; left out of the verdict (--strict counts it)"
+            )
+            continue
+        judged.append((i, j))
+    # Code the program loads itself (kept as data) is chosen per GPU. Beside registered
+    # code that counts, it is a specialisation (cuBLASLt keeps Blackwell-only kernels
+    # so); otherwise its best blob for this GPU counts (cuFFT registers only a link
+    # stub), and with no blob for it every one fails the file.
+    kept = [] if strict else [i for i, u in enumerate(units) if u.embedded]
+    chosen = max(kept, key=lambda i: RANK[results[i].verdict], default=None)
+    none_kept = chosen is None or results[chosen].verdict is Verdict.NONE
+    alone = not judged
+    for i in kept:
+        unit, j = units[i], results[i]
+        if alone and (i == chosen or none_kept):
+            judged.append((i, j))
+        elif j.verdict is Verdict.NONE:
+            specialised.append(
+                f"container {unit.index} ({unit.describe()}), kept as data, has nothing "
+                f"for {cc}; the program loads another (--strict counts it)"
+            )
+    judged.sort()
+    if not judged:  # only specialisations: none of them runs here
+        archs = ", ".join(sorted({str(c.arch) for u in units for c in u.codes}))
+        what = (
+            "its container has no code"
+            if len(units) == 1
+            else f"none of its {len(units)} containers has code"
+        )
+        return FileJudgement(
+            verdict=Verdict.NONE,
+            reasons=(f"{what} for {cc} (it holds {archs})",),
+            specialised=tuple(specialised),
+        )
+    verdict = combine(j.verdict for _, j in judged)
+    single = len(units) == 1
+
+    def why(i: int, j: Judgement) -> list[str]:
+        unit = units[i]
+        where = "" if single else f"container {unit.index} ({unit.describe()}): "
+        return [f"{where}{r}" for r in j.reasons]
+
+    if verdict is Verdict.NATIVE:
+        reasons = why(*judged[0])
+    else:
+        reasons = [r for i, j in judged if j.verdict is verdict for r in why(i, j)]
+    return FileJudgement(
+        verdict=verdict,
+        reasons=tuple(dict.fromkeys(reasons)),
+        specialised=tuple(specialised),
+    )

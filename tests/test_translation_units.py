@@ -1,0 +1,107 @@
+"""The per-translation-unit rule and the CUDA runtime of compressed binaries, through
+the CLI, on nvcc-built fixtures (tests/fixtures/build.py): each library below has a
+translation unit whose kernels cannot run on 9.0, and must fail there, compressed
+or not, whatever else the file holds; each runs where its code does.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from buildmatrix.cli import main
+
+BIN = Path(__file__).parent / "fixtures" / "bin"
+
+
+def _check(capsys: pytest.CaptureFixture[str], path: Path, *args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    code = main(["check", str(path), "--no-cache", "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    ("name", "kernel", "runs_on"),
+    [
+        ("libshort_sm86.so", "_Z2kbPfPKfi", ["8.6", "8.9"]),  # a plain sm_86 unit
+        ("libtwo.so", "_Z2kbPfPKfi", ["8.0", "8.6"]),
+        ("libtwo_compressed.so", "_Z2kbPfPKfi", ["8.0", "8.6"]),  # -Xfatbin -compress-all
+    ],
+)
+def test_a_short_unit_fails_where_its_kernels_cannot_run(
+    capsys: pytest.CaptureFixture[str], name: str, kernel: str, runs_on: list[str]
+) -> None:
+    code, doc = _check(capsys, BIN / name, "--sm", "9.0")
+    assert code == 1, doc
+    assert doc["targets"][0]["specialised"] == []
+    assert (
+        f"container 2 (sm_{'86' if '86' in name else '80'}; kernels {kernel})" in doc["problems"][0]
+    )
+    for sm in runs_on:
+        code, doc = _check(capsys, BIN / name, "--sm", sm)
+        assert code == 0, (sm, doc["problems"])
+    # --strict agrees: there was nothing to leave out
+    assert _check(capsys, BIN / name, "--sm", "9.0", "--strict")[0] == 1
+
+
+@pytest.mark.skipif(shutil.which("objcopy") is None, reason="objcopy (binutils) adds the section")
+def test_code_kept_as_data_does_not_stand_in_for_a_registered_unit(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A compressed sm_80-only library with an unrelated sm_90 cubin in its read-only
+    data: the runtime registers the sm_80 container and finds nothing for 9.0."""
+    lib = tmp_path / "libsass_sm80_compressed.so"
+    subprocess.run(
+        [
+            "objcopy",
+            "--add-section",
+            f".rodata.kernels={BIN / 'kernels_sm90.cubin'}",
+            "--set-section-flags",
+            ".rodata.kernels=alloc,readonly,data,contents",
+            str(BIN / "libsass_sm80_compressed.so"),
+            str(lib),
+        ],
+        check=True,
+    )
+    code, doc = _check(capsys, lib, "--sm", "9.0")
+    assert code == 1
+    assert any(e.get("embedded") and e["arch"] == "sm_90" for e in doc["files"][0]["entries"])
+    assert "sm_80 SASS runs only on compute capability 8.x, not 9.0" in doc["problems"][0]
+    assert _check(capsys, lib, "--sm", "8.0")[0] == 0
+
+
+@pytest.mark.parametrize("name", ["app_static", "app_static_compressed"])
+def test_a_static_runtime_is_found_in_compressed_cubins(
+    capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """nvcc links the CUDA runtime statically by default; without CUDA_VERSION or a
+    libcudart.so, the release that built the cubins is the runtime's. Compressed or
+    not, the CUDA 13.0 program needs R580 and fails on 535."""
+    code, doc = _check(capsys, BIN / name, "--sm", "9.0", "--driver", "535.54.03")
+    assert code == 1
+    assert doc["cuda_runtime"]["version"] == "13.0"
+    assert doc["warnings"] == []
+    assert any("needs driver >= 580.65.06" in p for p in doc["problems"])
+    assert _check(capsys, BIN / name, "--sm", "9.0", "--driver", "580.65.06")[0] == 0
+
+
+def test_no_runtime_found_with_a_driver_is_said_loudly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """PTX alone records no toolkit: the runtime floor cannot be checked. The check
+    says so in --json (warnings) and in its text, and --strict fails it."""
+    code, doc = _check(capsys, BIN / "libptx_only.so", "--sm", "9.0", "--driver", "580.65.06")
+    assert code == 0
+    assert doc["cuda_runtime"] is None
+    assert len(doc["warnings"]) == 1 and "no CUDA runtime found" in doc["warnings"][0]
+    main(["check", str(BIN / "libptx_only.so"), "--sm", "9.0", "--driver", "580.65.06"])
+    assert "WARNING: no CUDA runtime found" in capsys.readouterr().out
+    code, doc = _check(
+        capsys, BIN / "libptx_only.so", "--sm", "9.0", "--driver", "580.65.06", "--strict"
+    )
+    assert code == 1 and "--strict fails it" in doc["problems"][-1]
+    # without a driver there is no floor to check, so nothing to warn of
+    assert _check(capsys, BIN / "libptx_only.so", "--sm", "9.0")[1]["warnings"] == []

@@ -1,0 +1,152 @@
+"""The per-translation-unit rule (buildmatrix.units): which containers of a file count.
+
+NVIDIA's own libraries (tests/test_nvidia_wheels.py) and nvcc-built fixtures
+(tests/test_translation_units.py) hold the rule to real binaries; these cases pin
+each branch of it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from packaging.version import Version
+
+from buildmatrix.arch import ComputeCapability, parse_arch
+from buildmatrix.compat import CodeTarget, Verdict
+from buildmatrix.cuda import DriverVersion, load_cuda_facts, parse_driver_version
+from buildmatrix.units import Unit, judge_units
+
+CC = ComputeCapability
+FACTS = load_cuda_facts()
+
+
+def _driver(text: str) -> DriverVersion:
+    return parse_driver_version(text)
+
+
+def _unit(
+    *archs: str,
+    index: int = 0,
+    kernels: tuple[str, ...] = (),
+    known: bool = True,
+    embedded: bool = False,
+) -> Unit:
+    return Unit(
+        codes=tuple(
+            CodeTarget(arch=parse_arch(a), ptx_isa=Version("9.0") if a.startswith("c") else None)
+            for a in archs
+        ),
+        index=index,
+        kernels=kernels,
+        kernels_known=known,
+        embedded=embedded,
+    )
+
+
+def test_every_translation_unit_must_run() -> None:
+    """libtwo: a.cu for sm_80 + sm_90, b.cu for sm_80 only: kb has nothing for 9.0."""
+    units = [_unit("sm_80", "sm_90", index=1), _unit("sm_80", index=2)]
+    got = judge_units(units, CC(9, 0), driver=None, facts=FACTS)
+    assert got.verdict is Verdict.NONE
+    assert got.reasons == (
+        "container 2 (sm_80): sm_80 SASS runs only on compute capability 8.x, not 9.0",
+    )
+    assert judge_units(units, CC(8, 0), driver=None, facts=FACTS).verdict is Verdict.NATIVE
+
+
+def test_specialised_containers_are_reported_not_failed() -> None:
+    common = [_unit("sm_80", "sm_90", index=i) for i in range(3)]
+    special = _unit("sm_90a", index=3)
+    got = judge_units([*common, special], CC(8, 0), driver=None, facts=FACTS)
+    assert got.verdict is Verdict.NATIVE
+    assert got.specialised == (
+        "container 3 (sm_90a) has nothing for 8.0 and is specialised code: holds only arch- "
+        "or family-specific code, launched after a capability check; left out of the "
+        "verdict (--strict counts it)",
+    )
+    strict = judge_units([*common, special], CC(8, 0), driver=None, facts=FACTS, strict=True)
+    assert strict.verdict is Verdict.NONE
+    # a plain container is no specialisation, within the common targets or outside them
+    for short in (_unit("sm_80", index=4), _unit("sm_86", index=4), _unit("sm_100", index=4)):
+        got = judge_units([*common[:2], short], CC(9, 0), driver=None, facts=FACTS)
+        assert got.verdict is Verdict.NONE, short
+        assert got.specialised == ()
+
+
+def test_a_file_with_arch_specific_code_chooses_its_kernels_by_capability() -> None:
+    """cuDNN 9's libcudnn_cnn: sm_75-only containers beside sm_75..sm_120f ones; the
+    sm_90a code shows that the library checks the GPU before launching."""
+    full = [_unit("sm_75", "sm_80", "sm_90a", index=i) for i in range(3)]
+    turing = _unit("sm_75", index=3, kernels=("xmma_bn_fprop_stats_kernel",))
+    got = judge_units([*full, turing], CC(9, 0), driver=None, facts=FACTS)
+    assert got.verdict is Verdict.NATIVE
+    assert (
+        len(got.specialised) == 1 and "chooses kernels by compute capability" in got.specialised[0]
+    )
+    strict = judge_units([*full, turing], CC(9, 0), driver=None, facts=FACTS, strict=True)
+    assert strict.verdict is Verdict.NONE
+    # without the arch-specific code, the same container is a short translation unit
+    plain = [_unit("sm_75", "sm_80", "sm_90", index=i) for i in range(3)]
+    short = judge_units([*plain, turing], CC(9, 0), driver=None, facts=FACTS)
+    assert short.verdict is Verdict.NONE
+
+
+@pytest.mark.parametrize(
+    ("kernels", "known", "exempt"),
+    [
+        (
+            ("_ZN7cutlass6KernelI46cutlass_70_simt_dgemm_grouped_64x64_8x2_align1EEvNT_6ParamsE",),
+            True,
+            True,
+        ),
+        (("Volta_hmma_implicit_gemm_fprop", "gemm_sm75_kernel", "k_for_sm89"), True, True),
+        (("Volta_hmma_implicit_gemm_fprop", "_Z2kbPfPKfi"), True, False),  # one is not
+        (("_Z2kbPfPKfi",), True, False),
+        (("smem128_kernel",), True, False),  # "sm" then digits inside a word is no tag
+        ((), False, False),  # kernels not read: never exempt on names
+        (("gemm_sm75_kernel",), False, False),
+    ],
+)
+def test_kernels_named_for_an_architecture(
+    kernels: tuple[str, ...], known: bool, exempt: bool
+) -> None:
+    """cuBLAS 13: an sm_75-only container of cutlass_70_* kernels beside sm_75..sm_120 ones."""
+    common = [_unit("sm_75", "sm_80", "sm_90", index=i) for i in range(3)]
+    turing = _unit("sm_75", index=3, kernels=kernels, known=known)
+    got = judge_units([*common, turing], CC(9, 0), driver=None, facts=FACTS)
+    assert (got.verdict is Verdict.NATIVE) is exempt
+    assert bool(got.specialised) is exempt
+
+
+def test_jit_in_one_unit_makes_the_file_jit() -> None:
+    units = [_unit("sm_90", "compute_90"), _unit("sm_100", "compute_90", index=1)]
+    driver = _driver("580.65.06")
+    got = judge_units(units, CC(10, 0), driver=driver, facts=FACTS)
+    assert got.verdict is Verdict.JIT
+    assert got.reasons[0].startswith("container 0 (compute_90, sm_90): compute_90 PTX")
+
+
+def test_code_kept_as_data_is_chosen_per_gpu() -> None:
+    blobs = [_unit("sm_80", embedded=True, index=0), _unit("sm_90", embedded=True, index=1)]
+    # alone in the file: the best blob counts, none at all fails
+    assert judge_units(blobs, CC(9, 0), driver=None, facts=FACTS).verdict is Verdict.NATIVE
+    assert judge_units(blobs, CC(8, 6), driver=None, facts=FACTS).verdict is Verdict.NATIVE
+    got = judge_units(blobs, CC(10, 0), driver=None, facts=FACTS)
+    assert got.verdict is Verdict.NONE
+    assert "sm_90 SASS runs only on compute capability 9.x, not 10.0" in " ".join(got.reasons)
+    # beside registered code, a blob with nothing for the GPU is reported
+    registered = _unit("sm_100", "sm_90", index=2)
+    got = judge_units([*blobs, registered], CC(10, 0), driver=None, facts=FACTS)
+    assert got.verdict is Verdict.NATIVE
+    assert len(got.specialised) == 2
+    assert all("kept as data" in s for s in got.specialised)
+    # a registered unit with nothing for the GPU fails whatever the blobs hold: the
+    # runtime loads it (a compressed sm_80 library with an sm_90 cubin kept as data)
+    lone = _unit("sm_80", index=2, kernels=("_Z4axpyfPKfPfi",))
+    got = judge_units([*blobs, lone], CC(9, 0), driver=None, facts=FACTS)
+    assert got.verdict is Verdict.NONE
+    # registered units left out as specialisations leave the blobs to decide
+    special = [_unit("sm_100a", index=2), _unit("sm_120a", index=3)]
+    got = judge_units([*blobs, *special], CC(9, 0), driver=None, facts=FACTS)
+    assert got.verdict is Verdict.NATIVE
+    strict = judge_units([*blobs, registered], CC(10, 0), driver=None, facts=FACTS, strict=True)
+    assert strict.verdict is Verdict.NONE
