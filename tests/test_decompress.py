@@ -154,3 +154,17 @@ def test_round_trip_of_random_payloads(flags: int) -> None:
         else zstandard.ZstdCompressor().compress(data)
     )
     assert decompress_payload(packed, flags=flags, size=len(data), name="x") == data
+
+
+def test_an_lz4_block_is_never_given_more_room_than_it_can_fill() -> None:
+    """The LZ4 output buffer is allocated whole, so a size the block cannot reach is
+    refused first; the densest real block (zeros, 255:1) still decompresses."""
+    zeros = b"\0" * (16 << 20)
+    dense = lz4.block.compress(zeros, store_size=False)
+    assert decompress_payload(dense, flags=FLAG_LZ4, size=len(zeros), name="x") == zeros
+    tracemalloc.start()
+    with pytest.raises(CorruptBinary, match="more than such a block can hold"):
+        decompress_payload(b"\x1f\0", flags=FLAG_LZ4, size=MAX_UNCOMPRESSED, name="x")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 1 << 20

@@ -23,9 +23,10 @@ from collections.abc import Callable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from buildmatrix.binary.decompress import FLAG_LZ4, FLAG_ZSTD, MAX_UNCOMPRESSED, decompress_payload
 from buildmatrix.binary.ptx import ptx_target
 from buildmatrix.binary.scan import inspect_source
-from buildmatrix.binary.source import BytesSource
+from buildmatrix.binary.source import BytesSource, CorruptBinary
 from buildmatrix.errors import BuildmatrixError
 from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.model import ImageConfig, check_manifest
@@ -47,6 +48,8 @@ SEEDS = {
     "kernels.fatbin": fixture("kernels.fatbin"),
     "kernels_sm90a.cubin": fixture("kernels_sm90a.cubin"),
     "libcompressed.so": fixture("libcompressed.so"),
+    "libtwo_compressed.so": fixture("libtwo_compressed.so"),
+    "libcompressed_speed.so": fixture("libcompressed_speed.so"),
     "libtwo_static.a": fixture("libtwo_static.a"),
 }
 FIELDS = [0, 1, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 2**31, 64, 16]
@@ -94,6 +97,52 @@ def test_random_bytes_as_any_binary(blob: bytes) -> None:
         b"!<arch>\n",
     ):
         _inspect(prefix + blob, "random.so")
+
+
+def _compressed(data: bytes, flags: int) -> bytes:
+    import lz4.block
+    import zstandard
+
+    if flags == FLAG_LZ4:
+        return bytes(lz4.block.compress(data, store_size=False))
+    return bytes(zstandard.ZstdCompressor().compress(data))
+
+
+@FUZZ
+@given(
+    st.sampled_from([FLAG_LZ4, FLAG_ZSTD, FLAG_LZ4 | FLAG_ZSTD, 0]),
+    st.binary(max_size=2048),
+    st.one_of(st.integers(-1, 1 << 16), st.sampled_from([MAX_UNCOMPRESSED, 1 << 40])),
+    st.booleans(),
+    st.data(),
+)
+def test_decompressor(flags: int, body: bytes, size: int, wrap: bool, data: st.DataObject) -> None:
+    """Random and mutated LZ4 blocks and Zstandard frames under any claimed size: the
+    output is exactly the claimed size (never more), or CorruptBinary."""
+    payload = body
+    if wrap and flags in (FLAG_LZ4, FLAG_ZSTD):  # a real block or frame, then damaged
+        payload = data.draw(mutated(_compressed(body, flags)))
+    try:
+        out = decompress_payload(payload, flags=flags, size=size, name="x")
+    except CorruptBinary:
+        return
+    assert len(out) == size <= MAX_UNCOMPRESSED
+
+
+@FUZZ
+@given(st.sampled_from(["libtwo_compressed.so", "libcompressed_speed.so"]), st.data())
+def test_compressed_entry_headers(name: str, data: st.DataObject) -> None:
+    """The size fields a decompression trusts (+8 payload, +16 compressed, +56
+    uncompressed) of the first compressed entry, set to hostile values."""
+    seed = bytearray(SEEDS[name])
+    at = seed.find(b"\x02\x00\x01\x01")  # a SASS entry header: kind 2, version 0x101
+    assert at > 0
+    for field, width in data.draw(
+        st.lists(st.sampled_from([(8, 8), (16, 4), (56, 8)]), min_size=1)
+    ):
+        value = data.draw(st.sampled_from(FIELDS)) % (1 << (8 * width))
+        seed[at + field : at + field + width] = value.to_bytes(width, "little")
+    _inspect(bytes(seed), name)
 
 
 @FUZZ

@@ -60,32 +60,51 @@ def test_nvidia_libraries_run_on_every_gpu_of_their_release(
         assert code == 0, (lib, sm, doc["problems"])
 
 
-def test_short_looking_compressed_containers_are_specialisations(
+def test_cudnn_short_looking_containers_are_specialisations(
     libraries: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """libcudnn_cnn's sm_75-only containers have nothing for 9.0; compressed, they show
-    no kernels, so they are reported; --strict counts them and fails the file."""
+    """libcudnn_cnn's sm_75-only containers (Volta_* kernels) have nothing for 9.0; the
+    library's sm_90a/sm_100f/sm_120f code shows that it picks kernels by capability,
+    so they are reported; --strict counts them and fails the file."""
     code, doc = _check(libraries["libcudnn_cnn.so.9"], capsys, "--sm", "9.0")
     assert code == 0
     specialised = doc["targets"][0]["specialised"]
     assert len(specialised) == 2
-    assert all("(sm_75)" in s for s in specialised)
+    assert all("(sm_75" in s and "chooses kernels by compute capability" in s for s in specialised)
     code, doc = _check(libraries["libcudnn_cnn.so.9"], capsys, "--sm", "9.0", "--strict")
     assert code == 1
+
+
+def test_cublas_containers_named_for_an_architecture_are_specialisations(
+    libraries: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """cuBLAS 13 holds no arch-specific code; its sm_75-only container (cutlass_70_*
+    kernels, read from their compressed cubins) and its sm_120-only one
+    (cutlass_80_*_forwardCompat_*) are named for their GPUs."""
+    code, doc = _check(libraries["libcublas.so.13"], capsys, "--sm", "9.0")
+    assert code == 0
+    specialised = doc["targets"][0]["specialised"]
+    assert len(specialised) == 2
+    assert all("named for a GPU architecture" in s for s in specialised)
+    assert any("(sm_75; kernels _ZN7cutlass" in s and "cutlass_70_simt" in s for s in specialised)
+    assert _check(libraries["libcublas.so.13"], capsys, "--sm", "9.0", "--strict")[0] == 1
 
 
 def test_cufft_keeps_its_kernels_as_data(
     libraries: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """cuobjdump and a section reader see one 592-byte sm_75 container in libcufft
-    (compressed: a link stub, by its size); its kernels are fatbinaries in its data,
-    loaded by cuFFT itself."""
+    (compressed: decompressed, a link stub that defines no kernel); its kernels are
+    fatbinaries in its data, loaded by cuFFT itself."""
     path = libraries["libcufft.so.12"]
     shallow = inspect_file(path, deep=False)
     assert shallow is not None
     assert [e.arch_name for e in shallow.entries] == ["sm_75"]
     report = inspect_file(path)
     assert report is not None
+    stub = next(e for e in report.entries if not e.embedded)
+    assert stub.compressed and stub.kernels == ()
+    assert not any(not u.embedded for u in report.units())
     assert len(report.units()) > 10_000
     assert sum(not e.embedded for e in report.entries) == 1
     assert {"sm_80", "sm_90", "sm_100", "sm_120"} <= set(report.sass)

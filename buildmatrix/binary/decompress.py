@@ -36,6 +36,8 @@ MAX_UNCOMPRESSED = 64 << 20
 # Zstandard's window bounds the decoder's own memory (its default limit is 128 MiB);
 # no frame of an entry of at most MAX_UNCOMPRESSED bytes needs a larger one.
 _MAX_WINDOW = 1 << 27
+_LZ4_MAX_RATIO = 255
+_LZ4_SLACK = 64
 
 
 def decompress_payload(data: bytes, *, flags: int, size: int, name: str) -> bytes:
@@ -67,6 +69,14 @@ def decompress_payload(data: bytes, *, flags: int, size: int, name: str) -> byte
 def _lz4(data: bytes, size: int, name: str) -> bytes:
     import lz4.block
 
+    # The block format (lz4 doc/lz4_Block_format.md) grows a match by at most 255 bytes
+    # per input byte, so a block cannot hold more: the output buffer, allocated whole
+    # before decoding, is sized only for what the input can make.
+    if size > _LZ4_MAX_RATIO * len(data) + _LZ4_SLACK:
+        raise CorruptBinary(
+            f"{name}: claims {size} bytes uncompressed from a {len(data)}-byte LZ4 block, "
+            "more than such a block can hold."
+        )
     try:
         # uncompressed_size is the output buffer: LZ4_decompress_safe never writes past it.
         out: bytes = lz4.block.decompress(data, uncompressed_size=size)
