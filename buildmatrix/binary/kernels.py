@@ -11,9 +11,9 @@ cubins are read where the verdict needs them, and nowhere else
 - **kernels**, where the per-translation-unit rule looks at them
   (buildmatrix.units.judge_units): in a file without arch- or family-specific code,
   each registered container whose target set does not include the file's most
-  frequent one (a container that may lack code where the rest of the file has it);
-  its smallest compressed cubin is read (one translation unit's cubins are one
-  source compiled per arch, so they define the same kernels);
+  frequent one, several tied: their union (a container that may lack code where the
+  rest of the file has it); its smallest compressed cubin is read (one translation
+  unit's cubins are one source compiled per arch, so they define the same kernels);
 - **toolkit**, the one sign of a statically linked CUDA runtime: where none was read
   for kernels, the file's smallest compressed cubin (a registered one if any).
 
@@ -27,7 +27,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from buildmatrix.arch import Suffix
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, cubin_facts, decompressed_cubin
 from buildmatrix.binary.source import ByteSource
 
@@ -37,18 +36,20 @@ def _registered_sets(entries: Sequence[FatbinEntry]) -> dict[int, frozenset[str]
     sets: dict[int, set[str]] = {}
     for e in entries:
         if not e.embedded and e.kind is not EntryKind.LTOIR:
-            sets.setdefault(e.container, set()).add(str(e.arch))
+            sets.setdefault(e.container, set()).add(e.arch_name)
     return {c: frozenset(s) for c, s in sets.items()}
 
 
-def _needing_kernels(entries: Sequence[FatbinEntry]) -> set[int]:
+def units_needing_kernels(entries: Sequence[FatbinEntry]) -> set[int]:
     """Registered containers whose kernels the per-translation-unit rule may use."""
-    if any(e.arch.suffix is not Suffix.NONE for e in entries if not e.embedded):
-        return set()  # the file chooses its kernels by capability (units.judge_units)
     sets = _registered_sets(entries)
+    if any(name[-1] in "af" for names in sets.values() for name in names):  # sm_90a, sm_100f
+        return set()  # the file chooses its kernels by capability (units.judge_units)
     if len(set(sets.values())) < 2:
         return set()  # every container has the same targets: none lacks code alone
-    common = Counter(sets.values()).most_common(1)[0][0]
+    counts = Counter(sets.values())
+    top = max(counts.values())
+    common = frozenset().union(*(s for s, n in counts.items() if n == top))  # ties: all
     return {c for c, s in sets.items() if not common <= s}
 
 
@@ -65,7 +66,7 @@ def read_compressed(src: ByteSource, entries: list[FatbinEntry]) -> list[FatbinE
             continue
         if c not in smallest or entries[i].size < entries[smallest[c]].size:
             smallest[c] = i
-    chosen = {smallest[c] for c in _needing_kernels(entries) if c in smallest}
+    chosen = {smallest[c] for c in units_needing_kernels(entries) if c in smallest}
     if not chosen:
         registered = [i for i in packed if not entries[i].embedded] or packed
         chosen.add(min(registered, key=lambda i: entries[i].size))
