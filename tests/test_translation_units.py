@@ -88,6 +88,23 @@ def test_a_static_runtime_is_found_in_compressed_cubins(
     assert _check(capsys, BIN / name, "--sm", "9.0", "--driver", "580.65.06")[0] == 0
 
 
+def test_a_static_runtime_in_a_rootfs_without_cuda_version(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The image as a folder (no config, so no CUDA_VERSION; no libcudart.so)."""
+    (tmp_path / "usr" / "local" / "bin").mkdir(parents=True)
+    shutil.copy(BIN / "app_static_compressed", tmp_path / "usr" / "local" / "bin" / "app")
+    code, doc = _check(capsys, Path(f"dir:{tmp_path}"), "--sm", "9.0", "--driver", "535.54.03")
+    assert code == 1
+    assert doc["cuda_runtime"] == {
+        "version": "13.0",
+        "source": "device code of usr/local/bin/app (built by CUDA 13.0)",
+    }
+    main(["check", f"dir:{tmp_path}", "--sm", "9.0", "--driver", "535.54.03"])
+    out = capsys.readouterr().out
+    assert "no CUDA runtime found" not in out and "FAIL" in out
+
+
 def test_no_runtime_found_with_a_driver_is_said_loudly(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
