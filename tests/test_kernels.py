@@ -34,10 +34,19 @@ def test_units_that_may_lack_code_where_the_rest_runs_are_read() -> None:
     # cuBLAS 13: an sm_75-only unit and one without sm_75 among full ones
     entries = _entries(common, common, common, ("sm_75",), ("sm_80", "sm_90"), ("sm_75", *common))
     assert units_needing_kernels(entries) == {3, 4}
+    # sm_80 serves wherever sm_86 does: a unit without sm_86 lacks nothing (cuBLAS 13's
+    # 77 containers built without it)
+    entries = _entries(common, common, ("sm_75", "sm_80", "sm_90"), ("sm_75", "sm_86", "sm_90"))
+    assert units_needing_kernels(entries) == {3}
+    # PTX is matched exactly: JIT depends on the driver
+    ptx = ("sm_80", "compute_90")
+    assert units_needing_kernels(_entries(ptx, ptx, ("sm_80", "compute_80"))) == {2}
     # all alike: no unit lacks code alone
     assert units_needing_kernels(_entries(common, common)) == set()
-    # tied target sets: their union is the common set, so each is read
-    assert units_needing_kernels(_entries(("sm_80", "sm_90"), ("sm_86",))) == {0, 1}
+    # tied target sets: their union is the common set; the sm_80 + sm_90 unit serves
+    # all of it, the sm_86 one lacks 8.0 and 9.0
+    assert units_needing_kernels(_entries(("sm_80", "sm_90"), ("sm_86",))) == {1}
+    assert units_needing_kernels(_entries(("sm_80",), ("sm_90",))) == {0, 1}
     # arch-specific code anywhere registered: the file dispatches, names are not needed
     assert units_needing_kernels(_entries(common, common, ("sm_75",), ("sm_90a",))) == set()
     # code kept as data is neither read for the rule nor a sign of dispatch

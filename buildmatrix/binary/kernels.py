@@ -10,9 +10,9 @@ cubins are read where the verdict needs them, and nowhere else
 
 - **kernels**, where the per-translation-unit rule looks at them
   (buildmatrix.units.judge_units): in a file without arch- or family-specific code,
-  each registered container whose target set does not include the file's most
-  frequent one, several tied: their union (a container that may lack code where the
-  rest of the file has it); its smallest compressed cubin is read (one translation
+  each registered container that lacks SASS somewhere the file's most frequent
+  target set (several tied: their union) has it (a container that may lack code
+  where the rest of the file runs); its smallest compressed cubin is read (one translation
   unit's cubins are one source compiled per arch, so they define the same kernels);
 - **toolkit**, the one sign of a statically linked CUDA runtime: where none was read
   for kernels, the file's smallest compressed cubin (a registered one if any).
@@ -27,30 +27,53 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
+from buildmatrix.arch import Arch, CodeKind, Suffix
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, cubin_facts, decompressed_cubin
 from buildmatrix.binary.source import ByteSource
 
 
-def _registered_sets(entries: Sequence[FatbinEntry]) -> dict[int, frozenset[str]]:
-    """The target set (SASS and PTX) of each registered container."""
-    sets: dict[int, set[str]] = {}
+def _registered_sets(entries: Sequence[FatbinEntry]) -> dict[int, frozenset[Arch]]:
+    """The loadable targets (SASS and PTX) of each registered container."""
+    sets: dict[int, set[Arch]] = {}
     for e in entries:
         if not e.embedded and e.kind is not EntryKind.LTOIR:
-            sets.setdefault(e.container, set()).add(e.arch_name)
+            sets.setdefault(e.container, set()).add(e.arch)
     return {c: frozenset(s) for c, s in sets.items()}
 
 
+def _covers(have: frozenset[Arch], need: frozenset[Arch]) -> bool:
+    """Whether ``have`` has SASS wherever ``need`` does: each target of ``need`` is in
+    ``have``, or is SASS that a plain SASS target of ``have`` of the same major and a
+    lower or equal minor also serves (sm_80 runs wherever sm_86 does; docs/compatibility.md)."""
+    return all(
+        t in have
+        or (
+            t.kind is CodeKind.SASS
+            and any(
+                s.kind is CodeKind.SASS
+                and s.suffix is Suffix.NONE
+                and s.cc.major == t.cc.major
+                and s.cc.minor <= t.cc.minor
+                for s in have
+            )
+        )
+        for t in need
+    )
+
+
 def units_needing_kernels(entries: Sequence[FatbinEntry]) -> set[int]:
-    """Registered containers whose kernels the per-translation-unit rule may use."""
+    """Registered containers whose kernels the per-translation-unit rule may use: in a
+    file without arch- or family-specific code, those that lack code somewhere the
+    file's most frequent target set (several tied: their union) has it."""
     sets = _registered_sets(entries)
-    if any(name[-1] in "af" for names in sets.values() for name in names):  # sm_90a, sm_100f
+    if any(a.suffix is not Suffix.NONE for names in sets.values() for a in names):
         return set()  # the file chooses its kernels by capability (units.judge_units)
     if len(set(sets.values())) < 2:
         return set()  # every container has the same targets: none lacks code alone
     counts = Counter(sets.values())
     top = max(counts.values())
-    common = frozenset().union(*(s for s, n in counts.items() if n == top))  # ties: all
-    return {c for c, s in sets.items() if not common <= s}
+    common = frozenset().union(*(s for s, n in counts.items() if n == top))
+    return {c for c, s in sets.items() if not _covers(s, common)}
 
 
 def read_compressed(src: ByteSource, entries: list[FatbinEntry]) -> list[FatbinEntry]:
