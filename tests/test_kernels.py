@@ -58,9 +58,10 @@ def test_a_scan_reads_the_compressed_cubins_the_rule_needs_and_no_more() -> None
     report = inspect_file(BIN / "libtwo_compressed.so")
     assert report is not None
     read = [e for e in report.entries if e.compressed and e.kernels is not None]
-    # the stub (uncompressed), the full unit and the short one: one cubin each
-    assert {e.container for e in read} == {1, 2}
-    assert len(read) == 2
+    # the stub (uncompressed), the full unit (sm_80 + sm_90) and the short one (sm_80):
+    # tied target sets, so the smallest cubin of both
+    assert [e.container for e in read] == [1, 2]
+    assert all(u.kernels_known for u in report.units())
     assert {u.index: u.kernels for u in report.units()} == {
         1: ("_Z5scaleIdEvPT_S0_i", "_Z4axpyfPKfPfi"),
         2: ("_Z2kbPfPKfi",),

@@ -99,10 +99,9 @@ class FileReport:
                 groups.setdefault(e.container, []).append(e)
         units = []
         for index, entries in sorted(groups.items()):
-            # One translation unit's cubins define the same kernels, so one read cubin
-            # without any (a compressed unit may have only its smallest read) shows it.
-            read = [e.kernels for e in entries if e.kernels is not None]
-            if all(e.kind is EntryKind.SASS for e in entries) and read and not any(read):
+            # Every cubin read and none defines a kernel (a compressed one not read
+            # may hold kernels: it counts).
+            if all(e.kind is EntryKind.SASS and e.kernels == () for e in entries):
                 continue  # no kernel at all: a link stub
             kernels = tuple(dict.fromkeys(k for e in entries for k in e.kernels or ()))
             codes = tuple(CodeTarget(arch=e.arch, ptx_isa=e.ptx_isa) for e in entries)
