@@ -149,3 +149,24 @@ def parse_sm(text: str) -> Arch:
         cc = ComputeCapability.from_number(int(m["num"]))
         return Arch(cc, CodeKind.SASS, Suffix(m["suffix"]))
     raise InputError(f"'{text}' is not an SM; write it as sm_90, sm_90a, 9.0 or 90.")
+
+
+def serves_wherever(have: frozenset[Arch], need: frozenset[Arch]) -> bool:
+    """Whether ``have`` has code wherever ``need`` does: each target of ``need`` is in
+    ``have``, or is SASS that a plain SASS target of ``have`` of the same major and a
+    lower or equal minor also serves (sm_80 runs wherever sm_86 does;
+    docs/compatibility.md). PTX is matched exactly (JIT depends on the driver)."""
+    return all(
+        t in have
+        or (
+            t.kind is CodeKind.SASS
+            and any(
+                s.kind is CodeKind.SASS
+                and s.suffix is Suffix.NONE
+                and s.cc.major == t.cc.major
+                and s.cc.minor <= t.cc.minor
+                for s in have
+            )
+        )
+        for t in need
+    )

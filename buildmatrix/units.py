@@ -8,12 +8,13 @@ translation unit"). One code entry is judged by buildmatrix.compat.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packaging.version import Version
 
-from buildmatrix.arch import ComputeCapability, Suffix
+from buildmatrix.arch import Arch, ComputeCapability, Suffix, serves_wherever
 from buildmatrix.compat import combine, judge_codes
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.verdict import RANK, CodeTarget, Judgement, Verdict
@@ -65,14 +66,38 @@ _ARCH_NAMED = re.compile(
 )
 
 
-def _specialisation(unit: Unit, dispatches: bool) -> str | None:
-    """Why a container with nothing for the GPU is left out, or None: it counts."""
-    if unit.specific:
-        return "holds only arch- or family-specific code, launched after a capability check"
-    if dispatches:
-        return "the file holds arch-specific code, so it chooses kernels by compute capability"
-    if unit.kernels_known and unit.kernels and all(_ARCH_NAMED.search(k) for k in unit.kernels):
-        return "each of its kernels is named for a GPU architecture"
+def _named(unit: Unit) -> bool:
+    """Every kernel of the unit, read, is named for a GPU architecture."""
+    return (
+        unit.kernels_known
+        and bool(unit.kernels)
+        and all(_ARCH_NAMED.search(k) for k in unit.kernels)
+    )
+
+
+def dispatch_signs(units: Sequence[Unit]) -> str | None:
+    """What shows that a file chooses its kernels by the GPU's compute capability, or
+    None. Read from its registered containers: arch- or family-specific code (it runs
+    on one GPU or family alone, so whatever launches it checks first); a container
+    that adds targets the file's most frequent target set (several tied: their union)
+    does not serve (cuSOLVER 12's per-arch ``compute_90``, ``compute_100``, ... units);
+    a container whose every kernel is named for an architecture (cuBLAS 13's
+    ``cutlass_70_*``)."""
+    registered = [u for u in units if not u.embedded]
+    if any(c.arch.suffix is not Suffix.NONE for u in registered for c in u.codes):
+        return "the file holds arch- or family-specific code"
+    sets = [frozenset(c.arch for c in u.codes) for u in registered]
+    counts = Counter(sets)
+    top = max(counts.values(), default=0)
+    common: frozenset[Arch] = frozenset().union(*(s for s, n in counts.items() if n == top))
+    for s in sets:
+        added = sorted(str(a) for a in s if not serves_wherever(common, frozenset({a})))
+        if added:
+            targets = ", ".join(added)
+            return f"the file holds units for targets its common ones do not serve ({targets})"
+    named = next((u for u in registered if _named(u)), None)
+    if named is not None:
+        return f"the kernels of its container {named.index} are named for a GPU architecture"
     return None
 
 
@@ -93,9 +118,9 @@ def judge_units(
     specialised) only where the file shows that it picks its kernels by the GPU's
     compute capability (docs/check.md, "Per translation unit"): the container holds
     only arch- or family-specific code (``sm_90a`` runs on 9.0 alone, so whatever
-    launches it checks the capability first), or the file holds such code in any
-    container (NVIDIA's cuDNN and cuBLASLt, torch), or every kernel of the container
-    is named for an architecture (cuBLAS's ``cutlass_70_*``). Anything else is a
+    launches it checks the capability first), or the file carries one of the signs
+    of :func:`dispatch_signs` (NVIDIA's cuDNN, cuBLAS, cuBLASLt and cuSOLVER, torch).
+    Anything else is a
     short translation unit and fails the file; so does a file where no registered
     container runs. Code kept as data (found by content) is loaded by the program
     itself, one blob per GPU: beside registered code that counts it is reported,
@@ -105,9 +130,7 @@ def judge_units(
     """
     if not units:
         return FileJudgement(verdict=Verdict.NONE, reasons=("no device code",))
-    dispatches = any(
-        c.arch.suffix is not Suffix.NONE for u in units if not u.embedded for c in u.codes
-    )
+    signs = dispatch_signs(units)
     several = sum(not u.embedded for u in units) > 1
     judged: list[tuple[int, Judgement]] = []
     specialised: list[str] = []
@@ -128,11 +151,14 @@ def judge_units(
         # A file's one registered container is judged as it is, whatever it holds.
         left_out = None
         if j.verdict is Verdict.NONE and several and not strict:
-            left_out = _specialisation(unit, dispatches)
+            if unit.specific:
+                left_out = "it holds only arch- or family-specific code, launched after a check"
+            elif signs is not None:
+                left_out = f"{signs}, so it chooses kernels by compute capability"
         if left_out is not None:
             specialised.append(
                 f"container {unit.index} ({unit.describe()}) has nothing for {cc} and is "
-                f"specialised code: {left_out}; left out of the verdict (--strict counts it)"
+                f"specialised code ({left_out}); left out of the verdict (--strict counts it)"
             )
             continue
         judged.append((i, j))

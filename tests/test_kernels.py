@@ -38,9 +38,11 @@ def test_units_that_may_lack_code_where_the_rest_runs_are_read() -> None:
     # 77 containers built without it)
     entries = _entries(common, common, ("sm_75", "sm_80", "sm_90"), ("sm_75", "sm_86", "sm_90"))
     assert units_needing_kernels(entries) == {3}
-    # PTX is matched exactly: JIT depends on the driver
+    # PTX is matched exactly (JIT depends on the driver): a unit without compute_90
+    # lacks it; one with compute_80 adds a target, which shows dispatch by itself
     ptx = ("sm_80", "compute_90")
-    assert units_needing_kernels(_entries(ptx, ptx, ("sm_80", "compute_80"))) == {2}
+    assert units_needing_kernels(_entries(ptx, ptx, ("sm_80",))) == {2}
+    assert units_needing_kernels(_entries(ptx, ptx, ("sm_80", "compute_80"))) == set()
     # all alike: no unit lacks code alone
     assert units_needing_kernels(_entries(common, common)) == set()
     # tied target sets: their union is the common set; the sm_80 + sm_90 unit serves

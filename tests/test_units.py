@@ -59,17 +59,24 @@ def test_specialised_containers_are_reported_not_failed() -> None:
     got = judge_units([*common, special], CC(8, 0), driver=None, facts=FACTS)
     assert got.verdict is Verdict.NATIVE
     assert got.specialised == (
-        "container 3 (sm_90a) has nothing for 8.0 and is specialised code: holds only arch- "
-        "or family-specific code, launched after a capability check; left out of the "
-        "verdict (--strict counts it)",
+        "container 3 (sm_90a) has nothing for 8.0 and is specialised code (it holds only "
+        "arch- or family-specific code, launched after a check); left out of the verdict "
+        "(--strict counts it)",
     )
     strict = judge_units([*common, special], CC(8, 0), driver=None, facts=FACTS, strict=True)
     assert strict.verdict is Verdict.NONE
-    # a plain container is no specialisation, within the common targets or outside them
-    for short in (_unit("sm_80", index=4), _unit("sm_86", index=4), _unit("sm_100", index=4)):
+    # a plain container whose targets the common ones serve is no specialisation:
+    # sm_80, or sm_86 (sm_80 runs wherever it does), among sm_80 + sm_90 units
+    for short in (_unit("sm_80", index=4), _unit("sm_86", index=4)):
         got = judge_units([*common[:2], short], CC(9, 0), driver=None, facts=FACTS)
         assert got.verdict is Verdict.NONE, short
         assert got.specialised == ()
+    # one that adds a target they do not serve shows per-GPU units (cuSOLVER's
+    # compute_90, compute_100, ... ones): the file dispatches
+    extra = _unit("sm_100", "compute_100", index=4)
+    got = judge_units([*common[:2], extra], CC(9, 0), driver=None, facts=FACTS)
+    assert got.verdict is Verdict.NATIVE
+    assert "targets its common ones do not serve (compute_100, sm_100)" in got.specialised[0]
 
 
 def test_a_file_with_arch_specific_code_chooses_its_kernels_by_capability() -> None:

@@ -9,8 +9,9 @@ cubins are read where the verdict needs them, and nowhere else
 (docs/check.md, "Per translation unit"):
 
 - **kernels**, where the per-translation-unit rule looks at them
-  (buildmatrix.units.judge_units): in a file without arch- or family-specific code,
-  each registered container that lacks SASS somewhere the file's most frequent
+  (buildmatrix.units.judge_units): in a file whose targets do not show capability
+  dispatch (no arch- or family-specific code, no container adding targets), each
+  registered container that lacks SASS somewhere the file's most frequent
   target set (several tied: their union) has it (a container that may lack code
   where the rest of the file runs); its smallest compressed cubin is read: nvcc
   compiles a translation unit's source once per arch, so its cubins define the
@@ -31,7 +32,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from buildmatrix.arch import Arch, CodeKind, Suffix
+from buildmatrix.arch import Arch, Suffix, serves_wherever
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, cubin_facts, decompressed_cubin
 from buildmatrix.binary.source import ByteSource
 
@@ -45,30 +46,11 @@ def _registered_sets(entries: Sequence[FatbinEntry]) -> dict[int, frozenset[Arch
     return {c: frozenset(s) for c, s in sets.items()}
 
 
-def _covers(have: frozenset[Arch], need: frozenset[Arch]) -> bool:
-    """Whether ``have`` has SASS wherever ``need`` does: each target of ``need`` is in
-    ``have``, or is SASS that a plain SASS target of ``have`` of the same major and a
-    lower or equal minor also serves (sm_80 runs wherever sm_86 does; docs/compatibility.md)."""
-    return all(
-        t in have
-        or (
-            t.kind is CodeKind.SASS
-            and any(
-                s.kind is CodeKind.SASS
-                and s.suffix is Suffix.NONE
-                and s.cc.major == t.cc.major
-                and s.cc.minor <= t.cc.minor
-                for s in have
-            )
-        )
-        for t in need
-    )
-
-
 def units_needing_kernels(entries: Sequence[FatbinEntry]) -> set[int]:
     """Registered containers whose kernels the per-translation-unit rule may use: in a
-    file without arch- or family-specific code, those that lack code somewhere the
-    file's most frequent target set (several tied: their union) has it."""
+    file whose targets do not already show that it chooses kernels by capability (no
+    arch- or family-specific code, no container adding targets the file's most
+    frequent set does not serve), those that lack code somewhere that set has it."""
     sets = _registered_sets(entries)
     if any(a.suffix is not Suffix.NONE for names in sets.values() for a in names):
         return set()  # the file chooses its kernels by capability (units.judge_units)
@@ -77,7 +59,9 @@ def units_needing_kernels(entries: Sequence[FatbinEntry]) -> set[int]:
     counts = Counter(sets.values())
     top = max(counts.values())
     common = frozenset().union(*(s for s, n in counts.items() if n == top))
-    return {c for c, s in sets.items() if not _covers(s, common)}
+    if any(not serves_wherever(common, s) for s in sets.values()):
+        return set()  # a container adds targets: the file dispatches (units.judge_units)
+    return {c for c, s in sets.items() if not serves_wherever(s, common)}
 
 
 def read_compressed(src: ByteSource, entries: list[FatbinEntry]) -> list[FatbinEntry]:
