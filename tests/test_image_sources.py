@@ -217,6 +217,33 @@ def test_multi_platform_index(tmp_path: Path, cli: CliRunner) -> None:
     assert "no image for platform linux/s390x" in result.err
 
 
+ARM64 = Image(
+    layers=LAYERED.layers,
+    labels=LAYERED.labels,
+    env=LAYERED.env,
+    platform={"os": "linux", "architecture": "arm64"},
+)
+
+
+def assert_not_for_amd64(cli: CliRunner, ref: str) -> None:
+    """A single-manifest arm64 image is no image for an amd64 node (containerd's
+    unpacker unpacks only a config platform it matches: ``core/unpack/unpacker.go``),
+    and is judged with ``--platform linux/arm64``."""
+    result = cli("check", ref, "--sm", "9.0")
+    assert result.code == 2, result.out
+    assert "no image for platform linux/amd64" in result.err
+    assert "is for linux/arm64" in result.err
+    assert "--platform linux/arm64" in result.err
+    assert result.out == ""
+    assert_layered(*run_check(cli, ref, "--platform", "linux/arm64"))
+    assert_layered(*run_check(cli, ref, "--platform", "linux/arm64/v8"))
+
+
+def test_single_manifest_platform(tmp_path: Path, cli: CliRunner) -> None:
+    assert_not_for_amd64(cli, f"docker-archive:{write_docker_archive(tmp_path / 'a.tar', ARM64)}")
+    assert_not_for_amd64(cli, f"oci:{write_oci_layout(tmp_path / 'oci', ARM64)}")
+
+
 # ------------------------------------------------------------ skopeo and registry
 
 
@@ -257,6 +284,15 @@ def test_skopeo_conversions(pushed: str, cli: CliRunner, tmp_path: Path) -> None
     skopeo("copy", "--src-tls-verify=false", src, f"oci:{tmp_path}/layout:v1")
     assert_layered(*run_check(cli, f"docker-archive:{tmp_path}/s.tar"))
     assert_layered(*run_check(cli, f"oci:{tmp_path}/layout:v1"))
+
+
+def test_registry_single_manifest_platform(
+    registry: Registry, cli: CliRunner, tmp_path: Path
+) -> None:
+    layout = write_oci_layout(tmp_path / "arm64", ARM64, tag="v1")
+    ref = f"docker://{registry.host}/bmtest/arm64:v1"
+    skopeo("copy", "--dest-tls-verify=false", f"oci:{layout}:v1", ref)
+    assert_not_for_amd64(cli, ref)
 
 
 def test_registry_errors(pushed: str, cli: CliRunner) -> None:

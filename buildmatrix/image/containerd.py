@@ -272,6 +272,7 @@ def scan_containerd(
     desc: dict[str, Any] = {"digest": record.digest, "mediaType": record.media_type}
     doc = check_manifest(content.json(desc, what="the image's manifest"), name=name)
     unplaced = False  # picked from an index entry without a platform
+    single = not is_index(doc)  # one manifest, no index
     while is_index(doc):
         desc = select_platform(doc.get("manifests") or [], platform, name=name)
         unplaced = not isinstance(desc.get("platform"), dict)
@@ -283,8 +284,8 @@ def scan_containerd(
         )
     config_desc = doc.get("config") or {}
     config_doc = content.json(config_desc, what="the image config")
-    if unplaced:
-        require_config_platform(config_doc, platform, name=ref.given)
+    if unplaced or single:
+        require_config_platform(config_doc, platform, name=ref.given, entry=unplaced)
     config = ImageConfig.from_json(
         config_doc, image_id=config_desc.get("digest"), source=f"{name} image config"
     )

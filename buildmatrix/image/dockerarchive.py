@@ -38,7 +38,11 @@ from buildmatrix.image.model import (
     read_json_blob,
     scan_blobs,
 )
-from buildmatrix.image.platform import DEFAULT_PLATFORM, select_platform
+from buildmatrix.image.platform import (
+    DEFAULT_PLATFORM,
+    require_config_platform,
+    select_platform,
+)
 from buildmatrix.image.ref import ImageRef
 from buildmatrix.image.savetar import SavedMember, SaveTree, member_of
 from buildmatrix.image.tarheaders import StrictTarInfo, TarHeaderError
@@ -133,6 +137,7 @@ def scan_docker_archive(
     config_doc = _json(config_bytes, name=f"{path}:{entry['Config']}")
     if not isinstance(config_doc, dict):
         raise InputError(f"{path}:{entry['Config']}: expected a JSON object.")
+    require_config_platform(config_doc, platform, name=ref.given, entry=False)
     config = ImageConfig.from_json(
         config_doc, image_id=config_id, source=f"{path}:{entry['Config']}"
     )

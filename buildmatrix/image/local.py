@@ -84,14 +84,15 @@ def scan_oci_layout(
     desc = chosen[0]
     doc = check_manifest(_json_blob(layout, desc, name=name), name=name)
     unplaced = False  # picked from an index entry without a platform
+    single = not is_index(doc)  # one manifest, no index
     while is_index(doc):
         desc = select_platform(doc.get("manifests") or [], platform, name=name)
         unplaced = not isinstance(desc.get("platform"), dict)
         doc = check_manifest(_json_blob(layout, desc, name=name), name=name)
     config_desc = doc.get("config") or {}
     config_doc = _json_blob(layout, config_desc, name=name)
-    if unplaced:
-        require_config_platform(config_doc, platform, name=ref.given)
+    if unplaced or single:
+        require_config_platform(config_doc, platform, name=ref.given, entry=unplaced)
     config = ImageConfig.from_json(
         config_doc,
         image_id=config_desc.get("digest"),

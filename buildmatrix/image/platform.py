@@ -225,14 +225,29 @@ def select_platform(
     return entries[min(ranked)[1]]
 
 
-def require_config_platform(config: dict[str, Any], platform: str, *, name: str) -> None:
-    """An index entry without a platform is pulled only if its image config's
-    platform is one ``Only(platform)`` matches (containerd ``images.Manifest``,
-    ``ConfigPlatform``); else there is no image for the platform."""
+def require_config_platform(
+    config: dict[str, Any], platform: str, *, name: str, entry: bool = True
+) -> None:
+    """The image config's platform must be one ``Only(platform)`` matches.
+
+    For an index entry without a platform (``entry``) containerd pulls it only then
+    (containerd ``core/images/image.go``, ``Manifest``, ``ConfigPlatform``). For a
+    single manifest (no index) or a ``docker save`` archive, containerd's unpacker
+    unpacks an image only for a platform of its own that matches the config's
+    (containerd ``core/unpack/unpacker.go``, ``Unpacker.unpack``: no match, no
+    snapshot), so a node of ``platform`` cannot run it either."""
     have = config_platform(config)
-    if rank(parse_platform(platform), have) is None:
+    if rank(parse_platform(platform), have) is not None:
+        return
+    if entry:
         raise InputError(
             f"'{name}': no image for platform {platform}: no index entry names it, and the "
             f"one without a platform is an image for {have or 'no platform'} (its config), "
             "which containerd would not pull. Pass --platform."
         )
+    raise InputError(
+        f"'{name}': no image for platform {platform}: the image is for "
+        f"{have or 'no platform'} (its config's os/architecture), which containerd "
+        f"does not unpack on a {platform} node. Pass --platform "
+        f"{have or 'OS/ARCH'} to judge it for the nodes it is built for."
+    )

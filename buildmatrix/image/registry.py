@@ -281,6 +281,7 @@ def scan_registry(
     doc, digest = client.manifest(ref.reference, digest=ref.digest or None)
     where = f"{ref.host}/{ref.repository} manifest"
     unplaced = False  # picked from an index entry without a platform
+    single = not is_index(doc)  # one manifest, no index
     while is_index(doc):
         check_manifest(doc, name=where)
         desc = select_platform(doc.get("manifests") or [], platform, name=ref.given)
@@ -294,8 +295,8 @@ def scan_registry(
     check_manifest(doc, name=where)
     config_digest = str((doc.get("config") or {}).get("digest", ""))
     config_doc = client.json_blob(config_digest)
-    if unplaced:
-        require_config_platform(config_doc, platform, name=ref.given)
+    if unplaced or single:
+        require_config_platform(config_doc, platform, name=ref.given, entry=unplaced)
     config = ImageConfig.from_json(
         config_doc,
         image_id=config_digest,
