@@ -7,6 +7,7 @@ or not, whatever else the file holds; each runs where its code does.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from buildmatrix.cli import main
+from tests.cuobjdump import find_cuobjdump
 
 BIN = Path(__file__).parent / "fixtures" / "bin"
 
@@ -122,3 +124,58 @@ def test_no_runtime_found_with_a_driver_is_said_loudly(
     assert code == 1 and "--strict fails it" in doc["problems"][-1]
     # without a driver there is no floor to check, so nothing to warn of
     assert _check(capsys, BIN / "libptx_only.so", "--sm", "9.0")[1]["warnings"] == []
+
+
+def _renamed_kernel_sections(tmp_path: Path, *, clear_entry: bool) -> Path:
+    """libtwo.so with its sm_80-only unit's ``.text._Z2kb...`` cubin section renamed
+    ``.TEXT._Z2kb...`` (and, with ``clear_entry``, the ``STO_CUDA_ENTRY`` bit of its
+    kernel symbol cleared), found with pyelftools: the unit still holds sm_80 code."""
+    from io import BytesIO
+
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    data = bytearray((BIN / "libtwo.so").read_bytes())
+    fatbin = ELFFile(BytesIO(bytes(data))).get_section_by_name(".nv_fatbin")
+    assert fatbin is not None
+    lo, hi = fatbin["sh_offset"], fatbin["sh_offset"] + fatbin["sh_size"]
+    assert data[lo:hi].count(b".text._Z2kb") >= 1  # in the section-name table
+    data[lo:hi] = data[lo:hi].replace(b".text._Z2kb", b".TEXT._Z2kb")
+    if clear_entry:
+        start = data.rfind(b"\x7fELF", lo, data.find(b".TEXT._Z2kb", lo, hi))
+        cubin = ELFFile(BytesIO(bytes(data[start:hi])))
+        symtab = cubin.get_section_by_name(".symtab")
+        assert isinstance(symtab, SymbolTableSection)
+        cleared = 0
+        for i, sym in enumerate(symtab.iter_symbols()):
+            if sym["st_info"]["type"] == "STT_FUNC":
+                at = start + symtab["sh_offset"] + i * symtab["sh_entsize"] + 5  # st_other
+                data[at] &= ~0x10 & 0xFF
+                cleared += 1
+        assert cleared == 1
+    out = tmp_path / "libtwo.so"
+    out.write_bytes(bytes(data))
+    return out
+
+
+@pytest.mark.parametrize("clear_entry", [False, True], ids=["entry symbol", "no entry symbol"])
+def test_a_unit_is_not_a_link_stub_by_its_section_names(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, clear_entry: bool
+) -> None:
+    """A unit's kernels come from its cubin's executable code and entry symbols
+    (cuobjdump lists them as ENTRY), not from ``.text.NAME`` section names alone: a
+    renamed section does not make the sm_80-only unit a device-link stub. Where no
+    entry symbol names the code either, its kernels are unknown and it still counts."""
+    lib = _renamed_kernel_sections(tmp_path, clear_entry=clear_entry)
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is not None and not clear_entry:
+        listing = subprocess.run(
+            [cuobjdump, "-elf", str(lib)], capture_output=True, text=True, check=True
+        ).stdout
+        assert re.search(r"FUNC\s+GLOBAL\s+\S+\s+ENTRY\s+\S+\s+_Z2kbPfPKfi", listing)
+    code, doc = _check(capsys, lib, "--sm", "9.0")
+    assert code == 1, doc
+    assert doc["targets"][0]["specialised"] == []
+    unit = "container 2 (sm_80)" if clear_entry else "container 2 (sm_80; kernels _Z2kbPfPKfi)"
+    assert unit in doc["problems"][0]
+    assert _check(capsys, lib, "--sm", "8.0")[0] == 0

@@ -23,6 +23,13 @@ _EF_ACCEL_V1 = 0x800
 _EF_ACCEL_V2 = 0x8
 _COMPAT_ARCH_SPECIFIC = 9  # .nv.compat attribute observed for sm_XYa cubins
 _MAX_COMPAT = 1 << 16
+SHT_SYMTAB = 2
+STT_FUNC = 2
+# st_other bit of a kernel (``__global__``) symbol: cuobjdump -elf prints it as
+# ENTRY, nvdisasm as STO_CUDA_ENTRY; cuda-gdb ``gdb/cuda/cuda-tdep.c``,
+# ``cuda_elf_make_msymbol_special`` (``#define STO_CUDA_ENTRY 0x10``).
+STO_CUDA_ENTRY = 0x10
+_MAX_SYMTAB = 64 << 20
 
 
 def _compat_arch_specific(src: ByteSource, info: ElfInfo) -> bool:
@@ -55,3 +62,32 @@ def cubin_arch(src: ByteSource, info: ElfInfo) -> Arch:
     specific = specific or _compat_arch_specific(src, info)
     suffix = Suffix.ARCH if specific else Suffix.NONE
     return Arch(ComputeCapability.from_number(number), CodeKind.SASS, suffix)
+
+
+def entry_symbols(src: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
+    """Names of a cubin's kernels by its symbol table: ``STT_FUNC`` symbols marked
+    ``STO_CUDA_ENTRY``, whatever their sections are called. None where the cubin has
+    no symbol table to read (or one past :data:`_MAX_SYMTAB`)."""
+    symtab = next((s for s in info.sections if s.type == SHT_SYMTAB), None)
+    if symtab is None or symtab.size > _MAX_SYMTAB or symtab.link >= len(info.sections):
+        return None
+    strtab = info.sections[symtab.link]
+    if strtab.size > _MAX_SYMTAB:
+        return None
+    ident = read_exact(src, 0, 16, what="ELF identification")
+    order = "<" if ident[5] == 1 else ">"
+    # st_name, st_info, st_other (ELF64: name, info, other, shndx, value, size;
+    # ELF32: name, value, size, info, other, shndx)
+    entry, fmt = (24, "IBBHQQ") if ident[4] == 2 else (16, "IIIBBH")
+    table = read_exact(src, symtab.offset, symtab.size, what="symbol table")
+    names = read_exact(src, strtab.offset, strtab.size, what="symbol string table")
+    found = []
+    for pos in range(0, len(table) - entry + 1, entry):
+        fields = struct.unpack_from(order + fmt, table, pos)
+        name_off, st_info, st_other = (
+            fields[:3] if ident[4] == 2 else (fields[0], fields[3], fields[4])
+        )
+        if st_info & 0xF == STT_FUNC and st_other & STO_CUDA_ENTRY and name_off < len(names):
+            end = names.find(b"\0", name_off)
+            found.append(names[name_off : end if end >= 0 else None].decode("latin-1"))
+    return tuple(dict.fromkeys(found))

@@ -45,6 +45,7 @@ class Section:
     size: int
     flags: int = 0
     addralign: int = 0
+    link: int = 0  # sh_link: for a symbol table, the index of its string table
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +112,7 @@ def read_elf(src: ByteSource) -> ElfInfo:
     str_off, str_size = raw[shstrndx][4], raw[shstrndx][5]
     names = read_exact(src, str_off, str_size, what="ELF section-name table")
     sections = []
-    for name_off, sh_type, sh_flags, _a, offset, size, _link, _info, align, *_ in raw:
+    for name_off, sh_type, sh_flags, _a, offset, size, link, _info, align, *_ in raw:
         end = names.find(b"\0", name_off) if name_off < len(names) else -1
         name = names[name_off:end].decode("latin-1") if end >= 0 else ""
         sections.append(
@@ -122,6 +123,7 @@ def read_elf(src: ByteSource) -> ElfInfo:
                 size=0 if sh_type == SHT_NOBITS else size,
                 flags=sh_flags,
                 addralign=align,
+                link=link,
             )
         )
     return ElfInfo(

@@ -27,8 +27,9 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
+from buildmatrix.binary.cubin import entry_symbols
 from buildmatrix.binary.decompress import COMPRESSION_FLAGS, decompress_payload
-from buildmatrix.binary.elf import Layout
+from buildmatrix.binary.elf import SHF_EXECINSTR, ElfInfo, Layout
 from buildmatrix.binary.source import (
     ByteSource,
     BytesSource,
@@ -141,9 +142,29 @@ _RELEASE = re.compile(rb"Cuda compilation tools, release (\d+)\.(\d+)")
 _MAX_NOTE = 4096
 
 
+def _kernels(cubin: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
+    """A cubin's kernels: its ``.text.NAME`` sections, as nvcc names them; where a
+    cubin has none, or executable code (``SHF_EXECINSTR``) in a section named
+    otherwise, also its symbol table's entry functions (:func:`entry_symbols`, what
+    cuobjdump lists as ENTRY). Executable code whose kernels cannot be named so is
+    None (unknown): such a cubin is never taken for a device-link stub."""
+    named = tuple(s.name[6:] for s in info.sections if s.name.startswith(".text."))
+    other_code = any(
+        s.flags & SHF_EXECINSTR and s.size and not s.name.startswith(".text.")
+        for s in info.sections
+    )
+    if named and not other_code:
+        return named
+    entries = entry_symbols(cubin, info)
+    if other_code and not entries:
+        return None
+    return tuple(dict.fromkeys(named + (entries or ())))
+
+
 def cubin_facts(cubin: ByteSource) -> tuple[tuple[str, ...] | None, Version | None]:
     """(kernels, toolkit) of a cubin, read in place from its section table: nvcc puts
-    each kernel in a ``.text.NAME`` section (a device-link stub has none), and
+    each kernel in a ``.text.NAME`` section (a device-link stub has none;
+    :func:`_kernels`), and
     ptxas/nvlink record their release in ``.note.nv.tkinfo`` ("Cuda compilation tools,
     release 13.0"). (None, None) when it is not a readable ELF."""
     from buildmatrix.binary.elf import is_elf, read_elf
@@ -151,8 +172,9 @@ def cubin_facts(cubin: ByteSource) -> tuple[tuple[str, ...] | None, Version | No
     try:
         if not is_elf(cubin.read_at(0, 16)):
             return None, None
-        sections = read_elf(cubin).sections
-        kernels = tuple(s.name[6:] for s in sections if s.name.startswith(".text."))
+        info = read_elf(cubin)
+        sections = info.sections
+        kernels = _kernels(cubin, info)
         note = next((s for s in sections if s.name == ".note.nv.tkinfo"), None)
         found = (
             _RELEASE.search(cubin.read_at(note.offset, min(note.size, _MAX_NOTE))) if note else None

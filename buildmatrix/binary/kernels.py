@@ -1,6 +1,7 @@
 """Which compressed cubins of a file are decompressed, for their kernels and toolkit.
 
-An uncompressed cubin is read in place for its kernels (``.text.NAME`` sections) and
+An uncompressed cubin is read in place for its kernels (``.text.NAME`` sections, or
+entry symbols: buildmatrix.binary.fatbin.cubin_facts) and
 the release that built it (``.note.nv.tkinfo``); a compressed one must first be
 decompressed whole (buildmatrix.binary.decompress), which costs what its
 uncompressed size costs: torch 2.14.1's ``libtorch_cuda.so`` holds 2,975 compressed

@@ -88,7 +88,8 @@ class FileReport:
 
         Left out: containers with only LTO IR (linked at build time) and containers
         whose cubins provably define no kernel (nvcc's device-link stub: readable
-        cubins without any .text section), since nothing in them is ever launched.
+        cubins without any kernel section, entry symbol or other executable code:
+        buildmatrix.binary.fatbin.cubin_facts), since nothing in them is ever launched.
         """
         from buildmatrix.compat import CodeTarget
         from buildmatrix.units import Unit
