@@ -261,10 +261,11 @@ NOTE_13_1 = {
 
 
 def _fixture_images(out: Path) -> dict[str, Image]:
-    """CUDA 13 images (the fixtures' cubins record CUDA 13.0), CUDA 12 ones (the
-    compressed fixture hides its cubins' toolkit, so CUDA_VERSION sets the runtime),
-    PTX-only ones of three PTX ISAs, a family claim, and a CUDA 13.1 image with the
-    forward-compatibility driver 590.44.01 (a gcc-built STAND-IN with NVIDIA's note)."""
+    """CUDA 13 images (the fixtures' cubins record CUDA 13.0, compressed ones too: the
+    cubins are read through their compression, so a CUDA_VERSION of 12.4 does not hide
+    that the code needs CUDA 13's driver), PTX-only ones of three PTX ISAs, a family
+    claim, and a CUDA 13.1 image with the forward-compatibility driver 590.44.01 (a
+    gcc-built STAND-IN with NVIDIA's note)."""
     from tests.standins import compat_library
 
     def lib(*names: str) -> dict[str, Entry]:
@@ -279,7 +280,9 @@ def _fixture_images(out: Path) -> dict[str, Image]:
         "cu13-env-sm80-sm90": Image(
             layers=[lib("libcompressed.so")], env={"CUDA_VERSION": "13.0.0"}
         ),
-        "cu12.4-sm80-sm90": Image(layers=[lib("libcompressed.so")], env={"CUDA_VERSION": "12.4.1"}),
+        "cu13-claims-cu12.4": Image(
+            layers=[lib("libcompressed.so")], env={"CUDA_VERSION": "12.4.1"}
+        ),
         "cu12.2-ptx-only-isa9.0": Image(
             layers=[lib("libptx_only.so")], env={"CUDA_VERSION": "12.2.2"}
         ),
@@ -380,7 +383,9 @@ def test_on_every_admitted_fixture_node_affinity_matches_iff_check_snapshot_pass
     if not sass:
         assert checked["cu13-sm80-sm90-ptx90", "h100-580"]
         assert not checked["cu13-sm80-sm90-ptx90", "h100-535"]  # R535 < CUDA 13's R580
-        assert checked["cu12.4-sm80-sm90", "h100-535"]
+        # CUDA_VERSION says 12.4, the (compressed) cubins CUDA 13.0: R535 is too old
+        assert not checked["cu13-claims-cu12.4", "h100-535"]
+        assert checked["cu13-claims-cu12.4", "h100-580"]
         assert checked["cu12.4-ptx-only-isa8.4", "a100-80gb"]  # JIT by 550.54.15
         assert not checked["cu12.4-ptx-only-isa8.4", "a100-40gb"]  # 535 cannot JIT ISA 8.4
         assert not checked["cu12.2-ptx-only-isa9.0", "h200-550"]
