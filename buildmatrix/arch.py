@@ -6,6 +6,7 @@ Pure data types and parsers; no I/O.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -170,3 +171,21 @@ def serves_wherever(have: frozenset[Arch], need: frozenset[Arch]) -> bool:
         )
         for t in need
     )
+
+
+# The CPU architectures a GPU's host can have, in output order: the names of the OCI
+# image index's ``platform.architecture`` (Go's GOARCH) and of the node label
+# ``kubernetes.io/arch``. A profile that names none judges every one (docs/profiles.md:
+# a PCIe card sits in x86 and Arm SBSA servers alike).
+HOST_ARCHES = ("amd64", "arm64")
+
+
+def platform_of(arch: str) -> str:
+    """The OCI/buildx platform of a Linux host of CPU architecture ``arch``."""
+    return f"linux/{arch}"
+
+
+def sorted_platforms(platforms: Iterable[str]) -> tuple[str, ...]:
+    """``linux/ARCH`` platforms, de-duplicated, in :data:`HOST_ARCHES` order."""
+    order = {platform_of(a): i for i, a in enumerate(HOST_ARCHES)}
+    return tuple(sorted(set(platforms), key=lambda p: (order.get(p, len(order)), p)))

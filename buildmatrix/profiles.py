@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -18,7 +18,15 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix import schema
-from buildmatrix.arch import ComputeCapability, Family, gfd_family, parse_cc
+from buildmatrix.arch import (
+    HOST_ARCHES,
+    ComputeCapability,
+    Family,
+    gfd_family,
+    parse_cc,
+    platform_of,
+    sorted_platforms,
+)
 from buildmatrix.cuda import (
     CudaFacts,
     DriverVersion,
@@ -68,10 +76,26 @@ class Profile:
     arch_specific: bool
     source: str
     product_floors: Mapping[str, ProductFloor] = field(default_factory=dict, hash=False)
+    # CPU architectures of each product's hosts (every product has an entry)
+    product_hosts: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
     @property
     def number(self) -> int:
         return self.cc.number
+
+    def hosts(self, product: str | None = None) -> tuple[str, ...]:
+        """The CPU architectures ``product`` comes with; without a product (or for one
+        the profile does not list), those of any of the SM's products."""
+        if product is not None and product in self.product_hosts:
+            return self.product_hosts[product]
+        found = {a for hosts in self.product_hosts.values() for a in hosts}
+        return tuple(a for a in HOST_ARCHES if a in found) or HOST_ARCHES
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        """The platforms (``linux/amd64``, ``linux/arm64``) some product of the SM sits
+        behind: those an image needs to run on every GPU of the SM."""
+        return tuple(platform_of(a) for a in self.hosts())
 
     def driver_floor(self, product: str | None = None) -> DriverVersion:
         """The hardware driver floor: the SM's, or the product's where it is higher."""
@@ -131,6 +155,8 @@ class Profile:
                 name: {"min_driver": str(f.min_driver), "source": f.source}
                 for name, f in self.product_floors.items()
             },
+            "hosts": {name: list(self.hosts(name)) for name in self.products},
+            "platforms": list(self.platforms),
             "min_cuda": str(self.min_cuda),
             "max_cuda": str(self.max_cuda) if self.max_cuda else None,
             "min_driver": str(self.min_driver),
@@ -247,6 +273,25 @@ class ProfileSet:
             f"--sm {' or --sm '.join(sms)}."
         )
 
+    def platforms(self, profiles: Iterable[Profile] | None = None) -> tuple[str, ...]:
+        """The platforms an image needs so that every GPU of ``profiles`` (default: all)
+        can run it: the union of their products' hosts."""
+        chosen = self.profiles if profiles is None else profiles
+        return sorted_platforms(p for profile in chosen for p in profile.platforms)
+
+    def family_platforms(self, name: str) -> tuple[str, ...]:
+        """The platforms family ``name``'s images need: its products' hosts."""
+        return self.platforms(self.family(name))
+
+    def platforms_of_cc(self, cc: ComputeCapability, product: str | None = None) -> tuple[str, ...]:
+        """The platforms a GPU of ``cc`` (and ``product``, where known) can sit behind:
+        its profile's; every platform for a compute capability without a profile (the
+        safe side: ``check`` then judges every entry an image offers)."""
+        profile = self.by_cc(cc)
+        if profile is None:
+            return tuple(platform_of(a) for a in HOST_ARCHES)
+        return tuple(platform_of(a) for a in profile.hosts(product))
+
     def by_product(self, name: str) -> Profile | None:
         """The profile that lists NVML product ``name`` (exact match)."""
         return next((p for p in self.profiles if name in p.products), None)
@@ -340,7 +385,10 @@ def _profile_from_data(data: Any, path: Path, facts: CudaFacts) -> Profile:
                 f"capability {floor} or newer; {sm} is {cc}. Remove it."
             )
     min_driver = parse_driver_version(data["min_driver"], what=f"{source}: key 'min_driver'")
-    products, floors = _products(data["products"], source=source, sm_floor=min_driver)
+    default_hosts = tuple(a for a in HOST_ARCHES if a in data.get("hosts", HOST_ARCHES))
+    products, floors, hosts = _products(
+        data["products"], source=source, sm_floor=min_driver, default_hosts=default_hosts
+    )
     return Profile(
         sm=sm,
         cc=cc,
@@ -348,6 +396,7 @@ def _profile_from_data(data: Any, path: Path, facts: CudaFacts) -> Profile:
         description=str(data.get("description", "")),
         products=products,
         product_floors=floors,
+        product_hosts=hosts,
         min_cuda=min_cuda,
         max_cuda=max_cuda,
         min_driver=min_driver,
@@ -359,17 +408,30 @@ def _profile_from_data(data: Any, path: Path, facts: CudaFacts) -> Profile:
 
 
 def _products(
-    items: list[Any], *, source: str, sm_floor: DriverVersion
-) -> tuple[tuple[str, ...], dict[str, ProductFloor]]:
-    """Product names, and the per-product floors of those written as mappings."""
+    items: list[Any], *, source: str, sm_floor: DriverVersion, default_hosts: tuple[str, ...]
+) -> tuple[tuple[str, ...], dict[str, ProductFloor], dict[str, tuple[str, ...]]]:
+    """Product names, the per-product floors of those written as mappings, and each
+    product's host CPU architectures (its own ``hosts``, else the profile's)."""
     names: list[str] = []
     floors: dict[str, ProductFloor] = {}
+    hosts: dict[str, tuple[str, ...]] = {}
     for item in items:
         name = item if isinstance(item, str) else item["name"]
         if name in names:
             raise InputError(f"{source}: key 'products' lists '{name}' twice; list it once.")
         names.append(name)
+        hosts[name] = default_hosts
         if isinstance(item, str):
+            continue
+        if "hosts" in item:
+            own = tuple(a for a in HOST_ARCHES if a in item["hosts"])
+            if own == default_hosts:
+                raise InputError(
+                    f"{source}: products '{name}' has hosts {list(own)}, the same as the "
+                    "profile's 'hosts'; leave the product's out."
+                )
+            hosts[name] = own
+        if "min_driver" not in item:
             continue
         floor = parse_driver_version(
             item["min_driver"], what=f"{source}: products '{name}' min_driver"
@@ -380,7 +442,7 @@ def _products(
                 f"min_driver {sm_floor}; write the product as a plain name."
             )
         floors[name] = ProductFloor(min_driver=floor, source=item["source"])
-    return tuple(names), floors
+    return tuple(names), floors, hosts
 
 
 def _cross_check(profiles: Sequence[Profile]) -> None:

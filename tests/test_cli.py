@@ -29,7 +29,7 @@ def test_profiles_table(cli: CliRunner) -> None:
     result = cli("profiles")
     assert result.code == 0
     lines = result.out.splitlines()
-    assert lines[0].split() == ["SM", "CC", "FAMILY", "FEATURES", "CUDA", "MIN", "DRIVER",
+    assert lines[0].split() == ["SM", "CC", "FAMILY", "FEATURES", "CUDA", "MIN", "DRIVER", "HOSTS",
                                 "PRODUCTS"]  # fmt: skip
     hopper = next(line for line in lines if line.startswith("sm_90 "))
     assert hopper.split()[:6] == ["sm_90", "9.0", "hopper", "fp16,bf16,tf32,int8,fp8", "11.8+",

@@ -289,3 +289,99 @@ def test_user_folder_copy_of_shipped(tmp_path: Path) -> None:
     shutil.copytree(SHIPPED_PROFILES, folder)
     (folder / "sm_75.yaml").unlink()
     assert "sm_75" not in {p.sm for p in load_profiles(folder)}
+
+
+# The host CPU of each product, by its form factor as NVIDIA names it (an oracle apart
+# from the profiles): Grace superchips are arm64 only; SXM boards on HGX baseboards
+# have x86 hosts; PCIe, NVL (PCIe) and workstation cards sit in x86 and Arm SBSA servers.
+_GRACE = ("GH200", "GB200", "GB300", "GB10")
+# NVML names of SXM boards that do not say "SXM" (HGX H100/H200/H20, HGX B100/B200)
+_SXM = ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H20", "NVIDIA B100", "NVIDIA B200")
+
+
+def _expected_hosts(product: str) -> tuple[str, ...]:
+    if any(g in product for g in _GRACE):
+        return ("arm64",)
+    if product in _SXM or "SXM" in product:
+        return ("amd64",)
+    return ("amd64", "arm64")
+
+
+def test_every_shipped_product_names_its_host_cpus() -> None:
+    profiles = load_profiles(SHIPPED_PROFILES)
+    for p in profiles:
+        for product in p.products:
+            assert p.hosts(product) == _expected_hosts(product), (p.sm, product)
+        # an SM's platforms are exactly its products' hosts, in order
+        union = {a for product in p.products for a in p.hosts(product)}
+        assert p.platforms == tuple(f"linux/{a}" for a in ("amd64", "arm64") if a in union)
+    for family in profiles.families:
+        members = profiles.family(family.value)
+        want = {f"linux/{a}" for p in members for product in p.products for a in p.hosts(product)}
+        assert set(profiles.family_platforms(family.value)) == want
+    assert profiles.get("sm_121").platforms == ("linux/arm64",)
+    assert profiles.platforms_of_cc(profiles.get("sm_90").cc, "NVIDIA GH200 480GB") == (
+        "linux/arm64",
+    )
+    assert profiles.platforms_of_cc(profiles.get("sm_90").cc, "NVIDIA H100 80GB HBM3") == (
+        "linux/amd64",
+    )
+
+
+def test_hosts_default_to_every_platform_and_show(tmp_path: Path, cli: CliRunner) -> None:
+    folder = _folder(tmp_path, {"sm_90.yaml": GOOD})
+    loaded = load_profiles(folder)
+    assert loaded.get("sm_90").hosts("NVIDIA H100 80GB HBM3") == ("amd64", "arm64")
+    grace = GOOD.replace(
+        "products: [NVIDIA H100 80GB HBM3]",
+        "hosts: [amd64]\nproducts: [NVIDIA H100 80GB HBM3,"
+        " {name: NVIDIA GH200 480GB, hosts: [arm64]}]",
+    )
+    (folder / "sm_90.yaml").write_text(grace)
+    result = cli("profiles", "--profiles", str(folder), "--json")
+    assert result.code == 0, result.err
+    (profile,) = result.json()["profiles"]
+    assert profile["hosts"] == {"NVIDIA H100 80GB HBM3": ["amd64"], "NVIDIA GH200 480GB": ["arm64"]}
+    assert profile["platforms"] == ["linux/amd64", "linux/arm64"]
+    assert result.json()["family_platforms"] == {"hopper": ["linux/amd64", "linux/arm64"]}
+    shown = cli("profiles", "--profiles", str(folder), "show", "9.0")
+    assert "NVIDIA GH200 480GB: arm64" in shown.out
+    table = cli("profiles", "--profiles", str(folder))
+    assert "hopper: linux/amd64, linux/arm64" in table.out
+
+
+HOST_CASES = {
+    "unknown architecture": (
+        GOOD.replace("products:", "hosts: [ppc64le]\nproducts:"),
+        "key 'hosts[0]': 'ppc64le' is not one of",
+    ),
+    "product hosts as the profile's": (
+        GOOD.replace(
+            "products: [NVIDIA H100 80GB HBM3]",
+            "hosts: [amd64]\nproducts: [{name: NVIDIA H100 80GB HBM3, hosts: [amd64]}]",
+        ),
+        "has hosts ['amd64'], the same as the profile's 'hosts'",
+    ),
+    "floor without its source": (
+        GOOD.replace(
+            "products: [NVIDIA H100 80GB HBM3]",
+            'products: [{name: NVIDIA H200, min_driver: "550.90.07"}]',
+        ),
+        "source",
+    ),
+    "a product mapping with a name only": (
+        GOOD.replace(
+            "products: [NVIDIA H100 80GB HBM3]", "products: [{name: NVIDIA H100 80GB HBM3}]"
+        ),
+        "key 'products[0]'",
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "message"), HOST_CASES.values(), ids=HOST_CASES.keys())
+def test_bad_hosts_exit_2(tmp_path: Path, cli: CliRunner, text: str, message: str) -> None:
+    folder = _folder(tmp_path, {"sm_90.yaml": text})
+    result = cli("profiles", "--profiles", str(folder))
+    assert result.code == 2, result.out
+    assert str(folder / "sm_90.yaml") in result.err
+    assert message in result.err

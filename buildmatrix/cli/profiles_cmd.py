@@ -23,6 +23,15 @@ def _cuda_range(p: Profile) -> str:
     return f"{p.min_cuda}-{p.max_cuda}" if p.max_cuda else f"{p.min_cuda}+"
 
 
+def _value(value: object) -> str:
+    """A nested value of ``profiles show``: a list joined, a mapping as ``k=v``."""
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
 @click.group(invoke_without_command=True)
 @profiles_option
 @json_option
@@ -34,7 +43,8 @@ def profiles(ctx: click.Context, profiles_dir: str | None, as_json: bool) -> int
         return 0
     loaded = load(profiles_dir)
     if as_json:
-        echo_json({"profiles": [p.to_json() for p in loaded]})
+        families = {f.value: list(loaded.family_platforms(f.value)) for f in loaded.families}
+        echo_json({"profiles": [p.to_json() for p in loaded], "family_platforms": families})
         return 0
     rows = [
         [
@@ -44,12 +54,18 @@ def profiles(ctx: click.Context, profiles_dir: str | None, as_json: bool) -> int
             ",".join(p.features) or "-",
             _cuda_range(p),
             str(p.min_driver),
+            ",".join(p.hosts()),
             _products(p),
         ]
         for p in loaded
     ]
-    click.echo(table(["SM", "CC", "FAMILY", "FEATURES", "CUDA", "MIN DRIVER", "PRODUCTS"], rows))
+    head = ["SM", "CC", "FAMILY", "FEATURES", "CUDA", "MIN DRIVER", "HOSTS", "PRODUCTS"]
+    click.echo(table(head, rows))
     click.echo(f"\n{len(loaded)} profiles from {loaded.directory}")
+    click.echo("platforms per family (its products' hosts):")
+    for family in loaded.families:
+        platforms = ", ".join(loaded.family_platforms(family.value))
+        click.echo(f"  {family.value}: {platforms}")
     return 0
 
 
@@ -72,8 +88,10 @@ def show(parent_dir: str | None, sm: str, profiles_dir: str | None, as_json: boo
     for key, value in data.items():
         if isinstance(value, list):
             text = indent.join(value) or "-"
-        elif isinstance(value, dict):  # product_floors: one line per product
+        elif isinstance(value, dict) and key == "product_floors":  # one line per product
             text = indent.join(_floor_line(k, v) for k, v in value.items()) or "-"
+        elif isinstance(value, dict):
+            text = indent.join(f"{k}: {_value(v)}" for k, v in value.items()) or "-"
         else:
             text = "-" if value is None else str(value)
         click.echo(f"{key.ljust(width)}  {text}")
