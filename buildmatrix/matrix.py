@@ -18,14 +18,14 @@ from typing import Any
 
 from packaging.version import Version
 
-from buildmatrix.arch import CodeKind, Family, parse_arch
+from buildmatrix.arch import CodeKind, Family, parse_arch, sorted_platforms
 from buildmatrix.compat import CodeTarget
 from buildmatrix.constraint import Segment, admitted, nvidia_require_arch
 from buildmatrix.cuda import CudaFacts, load_cuda_facts
 from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.image.ref import COMPONENT_PATTERN, HOST_PATTERN, TAG_PATTERN, is_host
 from buildmatrix.profiles import Profile, ProfileSet
-from buildmatrix.specs import Cuda, ImageSpec
+from buildmatrix.specs import PLATFORM_FIELD, Cuda, ImageSpec
 
 GITHUB_MATRIX_LIMIT = 256  # jobs per matrix (GitHub Actions usage limits)
 # Docker's tag grammar (distribution/reference); Go's \w is ASCII, so re.ASCII
@@ -61,6 +61,25 @@ class Entry:
     catalogue: ProfileSet = field(compare=False)  # every profile: floors of any GPU admitted
     facts: CudaFacts = field(compare=False)
     registry: str | None = None  # prefix for a spec repository without a registry host
+    platform: str = "linux/amd64"  # the entry of the tag's multi-platform index
+    emulated: bool = False  # built under QEMU on the x86 runner (the spec's 'emulate')
+
+    @property
+    def arch(self) -> str:
+        """The platform's CPU architecture (``amd64``, ``arm64``)."""
+        return self.platform.split("/")[1]
+
+    @property
+    def runner(self) -> str:
+        """The GitHub-hosted runner that builds the entry natively: ``ubuntu-24.04-arm``
+        for arm64 (GitHub's Linux arm64 hosted runners, changelog 2025-01-16), else
+        ``ubuntu-24.04`` (which emulates arm64 with QEMU where the spec asks)."""
+        return "ubuntu-24.04-arm" if self.arch == "arm64" and not self.emulated else "ubuntu-24.04"
+
+    @property
+    def key(self) -> str:
+        """A name for the tag's artifacts: the image and tag, safe in artifact names."""
+        return f"{self.spec.name}-{self.tag}"
 
     @property
     def fields(self) -> dict[str, str]:
@@ -152,6 +171,12 @@ class Entry:
         return {
             "image": self.spec.name,
             "family": self.family.value,
+            "platform": self.platform,
+            "arch": self.arch,
+            "runner": self.runner,
+            "qemu": self.emulated,
+            "key": self.key,
+            "repository": self.repository,
             "sm": self.sms,
             "cuda": self.cuda.full,
             "axes": dict(self.axes),
@@ -241,6 +266,70 @@ def _no_silent_rules(spec: ImageSpec, matched: set[int], seen: dict[str, set[str
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Variant:
+    """One kept combination of family, CUDA and axes, before its platforms."""
+
+    spec: ImageSpec
+    what: str
+    fields: dict[str, str]
+    kept: tuple[Profile, ...]
+    tag: str
+
+
+def _platform_variants(
+    v: _Variant,
+    profiles: ProfileSet,
+    matrix: Matrix,
+    matched: set[int],
+    seen: dict[str, set[str]],
+) -> list[tuple[str, tuple[Profile, ...]]]:
+    """The platforms a variant is built for, each with the SMs it holds there: those
+    whose products come with a host of that platform (profiles' ``hosts``). The spec's
+    ``platforms`` where given, else every platform some kept SM's product sits behind.
+    What is left out goes to ``matrix.dropped`` with its reason."""
+    spec = v.spec
+    kept = []
+    for platform in spec.platforms or profiles.platforms(v.kept):
+        fields = {**v.fields, PLATFORM_FIELD: platform}
+        seen.setdefault(PLATFORM_FIELD, set()).add(platform)
+        rule = _excluded(fields, spec.exclude)
+        what = f"{v.what} {platform}"
+        if rule is not None:
+            matched.add(next(i for i, r in enumerate(spec.exclude) if r is rule))
+            shown = ", ".join(f"{k}={val}" for k, val in rule.items())
+            matrix.dropped.append(
+                Dropped(image=spec.name, what=what, reason=f"excluded by the spec ({shown})")
+            )
+            continue
+        arch = platform.split("/")[1]
+        on = tuple(p for p in v.kept if platform in p.platforms)
+        if not on:
+            sms = ", ".join(p.sm for p in v.kept)
+            matrix.dropped.append(
+                Dropped(
+                    image=spec.name,
+                    what=what,
+                    reason=f"no product of {sms} comes with an {arch} host (the arch "
+                    "profiles' 'hosts'), so no node of that platform could run it",
+                )
+            )
+            continue
+        for p in v.kept:
+            if p not in on:
+                matrix.dropped.append(
+                    Dropped(
+                        image=spec.name,
+                        what=f"{what}: {p.sm}",
+                        reason=f"left out of the {platform} variant: no {p.sm} product "
+                        f"comes with an {arch} host",
+                        sm_only=True,
+                    )
+                )
+        kept.append((platform, on))
+    return kept
+
+
 def expand(
     spec: ImageSpec, profiles: ProfileSet, *, out: Path, registry: str | None = None
 ) -> Matrix:
@@ -301,20 +390,27 @@ def expand(
                 "not starting with '.' or '-'). The tag also names the Dockerfile, so it "
                 "must not hold '/', ':' or '..'."
             )
-        matrix.entries.append(
-            Entry(
-                spec=spec,
-                family=kept[0].family,
-                profiles=kept,
-                cuda=cuda,
-                axes=axes,
-                tag=tag,
-                dockerfile=out / spec.name / f"{tag}.Dockerfile",
-                catalogue=profiles,
-                facts=facts,
-                registry=registry,
+        variant = _Variant(spec=spec, what=what, fields=fields, kept=kept, tag=tag)
+        per_platform = _platform_variants(variant, profiles, matrix, matched, seen)
+        shared = len({on for _, on in per_platform}) == 1
+        for platform, on in per_platform:
+            name = f"{tag}.Dockerfile" if shared else f"{tag}.{platform.split('/')[1]}.Dockerfile"
+            matrix.entries.append(
+                Entry(
+                    spec=spec,
+                    family=kept[0].family,
+                    profiles=on,
+                    cuda=cuda,
+                    axes=axes,
+                    tag=tag,
+                    dockerfile=out / spec.name / name,
+                    catalogue=profiles,
+                    facts=facts,
+                    registry=registry,
+                    platform=platform,
+                    emulated=platform in spec.emulate,
+                )
             )
-        )
     _no_silent_rules(spec, matched, seen)
     if not matrix.entries:
         raise InputError(
@@ -350,16 +446,37 @@ def expand_all(
     specs: list[ImageSpec], profiles: ProfileSet, *, out: Path, registry: str | None = None
 ) -> Matrix:
     total = Matrix()
-    seen: dict[str, Entry] = {}
+    seen: dict[tuple[str, str], Entry] = {}
     for spec in specs:
         m = expand(spec, profiles, out=out, registry=registry)
         for e in m.entries:
-            if e.image_ref in seen:
+            if (e.image_ref, e.platform) in seen:
                 raise InputError(
                     f"{spec.source}: two variants get the same tag {e.image_ref}; put every "
                     "axis and the family into the tag pattern."
                 )
-            seen[e.image_ref] = e
+            seen[e.image_ref, e.platform] = e
         total.entries += m.entries
         total.dropped += m.dropped
     return total
+
+
+def merges(entries: list[Entry]) -> list[dict[str, Any]]:
+    """One merge job per family tag: the platforms its entries build, which the
+    workflow's merge step publishes as one multi-platform index
+    (``docker buildx imagetools create``), in the matrix's order."""
+    by_ref: dict[str, list[Entry]] = {}
+    for e in entries:
+        by_ref.setdefault(e.image_ref, []).append(e)
+    return [
+        {
+            "image": group[0].spec.name,
+            "family": group[0].family.value,
+            "tag": group[0].tag,
+            "tags": [ref],
+            "key": group[0].key,
+            "repository": group[0].repository,
+            "platforms": list(sorted_platforms(e.platform for e in group)),
+        }
+        for ref, group in by_ref.items()
+    ]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from buildmatrix import schema
+from buildmatrix.arch import sorted_platforms
 from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.profiles import FEATURE_MIN_CC, ProfileSet
 
@@ -16,6 +17,9 @@ DEFAULT_TAG = "{version}-cu{cuda_major}{cuda_minor}-{family}"
 SPEC_FILE = "image.yaml"
 # Fields every tag pattern, exclusion and template may use, besides the axes.
 BUILTIN_FIELDS = ("name", "version", "family", "cuda", "cuda_major", "cuda_minor")
+# An exclusion may also name the platform (linux/amd64, linux/arm64); a tag may not:
+# every platform of a variant shares its tag, a multi-platform index (docs/generate.md).
+PLATFORM_FIELD = "platform"
 _CUDA = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
 
@@ -47,6 +51,8 @@ class ImageSpec:
     exclude: tuple[dict[str, str], ...]
     tag: str
     source: Path
+    platforms: tuple[str, ...] | None = None  # None: the families' products' hosts
+    emulate: tuple[str, ...] = ()  # platforms built under QEMU on the x86 runner
 
     @property
     def folder(self) -> Path:
@@ -179,25 +185,33 @@ def spec_from_data(data: Any, path: Path, profiles: ProfileSet) -> ImageSpec:
     axes = tuple(
         (k, tuple(_text(v) for v in values)) for k, values in (data.get("axes") or {}).items()
     )
-    clash = [k for k, _ in axes if k in BUILTIN_FIELDS]
+    clash = [k for k, _ in axes if k in (*BUILTIN_FIELDS, PLATFORM_FIELD)]
     if clash:
         raise InputError(
             f"{source}: key 'axes': '{clash[0]}' is a built-in field; rename the axis."
         )
     fields = [*BUILTIN_FIELDS, *(k for k, _ in axes)]
     tag = data.get("tag", DEFAULT_TAG)
+    if "{" + PLATFORM_FIELD + "}" in tag:
+        raise InputError(
+            f"{source}: key 'tag' uses '{{{PLATFORM_FIELD}}}', but every platform of a "
+            "variant shares one tag (a multi-platform image whose entries each node's "
+            "runtime picks); leave it out, and narrow the platforms with 'platforms:'."
+        )
     _check_fields(tag, fields, source=source, key="tag")
     exclude = []
+    rule_fields = [*fields, PLATFORM_FIELD]
     for i, rule in enumerate(data.get("exclude") or []):
         for key in rule:
-            if key not in fields:
+            if key not in rule_fields:
                 raise InputError(
                     f"{source}: key 'exclude[{i}]' names unknown field '{key}'."
-                    f"{did_you_mean(key, fields)} Known fields: {', '.join(fields)}."
+                    f"{did_you_mean(key, rule_fields)} Known fields: {', '.join(rule_fields)}."
                 )
         for k, v in rule.items():
             _not_a_float(v, source=source, key=f"exclude[{i}].{k}")
         exclude.append({k: _text(v) for k, v in rule.items()})
+    platforms, emulate = _platforms(data, source=source)
     if data["name"] != folder.name:
         raise InputError(
             f"{source}: key 'name' is '{data['name']}' but the folder is "
@@ -217,7 +231,22 @@ def spec_from_data(data: Any, path: Path, profiles: ProfileSet) -> ImageSpec:
         exclude=tuple(exclude),
         tag=tag,
         source=source,
+        platforms=platforms,
+        emulate=emulate,
     )
+
+
+def _platforms(data: Any, *, source: Path) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """The spec's ``platforms`` (None: derived from the profiles) and ``emulate``."""
+    platforms = sorted_platforms(data["platforms"]) if "platforms" in data else None
+    emulate = sorted_platforms(data.get("emulate", ()))
+    for platform in emulate:
+        if platforms is not None and platform not in platforms:
+            raise InputError(
+                f"{source}: key 'emulate' names {platform}, which 'platforms' does not "
+                f"build ({', '.join(platforms)}); add it to 'platforms' or drop it here."
+            )
+    return platforms, emulate
 
 
 def load_specs(images: Path, profiles: ProfileSet, *, only: str | None = None) -> list[ImageSpec]:

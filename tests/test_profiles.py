@@ -369,12 +369,6 @@ HOST_CASES = {
         ),
         "source",
     ),
-    "a product mapping with a name only": (
-        GOOD.replace(
-            "products: [NVIDIA H100 80GB HBM3]", "products: [{name: NVIDIA H100 80GB HBM3}]"
-        ),
-        "key 'products[0]'",
-    ),
 }
 
 

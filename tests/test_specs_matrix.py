@@ -20,7 +20,8 @@ IMAGES = REPO / "images"
 
 def shipped() -> tuple[list[str], list[str]]:
     m = expand_all(load_specs(IMAGES, PROFILES), PROFILES, out=Path("build"))
-    return [f"{e.spec.name}:{e.tag}" for e in m.entries], [str(d) for d in m.dropped]
+    tags = dict.fromkeys(f"{e.spec.name}:{e.tag}" for e in m.entries)  # one per platform
+    return list(tags), [str(d) for d in m.dropped]
 
 
 def test_fp8_image_is_built_only_where_fp8_exists() -> None:
@@ -251,17 +252,18 @@ def test_github_matrix_limit(tmp_path: Path, cli: CliRunner) -> None:
     )
     result = cli("matrix", "--images", str(images))
     assert result.code == 2
-    assert "300 entries, over GitHub's limit of 256 jobs per matrix (" in result.err
+    assert "600 entries, over GitHub's limit of 256 jobs per matrix (" in result.err
     # one image alone is over the limit: --image cannot help, its axes are named
-    assert "train-fp8 alone has 300 (3 families x 2 CUDA versions x 50 'shard' values)" in (
-        result.err
-    )
+    assert (
+        "train-fp8 alone has 600 (3 families x 2 CUDA versions x 2 platforms x 50 'shard' values)"
+    ) in result.err
     assert "--image cannot split it" in result.err
     ok = cli("matrix", "--images", str(images), "--format", "json")
     assert ok.code == 0
-    assert len(ok.json()["entries"]) == 300
-    # 40 shards: 240 for train-fp8 and the 12 of infer fit one by one, not together
-    spec.write_text(spec.read_text().replace(axis, ", ".join(f'"{i}"' for i in range(40))))
+    assert len(ok.json()["entries"]) == 600
+    # 20 shards: 240 for train-fp8 (x 2 platforms) and the 40 of infer fit one by one,
+    # not together
+    spec.write_text(spec.read_text().replace(axis, ", ".join(f'"{i}"' for i in range(20))))
     shutil.copytree(IMAGES / "infer", images / "infer")
     (images / "infer" / "image.yaml").write_text(
         (images / "infer" / "image.yaml")
@@ -283,7 +285,19 @@ def test_matrix_formats(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None
     assert {"image", "family", "cuda", "tags", "dockerfile", "gencode"} <= set(first)
     assert first["dockerfile"] == f"build/{first['image']}/{first['tag']}.Dockerfile"
     bake = cli("matrix", "--format", "bake").json()
-    assert len(bake["group"]["default"]["targets"]) == len(github["include"])
+    merge = cli("matrix", "--format", "merge").json()["include"]
+    # one bake target per family tag, or one per platform where its Dockerfiles differ
+    files: dict[str, set[str]] = {}
+    for e in github["include"]:
+        files.setdefault(e["tags"][0], set()).add(e["dockerfile"])
+    assert len(bake["group"]["default"]["targets"]) == sum(
+        1 if len(files[m["tags"][0]]) == 1 else len(m["platforms"]) for m in merge
+    )
+    assert [m["tags"][0] for m in merge] == list(files)
+    for m in merge:  # the merge job's platforms are exactly its tag's build jobs'
+        built = [e["platform"] for e in github["include"] if e["tags"] == m["tags"]]
+        assert m["platforms"] == built
+        assert m["key"] == f"{m['image']}-{m['tag']}"
     target = bake["target"]["train-fp8-1-4-0-cu133-hopper"]
     assert target["context"] == "images/train-fp8"
     assert target["dockerfile"] == "../../build/train-fp8/1.4.0-cu133-hopper.Dockerfile"

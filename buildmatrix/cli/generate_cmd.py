@@ -75,7 +75,11 @@ def _over_limit(entries: list[dict[str, Any]], limit: int) -> str:
     parts = []
     for name in too_large:
         mine = [e for e in entries if e["image"] == name]
-        dims = {"families": {e["family"] for e in mine}, "CUDA versions": {e["cuda"] for e in mine}}
+        dims = {
+            "families": {e["family"] for e in mine},
+            "CUDA versions": {e["cuda"] for e in mine},
+            "platforms": {e["platform"] for e in mine},
+        }
         for e in mine:
             for axis, value in e["axes"].items():
                 dims.setdefault(f"'{axis}' values", set()).add(value)
@@ -83,7 +87,7 @@ def _over_limit(entries: list[dict[str, Any]], limit: int) -> str:
         parts.append(f"{name} alone has {len(mine)} ({shape})")
     return (
         f"{head} {'; '.join(parts)}, so --image cannot split it. Narrow that spec: fewer "
-        "axis values or CUDA versions, 'exclude' rules, or one spec per family group "
+        "axis values, CUDA versions or platforms, 'exclude' rules, or one spec per family group "
         "(each spec is its own matrix)."
     )
 
@@ -208,26 +212,38 @@ def generate(
 
 
 def _bake(matrix: Any) -> dict[str, Any]:
-    """A ``docker buildx bake`` file: one target per variant. Paths are relative to the
-    current directory, so run ``docker buildx bake -f FILE`` from where ``matrix`` ran."""
-    targets: dict[str, Any] = {}
+    """A ``docker buildx bake`` file: one target per family tag, with the platforms it
+    is built for. A tag whose platforms hold different SMs (the arch profiles' hosts)
+    has a Dockerfile per platform, which one target cannot build: it gets a target per
+    platform, tagged ``REF-ARCH``, for ``docker buildx imagetools create`` to merge
+    (docs/generate.md). Paths are relative to the current directory, so run ``docker
+    buildx bake -f FILE`` from where ``matrix`` ran."""
+    by_ref: dict[str, list[Any]] = {}
     for entry in matrix.entries:
-        # bake target names allow [A-Za-z0-9_-]: '.' becomes '-', so two tags can meet
-        name = re.sub(r"[^A-Za-z0-9_-]", "-", f"{entry.spec.name}-{entry.tag}")
-        if name in targets:
-            raise InputError(
-                f"{entry.spec.source}: tags '{targets[name]['tags'][0]}' and "
-                f"'{entry.image_ref}' both become the bake target '{name}' (bake names "
-                "allow letters, digits, '_' and '-'); make the tags differ in more than "
-                "'.' against '-'."
-            )
-        context = Path(os.path.relpath(entry.spec.context))
-        targets[name] = {
-            "context": context.as_posix(),
-            "dockerfile": Path(os.path.relpath(entry.dockerfile, context)).as_posix(),
-            "tags": [entry.image_ref],
-            "labels": entry.labels,
-        }
+        by_ref.setdefault(entry.image_ref, []).append(entry)
+    targets: dict[str, Any] = {}
+    for ref, group in by_ref.items():
+        shared = len({e.dockerfile for e in group}) == 1
+        parts = [(group[0], ref, "")] if shared else [(e, f"{ref}-{e.arch}", e.arch) for e in group]
+        for entry, tag, suffix in parts:
+            # bake target names allow [A-Za-z0-9_-]: '.' becomes '-', so two tags can meet
+            base = f"{entry.spec.name}-{entry.tag}" + (f"-{suffix}" if suffix else "")
+            name = re.sub(r"[^A-Za-z0-9_-]", "-", base)
+            if name in targets:
+                raise InputError(
+                    f"{entry.spec.source}: tags '{targets[name]['tags'][0]}' and "
+                    f"'{tag}' both become the bake target '{name}' (bake names "
+                    "allow letters, digits, '_' and '-'); make the tags differ in more than "
+                    "'.' against '-'."
+                )
+            context = Path(os.path.relpath(entry.spec.context))
+            targets[name] = {
+                "context": context.as_posix(),
+                "dockerfile": Path(os.path.relpath(entry.dockerfile, context)).as_posix(),
+                "tags": [tag],
+                "labels": entry.labels,
+                "platforms": [e.platform for e in group] if shared else [entry.platform],
+            }
     return {"group": {"default": {"targets": list(targets)}}, "target": targets}
 
 
@@ -241,7 +257,7 @@ def _bake(matrix: Any) -> dict[str, Any]:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["github", "bake", "json"]),
+    type=click.Choice(["github", "merge", "bake", "json"]),
     default="github",
     show_default=True,
 )
@@ -263,8 +279,10 @@ def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
     registry: str | None,
     explain: bool,
 ) -> int:
-    """Print the build matrix: GitHub Actions strategy.matrix, docker buildx bake, or JSON."""
-    from buildmatrix.matrix import GITHUB_MATRIX_LIMIT
+    """Print the build matrix: GitHub Actions strategy.matrix (one job per variant and
+    platform), the merge matrix (one job per family tag, publishing its multi-platform
+    index), docker buildx bake, or JSON."""
+    from buildmatrix.matrix import GITHUB_MATRIX_LIMIT, merges
 
     m = _matrix(images_dir, profiles_dir, out_dir, image, registry)
     if explain:
@@ -284,8 +302,16 @@ def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
             "gencode",
             "torch_arch_list",
             "sm",
+            "platform",
+            "arch",
+            "runner",
+            "qemu",
+            "key",
+            "repository",
         )
         doc: dict[str, Any] = {"include": [{k: e[k] for k in keys} for e in entries]}
+    elif fmt == "merge":
+        doc = {"include": merges(m.entries)}
     elif fmt == "bake":
         doc = _bake(m)
     else:
@@ -293,6 +319,7 @@ def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
             "version": JSON_VERSION,
             "entries": entries,
             "dropped": [{"image": d.image, "what": d.what, "reason": d.reason} for d in m.dropped],
+            "merges": merges(m.entries),
         }
     click.echo(
         json.dumps(

@@ -1,0 +1,171 @@
+"""The platform axis: image specs x the CPU architectures the profiles' products come
+with (docs/generate.md, "Platforms"). Properties over the shipped specs and profiles,
+and every way a spec can ask for platforms, right or wrong."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from buildmatrix.matrix import Entry, expand_all, merges
+from buildmatrix.profiles import load_profiles
+from buildmatrix.specs import load_specs
+from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
+
+PROFILES = load_profiles(SHIPPED_PROFILES)
+TRAIN = 'tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"'
+
+
+def _images(tmp_path: Path, extra: str = "") -> Path:
+    images = tmp_path / "images"
+    shutil.copytree(REPO / "images" / "train-fp8", images / "train-fp8")
+    spec = images / "train-fp8" / "image.yaml"
+    spec.write_text(spec.read_text() + extra)
+    return images
+
+
+def test_default_platforms_are_the_products_hosts() -> None:
+    """Every shipped variant is built for exactly the platforms some product of its
+    SMs sits behind, and each platform's entry holds exactly the SMs with a product
+    there; the merge job of a tag lists exactly its build entries' platforms."""
+    m = expand_all(load_specs(REPO / "images", PROFILES), PROFILES, out=Path("build"))
+    by_tag: dict[str, list[Entry]] = {}
+    for e in m.entries:
+        by_tag.setdefault(e.image_ref, []).append(e)
+    for ref, group in by_tag.items():
+        union = {p for e in group for p in e.profiles}  # the variant's kept SMs
+        want = [
+            plat
+            for plat in ("linux/amd64", "linux/arm64")
+            if any(plat in p.platforms for p in union)
+        ]
+        assert [e.platform for e in group] == want, ref
+        for e in group:
+            assert set(e.profiles) == {p for p in union if e.platform in p.platforms}
+            assert e.runner == ("ubuntu-24.04-arm" if e.arch == "arm64" else "ubuntu-24.04")
+            assert e.emulated is False
+        shared = len({e.dockerfile for e in group}) == 1
+        assert shared is (len({e.profiles for e in group}) == 1), ref
+    assert {mg["tags"][0]: mg["platforms"] for mg in merges(m.entries)} == {
+        ref: [e.platform for e in group] for ref, group in by_tag.items()
+    }
+    # a Grace node of each family can pull its family tag
+    grace = {"hopper": "NVIDIA GH200 480GB", "blackwell": "NVIDIA GB200"}
+    for family, product in grace.items():
+        for ref, group in by_tag.items():
+            if group[0].family.value == family:
+                arm = next(e for e in group if e.arch == "arm64")
+                assert PROFILES.by_product(product) in arm.profiles, ref
+
+
+def test_platforms_override_and_emulate(tmp_path: Path, cli: CliRunner) -> None:
+    amd = _images(tmp_path / "a", "platforms: [linux/amd64]\n")
+    doc = cli("matrix", "--images", str(amd)).json()
+    assert {e["platform"] for e in doc["include"]} == {"linux/amd64"}
+    assert {e["runner"] for e in doc["include"]} == {"ubuntu-24.04"}
+    qemu = _images(tmp_path / "q", "emulate: [linux/arm64]\n")
+    doc = cli("matrix", "--images", str(qemu)).json()
+    arm = [e for e in doc["include"] if e["platform"] == "linux/arm64"]
+    assert arm
+    assert all(e["runner"] == "ubuntu-24.04" and e["qemu"] is True for e in arm)
+    assert all(e["qemu"] is False for e in doc["include"] if e["arch"] == "amd64")
+
+
+def test_exclusions_and_explain_name_the_platform(tmp_path: Path, cli: CliRunner) -> None:
+    images = _images(tmp_path, "exclude:\n  - {family: blackwell, platform: linux/amd64}\n")
+    result = cli("matrix", "--images", str(images), "--format", "json", "--explain")
+    assert result.code == 0, result.err
+    assert (
+        "left out  train-fp8: blackwell cuda 13.3.1 linux/amd64: excluded by the spec "
+        "(family=blackwell, platform=linux/amd64)"
+    ) in result.err
+    blackwell = [e for e in result.json()["entries"] if e["family"] == "blackwell"]
+    assert {e["platform"] for e in blackwell} == {"linux/arm64"}
+
+
+BAD = {
+    "tag with the platform": (
+        TRAIN.replace("{family}", "{family}-{platform}"),
+        "key 'tag' uses '{platform}', but every platform of a variant shares one tag",
+    ),
+    "emulating a platform not built": (
+        TRAIN + "\nplatforms: [linux/amd64]\nemulate: [linux/arm64]",
+        "key 'emulate' names linux/arm64, which 'platforms' does not build",
+    ),
+    "a platform no profile knows": (
+        TRAIN + "\nplatforms: [linux/s390x]",
+        "key 'platforms[0]': 'linux/s390x' is not one of",
+    ),
+    "an exclusion of a platform never built": (
+        TRAIN + "\nplatforms: [linux/amd64]\nexclude:\n  - {platform: linux/arm64}",
+        "key 'exclude[0]' matches no variant: platform is never 'linux/arm64'",
+    ),
+    "an axis named platform": (
+        TRAIN + '\naxes:\n  platform: ["x"]',
+        "key 'axes': 'platform' is a built-in field",
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "message"), BAD.values(), ids=BAD.keys())
+def test_bad_platform_specs_exit_2(tmp_path: Path, cli: CliRunner, text: str, message: str) -> None:
+    images = _images(tmp_path)
+    spec = images / "train-fp8" / "image.yaml"
+    spec.write_text(spec.read_text().replace(TRAIN, text))
+    result = cli("matrix", "--images", str(images))
+    assert result.code == 2, result.out
+    assert message in result.err
+
+
+def _profiles_with_hosts(tmp_path: Path, hosts: dict[str, str]) -> Path:
+    """A copy of the shipped profiles whose SMs in ``hosts`` come with one host only."""
+    folder = tmp_path / "profiles"
+    shutil.copytree(SHIPPED_PROFILES, folder)
+    for sm, arch in hosts.items():
+        path = folder / f"{sm}.yaml"
+        lines = path.read_text().splitlines()
+        kept = [line for line in lines if not line.startswith("hosts:")]
+        kept = [
+            line.replace(", hosts: [amd64]", "").replace(", hosts: [arm64]", "") for line in kept
+        ]
+        kept.insert(kept.index("products:"), f"hosts: [{arch}]")
+        path.write_text("\n".join(kept) + "\n")
+    return folder
+
+
+def test_require_arch_per_platform_where_it_differs(tmp_path: Path, cli: CliRunner) -> None:
+    """With Blackwell's sm_100 on x86 hosts only and sm_120/sm_121 on Arm only, the two
+    platforms of a Blackwell tag hold different SMs, so each gets its own Dockerfile
+    whose NVIDIA_REQUIRE_ARCH admits the GPUs of its own SMs."""
+    profiles = _profiles_with_hosts(
+        tmp_path, {"sm_100": "amd64", "sm_103": "amd64", "sm_120": "arm64", "sm_121": "arm64"}
+    )
+    images = _images(tmp_path)
+    out = tmp_path / "build"
+    gen = cli("generate", "--images", str(images), "--profiles", str(profiles), "--out", str(out))
+    assert gen.code == 0, gen.err
+    amd = (out / "train-fp8" / "1.4.0-cu133-blackwell.amd64.Dockerfile").read_text()
+    arm = (out / "train-fp8" / "1.4.0-cu133-blackwell.arm64.Dockerfile").read_text()
+    require = {
+        name: next(line for line in text.splitlines() if "NVIDIA_REQUIRE_ARCH" in line)
+        for name, text in (("amd64", amd), ("arm64", arm))
+    }
+    assert require["amd64"] != require["arm64"]
+    assert "arch>=10.0,arch<11.0," in require["amd64"]
+    assert "arch>=12" not in require["amd64"]
+    assert "arch>=10" not in require["arm64"]
+    assert "arch>=12.0," in require["arm64"]
+    # a spec that asks for arm64 of a family whose products have no Arm host drops it
+    ada = _profiles_with_hosts(tmp_path / "ada", {"sm_89": "amd64"})
+    spec = images / "train-fp8" / "image.yaml"
+    spec.write_text(spec.read_text() + "platforms: [linux/amd64, linux/arm64]\n")
+    result = cli(
+        "matrix", "--images", str(images), "--profiles", str(ada), "--format", "json", "--explain"
+    )
+    assert result.code == 0, result.err
+    assert (
+        "train-fp8: ada-lovelace cuda 13.3.1 linux/arm64: no product of sm_89 comes with an "
+        "arm64 host"
+    ) in result.err
