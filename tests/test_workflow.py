@@ -8,12 +8,17 @@ that the clone holds, since the build job uses them as they are.
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -47,8 +52,8 @@ def _run(clone: Path, script: str, env: dict[str, str]) -> subprocess.CompletedP
 
 
 def test_the_matrix_job_passes_on_a_fresh_clone(tmp_path: Path) -> None:
-    clone = _clone(tmp_path)
     workflow = yaml.safe_load(WORKFLOW.read_text())
+    clone = _clone(tmp_path)
     steps = workflow["jobs"]["matrix"]["steps"]
     runs = [s["run"] for s in steps if "run" in s and "buildmatrix" in s["run"]]
     assert runs[0] == "buildmatrix generate --check --explain"
@@ -61,10 +66,12 @@ def test_the_matrix_job_passes_on_a_fresh_clone(tmp_path: Path) -> None:
     for script in runs:
         step = _run(clone, script, env)
         assert step.returncode == 0, script + step.stdout + step.stderr
-    (line,) = output.read_text().splitlines()
-    assert line.startswith("matrix=")
-    include = json.loads(line.removeprefix("matrix="))["include"]
+    lines = output.read_text().splitlines()
+    assert [x.split("=", 1)[0] for x in lines] == ["matrix", "merge"]
+    include = json.loads(lines[0].removeprefix("matrix="))["include"]
     assert include
+    merge = json.loads(lines[1].removeprefix("merge="))["include"]
+    assert {m["tags"][0] for m in merge} == {e["tags"][0] for e in include}
     # the tags and the login share one setting: REGISTRY
     login = next(
         s for s in workflow["jobs"]["build"]["steps"] if "docker/login-action" in s.get("uses", "")
@@ -182,3 +189,168 @@ def test_ci_installs_nvcc_from_the_pip_wheels(tmp_path: Path) -> None:
     )
     assert listed.returncode == 0, listed.stderr
     assert "sm_90" in listed.stdout
+
+
+_EXPR = re.compile(r"\$\{\{(.*?)\}\}")
+
+
+def _expand(text: str, ctx: dict[str, Any]) -> str:
+    """The workflow expressions these jobs use, as GitHub evaluates them: a context
+    path (``matrix.key``, ``runner.temp``) or ``join(path, 'sep')``. Anything else
+    fails the test, so the stand-in never silently evaluates what it does not know."""
+
+    def value(path: str) -> Any:
+        found: Any = ctx
+        for part in path.strip().split("."):
+            found = found[part]
+        return found
+
+    def sub(m: re.Match[str]) -> str:
+        expr = m[1].strip()
+        join = re.fullmatch(r"join\(([\w.]+),\s*'([^']*)'\)", expr)
+        if join:
+            return join[2].join(value(join[1]))
+        if not re.fullmatch(r"[\w.-]+", expr):
+            raise AssertionError(f"expression the stand-in does not know: {expr}")
+        return str(value(expr))
+
+    return _EXPR.sub(sub, text)
+
+
+def _step(job: dict[str, Any], *, name: str | None = None, uses: str | None = None) -> Any:
+    (found,) = [
+        s
+        for s in job["steps"]
+        if (name is not None and s.get("name") == name)
+        or (uses is not None and uses in s.get("uses", ""))
+    ]
+    return found
+
+
+def _run_step(
+    step: dict[str, Any], ctx: dict[str, Any], cwd: Path, path: list[Path]
+) -> subprocess.CompletedProcess[str]:
+    env = {k: _expand(str(v), ctx) for k, v in step.get("env", {}).items()}
+    env["RUNNER_TEMP"] = ctx["runner"]["temp"]
+    env["PATH"] = os.pathsep.join([*map(str, path), os.environ["PATH"]])
+    return _run(cwd, step["run"], env)
+
+
+def _stand_in(folder: Path, name: str, *, log: Path, fail_on: str = "") -> Path:
+    """A stand-in for a command that cannot run here (docker buildx: the test engine
+    has no buildx, docs/development.md) or whose own tests live elsewhere
+    (buildmatrix check): it appends its arguments to ``log``, and exits 1 when they
+    contain ``fail_on``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / name
+    test = f'case "$*" in *"{fail_on}"*) exit 1;; esac\n' if fail_on else ""
+    script.write_text(
+        f"#!/bin/sh\nprintf '%s %s\\n' {name} \"$*\" >> {shlex.quote(str(log))}\n{test}"
+    )
+    script.chmod(0o755)
+    return folder
+
+
+def _matrix_outputs(tmp_path: Path) -> tuple[dict[str, Any], Path]:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    clone = _clone(tmp_path)
+    output = tmp_path / "github-output"
+    env = {**workflow["env"], "GITHUB_OUTPUT": str(output), "GITHUB_REPOSITORY_OWNER": "org"}
+    (script,) = [
+        s["run"]
+        for s in workflow["jobs"]["matrix"]["steps"]
+        if "--format merge" in s.get("run", "")
+    ]
+    step = _run(clone, script, env)
+    assert step.returncode == 0, step.stderr
+    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    return outputs, clone
+
+
+def test_build_merge_and_check_jobs_as_the_runner_runs_them(tmp_path: Path) -> None:
+    """The push path from build to check, job by job, with the artifact hand-off done
+    as actions/upload-artifact and download-artifact do it (names, glob pattern,
+    merge-multiple): each platform's build records its digest, each family tag's merge
+    job publishes exactly its platforms' digests as one index, and the check job judges
+    every tag once per platform it has."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    jobs = workflow["jobs"]
+    outputs, clone = _matrix_outputs(tmp_path)
+    include = json.loads(outputs["matrix"])["include"]
+    merges = json.loads(outputs["merge"])["include"]
+    assert {e["runner"] for e in include} == {"ubuntu-24.04", "ubuntu-24.04-arm"}
+    assert jobs["build"]["runs-on"] == "${{ matrix.runner }}"
+    assert jobs["merge"]["needs"] == ["matrix", "build"]
+    artifacts = tmp_path / "artifacts"
+    digests: dict[tuple[str, str], str] = {}
+    record = _step(jobs["build"], name="Record the digest for the merge job")
+    upload = _step(jobs["build"], uses="actions/upload-artifact")
+    for n, entry in enumerate(include):
+        temp = tmp_path / "build" / str(n)
+        temp.mkdir(parents=True)
+        digest = hashlib.sha256(f"{entry['key']} {entry['platform']}".encode()).hexdigest()
+        digests[entry["tags"][0], entry["platform"]] = digest
+        ctx = {
+            "matrix": entry,
+            "runner": {"temp": str(temp)},
+            "steps": {"push": {"outputs": {"digest": f"sha256:{digest}"}}},
+        }
+        step = _run_step(record, ctx, clone, [])
+        assert step.returncode == 0, step.stderr
+        name = _expand(upload["with"]["name"], ctx)
+        files = sorted(Path("/").glob(_expand(upload["with"]["path"], ctx).lstrip("/")))
+        assert [f.name for f in files] == [digest]
+        assert not (artifacts / name).exists(), f"two build jobs upload {name}"
+        (artifacts / name).mkdir(parents=True)
+        shutil.copy(files[0], artifacts / name)
+    download = _step(jobs["merge"], uses="actions/download-artifact")
+    publish = _step(jobs["merge"], name="Publish the multi-platform index")
+    log = tmp_path / "stand-in.log"
+    bin_dir = _stand_in(tmp_path / "bin", "docker", log=log)
+    for n, merge in enumerate(merges):
+        temp = tmp_path / "merge" / str(n)
+        ctx = {"matrix": merge, "runner": {"temp": str(temp)}}
+        into = Path(_expand(download["with"]["path"], ctx))
+        into.mkdir(parents=True)
+        pattern = _expand(download["with"]["pattern"], ctx)
+        for art in artifacts.iterdir():
+            if fnmatch.fnmatchcase(art.name, pattern):  # merge-multiple: one folder
+                for f in art.iterdir():
+                    shutil.copy(f, into)
+        log.write_text("")
+        step = _run_step(publish, ctx, clone, [bin_dir])
+        assert step.returncode == 0, step.stdout + step.stderr
+        tag = merge["tags"][0]
+        refs = sorted(f"{merge['repository']}@sha256:{digests[tag, p]}" for p in merge["platforms"])
+        create, inspect = log.read_text().splitlines()
+        assert create.split() == [
+            "docker",
+            "buildx",
+            "imagetools",
+            "create",
+            "--tag",
+            tag,
+            *refs,
+        ]
+        assert inspect.split() == ["docker", "buildx", "imagetools", "inspect", tag]
+    # one platform's digest missing: the merge fails, naming the tag
+    next(into.iterdir()).unlink()
+    step = _run_step(publish, ctx, clone, [bin_dir])
+    assert step.returncode == 1
+    assert f"::error::{merges[-1]['tags'][0]}: 1 digests for the platforms" in step.stdout
+    # the check job: every tag once per platform it has, and one platform's failure
+    # fails the job only after the other platform was checked too
+    assert jobs["check"]["needs"] == ["matrix", "merge"]
+    check = _step(jobs["check"], name="Check every platform of every tag from its binaries")
+    ctx = {"needs": {"matrix": {"outputs": outputs}}, "runner": {"temp": str(tmp_path)}}
+    log.write_text("")
+    fake = _stand_in(tmp_path / "bin-check", "buildmatrix", log=log, fail_on="linux/amd64")
+    step = _run_step(check, ctx, clone, [fake])
+    assert step.returncode == 1
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2
+    for call, platform in zip(calls, ("linux/amd64", "linux/arm64"), strict=True):
+        words = call.split()
+        assert words[words.index("--platform") + 1] == platform
+        want = {f"docker://{m['tags'][0]}" for m in merges if platform in m["platforms"]}
+        assert {w for w in words if w.startswith("docker://")} == want
