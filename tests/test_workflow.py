@@ -37,10 +37,13 @@ def _clone(tmp_path: Path) -> Path:
     return clone
 
 
-def _run(clone: Path, script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run(
+    clone: Path, script: str, env: dict[str, str], first: tuple[Path, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     """One `run:` step of the workflow as the runner runs it (bash -e, the workflow's
-    env, a GITHUB_OUTPUT file), with buildmatrix as installed here."""
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env, a GITHUB_OUTPUT file), with buildmatrix as installed here (stand-ins in
+    ``first`` ahead of it)."""
+    path = os.pathsep.join([*map(str, first), str(Path(sys.executable).parent), os.environ["PATH"]])
     return subprocess.run(
         ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
         cwd=clone,
@@ -232,8 +235,7 @@ def _run_step(
 ) -> subprocess.CompletedProcess[str]:
     env = {k: _expand(str(v), ctx) for k, v in step.get("env", {}).items()}
     env["RUNNER_TEMP"] = ctx["runner"]["temp"]
-    env["PATH"] = os.pathsep.join([*map(str, path), os.environ["PATH"]])
-    return _run(cwd, step["run"], env)
+    return _run(cwd, step["run"], env, tuple(path))
 
 
 def _stand_in(folder: Path, name: str, *, log: Path, fail_on: str = "") -> Path:
