@@ -21,7 +21,13 @@ fixture image and node). It reads only keys ``smoke`` writes whatever
   ``smoke`` admits no node below its GPUs' floors;
 - on a node of several models (``buildmatrix.io/compute-capability.X.Y`` per model),
   every model must qualify, with the driver each one needs;
-- ``nvidia.com/gpu.memory-mb Gt N-1`` for ``--min-memory N`` (the smallest GPU's).
+- ``nvidia.com/gpu.memory-mb Gt N-1`` for ``--min-memory N`` (the smallest GPU's);
+- ``kubernetes.io/arch In [...]`` (the kubelet's own label: k8s.io/api
+  ``core/v1/well_known_labels.go``, ``LabelArchStable``, from Go's GOARCH) for the
+  platforms the image offers, when the chosen GPUs come with a host of another CPU
+  architecture too (the profiles' ``hosts``): an amd64-only image is kept off Grace
+  (GH200, GB200) nodes, whose runtime would find no entry to pull. Nothing is said
+  when the image offers every platform the chosen GPUs come with, or names none.
 
 It also merges the block into a workload manifest (Pod, Job, CronJob, Deployment,
 StatefulSet, DaemonSet, ReplicaSet), ANDing it with any node affinity already there.
@@ -37,7 +43,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from buildmatrix.arch import CodeKind
+from buildmatrix.arch import HOST_ARCHES, CodeKind
 from buildmatrix.check import FAMILY_LABEL, Options, TargetResult, cuda_runtime, run_check
 from buildmatrix.compat import Verdict, ptx_toolkit
 from buildmatrix.cuda import CudaFacts, DriverVersion
@@ -67,9 +73,21 @@ from buildmatrix.selector import (
     render,
 )
 
-__all__ = ["FAMILY", "MEMORY", "Choice", "Needs", "affinity_block", "choose", "matches"]
+__all__ = [
+    "ARCH",
+    "FAMILY",
+    "MEMORY",
+    "Choice",
+    "Needs",
+    "affinity_block",
+    "arch_constraint",
+    "choose",
+    "matches",
+]
 
 DRIVER_KEYS = (DRIVER_MAJOR, DRIVER_MINOR, DRIVER_REVISION)
+# The kubelet sets it on every node (runtime.GOARCH); not a key smoke writes.
+ARCH = "kubernetes.io/arch"
 # Every key an affinity reads: each is one smoke writes (labelkeys.owned).
 READS = (COMPUTE_CAPABILITY, MEMORY_MB, *DRIVER_KEYS)
 _ZERO = DriverVersion((0, 0, 0), "0.0.0")
@@ -245,7 +263,25 @@ def _driver_terms(ranges: Sequence[Interval]) -> list[dict[str, Constraint]]:
     return terms
 
 
-def terms(choice: Choice, profiles: ProfileSet, needs: Needs) -> list[list[dict[str, Any]]]:
+def arch_constraint(
+    choice: Choice, profiles: ProfileSet, offered: Sequence[str]
+) -> Constraint | None:
+    """``kubernetes.io/arch`` In the Linux CPU architectures the image offers, where
+    some chosen GPU comes with a host of an architecture it does not offer; None when
+    it offers all of them, or names no platform at all (nothing is known)."""
+    provided = {p.split("/")[1] for p in offered if p.startswith("linux/")}
+    if not offered:
+        return None
+    needed = {p.split("/")[1] for p in profiles.platforms(choice.profiles)}
+    if needed <= provided:
+        return None
+    order = {a: i for i, a in enumerate(HOST_ARCHES)}
+    return one_of(sorted(provided, key=lambda a: (order.get(a, len(order)), a)))
+
+
+def terms(
+    choice: Choice, profiles: ProfileSet, needs: Needs, offered: Sequence[str] = ()
+) -> list[list[dict[str, Any]]]:
     """The nodeSelectorTerms (each a list of matchExpressions), ORed.
 
     The node's least capable GPU (``gpu.compute-capability``) is one the image runs
@@ -261,6 +297,8 @@ def terms(choice: Choice, profiles: ProfileSet, needs: Needs) -> list[list[dict[
             base[present_key(p.cc)] = ABSENT
     if needs.min_memory_mib is not None:
         base[MEMORY_MB] = Constraint(lo=needs.min_memory_mib)
+    if (arch := arch_constraint(choice, profiles, offered)) is not None:
+        base[ARCH] = arch
     groups: dict[tuple[Interval, ...], list[str]] = {}
     for p, ranges in choice.chosen:
         if ranges != ((_ZERO, None),):  # any driver: nothing to say

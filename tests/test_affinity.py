@@ -28,7 +28,15 @@ from buildmatrix.labelkeys import owned
 from buildmatrix.profiles import load_profiles
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 from tests.fixtures.build import BIN
-from tests.images import Entry, Image, Layer, Symlink, fixture, write_docker_archive
+from tests.images import (
+    Entry,
+    Image,
+    Layer,
+    Symlink,
+    fixture,
+    write_docker_archive,
+    write_platform_layout,
+)
 
 PROFILES = load_profiles(SHIPPED_PROFILES)
 FACTS = load_cuda_facts()
@@ -50,10 +58,14 @@ def _driver_labels(driver: str) -> dict[str, str]:
     }
 
 
-def _node_labels(sm: str, memory: int = 81559, driver: str = "580.65.06") -> dict[str, str]:
-    """A node of one profile's GPUs as smoke labels it (GFD's keys and its own)."""
+def _node_labels(
+    sm: str, memory: int = 81559, driver: str = "580.65.06", arch: str = "amd64"
+) -> dict[str, str]:
+    """A node of one profile's GPUs as smoke labels it (GFD's keys and its own), with
+    the CPU architecture its kubelet labels it with (an x86 node unless said)."""
     p = PROFILES.get(sm)
     return {
+        "kubernetes.io/arch": arch,
         "nvidia.com/gpu.family": p.family.value,
         "nvidia.com/gpu.memory": str(memory),
         "nvidia.com/gpu.compute-capability": str(p.cc),
@@ -162,7 +174,10 @@ def test_the_seeds_fp8_case(cli: CliRunner, tmp_path: Path) -> None:
         if p.cc > PROFILES.get("sm_90").cc
     ]
     memory = [{"key": "nvidia.com/gpu.memory-mb", "operator": "Gt", "values": ["69999"]}]
-    assert _terms(doc) == [head + absent + memory + d for d in driver]
+    # an amd64-only image (the archive's config) whose GPUs also sit behind Grace (GH200)
+    arch = [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]
+    assert _terms(doc) == [head + absent + memory + arch + d for d in driver]
+    assert not matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.06", "arm64"))
     assert matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.06"))
     assert matches(doc["affinity"], _node_labels("sm_90", 81559, "590.44.01"))
     assert not matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.05"))
@@ -353,8 +368,8 @@ def test_on_every_admitted_fixture_node_affinity_matches_iff_check_snapshot_pass
     labels: dict[str, dict[str, str]] = {}
     for node, path in node_files.items():
         r = cli("smoke", "--snapshot", str(path), "--allow-mixed", "--json")
-        if r.code == 0:
-            labels[node] = r.json()["labels"]
+        if r.code == 0:  # the fixture nodes are x86 hosts: the kubelet's own label
+            labels[node] = r.json()["labels"] | {"kubernetes.io/arch": "amd64"}
     assert set(labels) == set(node_files) - {
         "h100-520",  # driver below Hopper's floor
         "h200-535",  # below the H200's
@@ -546,3 +561,43 @@ def test_manifests_refuse_a_bad_pools_file(cli: CliRunner, tmp_path: Path) -> No
     pools.write_text("families:\n  hoper: x\n")
     r = cli("k8s", "manifests", "--pools", str(pools))
     assert r.code == 2
+
+
+# ------------------------------------------------ the CPU architecture of the node
+
+_PLATFORM_SETS = [("amd64",), ("arm64",), ("amd64", "arm64")]
+
+
+@pytest.mark.parametrize("arches", _PLATFORM_SETS, ids="+".join)
+def test_the_node_arch_is_matched_iff_the_image_offers_it(
+    cli: CliRunner, tmp_path: Path, arches: tuple[str, ...]
+) -> None:
+    """An OCI index offering ``arches`` (the same code in each entry): on a node of
+    every profile and each CPU architecture, the affinity matches iff ``check --sm
+    SM --platform linux/ARCH`` passes (check picks the entry containerd would pull and
+    exits 2 when there is none). The arch term is there iff some GPU the image runs on
+    comes with a host the image does not offer (the profiles' hosts)."""
+    lib = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so")}
+    entries: list[tuple[dict[str, str] | None, Image]] = [
+        (
+            {"os": "linux", "architecture": a},
+            Image(layers=[lib], platform={"os": "linux", "architecture": a}),
+        )
+        for a in arches
+    ]
+    ref = f"oci:{write_platform_layout(tmp_path / 'multi', entries)}:multi"
+    code, doc = _affinity(cli, ref, "--platform", f"linux/{arches[0]}")
+    assert code == 0, doc
+    runs = {
+        (p.sm, a): cli("check", ref, "--sm", p.sm, "--platform", f"linux/{a}").code == 0
+        for p in PROFILES
+        for a in ("amd64", "arm64")
+    }
+    assert any(runs.values())
+    assert not all(runs.values())
+    placed = {(sm, a): matches(doc["affinity"], _node_labels(sm, arch=a)) for sm, a in runs}
+    assert placed == runs
+    chosen = [p for p in PROFILES if runs[p.sm, arches[0]]]
+    needed = {plat.split("/")[1] for plat in PROFILES.platforms(chosen)}
+    has_arch = any(e["key"] == "kubernetes.io/arch" for t in _terms(doc) for e in t)
+    assert has_arch is not (needed <= set(arches))

@@ -169,3 +169,37 @@ def test_require_arch_per_platform_where_it_differs(tmp_path: Path, cli: CliRunn
         "train-fp8: ada-lovelace cuda 13.3.1 linux/arm64: no product of sm_89 comes with an "
         "arm64 host"
     ) in result.err
+
+
+def test_an_image_offers_its_index_entries_or_its_config_platform(tmp_path: Path) -> None:
+    """``ScannedImage.offered``: an index's runnable entries in index order (buildx's
+    attestation manifests, platform unknown/unknown, are none), else the config's."""
+    from buildmatrix.image.offered import index_platforms
+    from buildmatrix.image.open import scan_image
+    from tests.images import Image, write_docker_archive, write_platform_layout
+
+    attestation = {
+        "platform": {"os": "unknown", "architecture": "unknown"},
+        "annotations": {"vnd.docker.reference.type": "attestation-manifest"},
+    }
+    arm = {"platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}}
+    amd = {"platform": {"os": "linux", "architecture": "amd64"}}
+    assert index_platforms([amd, attestation, arm, amd, {}]) == (
+        "linux/amd64",
+        "linux/arm64/v8",
+    )
+    entries: list[tuple[dict[str, str] | None, Image]] = [
+        (
+            {"os": "linux", "architecture": a},
+            Image(layers=[{}], platform={"os": "linux", "architecture": a}),
+        )
+        for a in ("arm64", "amd64")
+    ]
+    layout = write_platform_layout(tmp_path / "multi", entries)
+    image = scan_image(f"oci:{layout}:multi")
+    assert image.offered == ("linux/arm64", "linux/amd64")
+    assert image.config.platform == "linux/amd64"  # the entry containerd pulls on amd64
+    single = write_docker_archive(
+        tmp_path / "one.tar", Image(layers=[{}], platform={"os": "linux", "architecture": "arm64"})
+    )
+    assert scan_image(f"docker-archive:{single}").offered == ("linux/arm64",)

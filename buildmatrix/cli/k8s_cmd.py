@@ -141,7 +141,7 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
         for p, why in choice.excluded:
             click.echo(f"  - {p.sm} ({p.family.value}): {why}", err=True)
         return 1
-    node_terms = terms(choice, profiles, needs)
+    node_terms = terms(choice, profiles, needs, image.offered)
     if into is None:
         click.echo(_dump(nodes_block(node_terms), fmt), nl=False)
         return 0

@@ -24,6 +24,7 @@ from buildmatrix.image.model import (
     read_json_blob,
     scan_blobs,
 )
+from buildmatrix.image.offered import index_platforms
 from buildmatrix.image.platform import (
     DEFAULT_PLATFORM,
     require_config_platform,
@@ -85,6 +86,7 @@ def scan_oci_layout(
     doc = check_manifest(_json_blob(layout, desc, name=name), name=name)
     unplaced = False  # picked from an index entry without a platform
     single = not is_index(doc)  # one manifest, no index
+    offered = index_platforms(doc.get("manifests") or []) if is_index(doc) else ()
     while is_index(doc):
         desc = select_platform(doc.get("manifests") or [], platform, name=name)
         unplaced = not isinstance(desc.get("platform"), dict)
@@ -114,7 +116,8 @@ def scan_oci_layout(
             )
         )
     layers = scan_blobs(blobs, progress, keep=keep)
-    return finish(ref=ref.given, digest=desc.get("digest"), config=config, layers=layers)
+    image = finish(ref=ref.given, digest=desc.get("digest"), config=config, layers=layers)
+    return replace(image, offered=offered) if offered else image
 
 
 def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:

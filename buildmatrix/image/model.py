@@ -38,6 +38,9 @@ class ImageConfig:
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     image_id: str | None = None
+    # os/architecture[/variant] of the config (OCI image-spec config.md; the engine's
+    # inspect spells them Os/Architecture/Variant); None where it names none
+    platform: str | None = None
 
     @classmethod
     def from_json(
@@ -54,7 +57,10 @@ class ImageConfig:
         for item in cfg.get("Env") or []:
             key, _, value = str(item).partition("=")
             env[key] = value
-        return cls(labels=labels, env=env, image_id=image_id)
+        parts = [str(doc.get(k) or doc.get(k.title()) or "") for k in ("os", "architecture")]
+        variant = str(doc.get("variant") or doc.get("Variant") or "")
+        platform = "/".join([*parts, variant] if variant else parts) if all(parts) else None
+        return cls(labels=labels, env=env, image_id=image_id, platform=platform)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +80,9 @@ class ScannedImage:
     compat: CompatSetup | None = None
     # How the layers were read, where there was a choice (the local engine).
     read_from: str | None = None
+    # The platforms the image offers (os/arch[/variant]): an index's entries, else the
+    # config's own platform; () where neither names one (buildmatrix.image.offered).
+    offered: tuple[str, ...] = ()
 
 
 Progress = Callable[[int], None]  # called with bytes read since the last call
@@ -306,6 +315,7 @@ def finish(
         ref=ref,
         digest=digest,
         config=config,
+        offered=(config.platform,) if config.platform else (),
         files=files,
         problems=problems,
         paths=paths,

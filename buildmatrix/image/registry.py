@@ -16,6 +16,7 @@ import io
 import ipaddress
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -37,6 +38,7 @@ from buildmatrix.image.model import (
     read_json_blob,
     scan_blobs,
 )
+from buildmatrix.image.offered import index_platforms
 from buildmatrix.image.platform import (
     DEFAULT_PLATFORM,
     require_config_platform,
@@ -282,6 +284,7 @@ def scan_registry(
     where = f"{ref.host}/{ref.repository} manifest"
     unplaced = False  # picked from an index entry without a platform
     single = not is_index(doc)  # one manifest, no index
+    offered = index_platforms(doc.get("manifests") or []) if is_index(doc) else ()
     while is_index(doc):
         check_manifest(doc, name=where)
         desc = select_platform(doc.get("manifests") or [], platform, name=ref.given)
@@ -315,4 +318,5 @@ def scan_registry(
         for i, (layer, diff_id) in enumerate(zip(doc["layers"], diff_ids, strict=True))
     ]
     layers = scan_blobs(blobs, progress, keep=keep)
-    return finish(ref=ref.given, digest=digest, config=config, layers=layers)
+    image = finish(ref=ref.given, digest=digest, config=config, layers=layers)
+    return replace(image, offered=offered) if offered else image
