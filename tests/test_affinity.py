@@ -577,7 +577,7 @@ def test_the_node_arch_is_matched_iff_the_image_offers_it(
     SM --platform linux/ARCH`` passes (check picks the entry containerd would pull and
     exits 2 when there is none). The arch term is there iff some GPU the image runs on
     comes with a host the image does not offer (the profiles' hosts)."""
-    lib = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so")}
+    lib: Layer = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so")}
     entries: list[tuple[dict[str, str] | None, Image]] = [
         (
             {"os": "linux", "architecture": a},
