@@ -7,7 +7,7 @@ import struct
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from buildmatrix.binary.elf import EM_CUDA, read_elf
+from buildmatrix.binary.elf import EM_AARCH64, EM_CUDA, read_elf
 from buildmatrix.binary.source import BytesSource, CorruptBinary
 from tests.binaries import container, elf_with_section, entry
 from tests.fixtures.build import BIN
@@ -19,6 +19,7 @@ ELF_FIXTURES = [
     "kernels_rdc.o",
     "kernels_sm90a.cubin",
     "libhost_only.so",
+    "libsass_ptx_aarch64.so",  # EM_AARCH64
 ]
 
 
@@ -26,7 +27,7 @@ def _machine(ref: ELFFile) -> int:
     # pyelftools names known machines ('EM_X86_64') and leaves unknown ones as numbers.
     value = ref.header.e_machine
     if isinstance(value, str):
-        return {"EM_X86_64": 62, "EM_CUDA": EM_CUDA}[value]
+        return {"EM_X86_64": 62, "EM_AARCH64": EM_AARCH64, "EM_CUDA": EM_CUDA}[value]
     return int(value)
 
 

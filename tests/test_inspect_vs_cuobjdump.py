@@ -14,12 +14,22 @@ import pytest
 from buildmatrix.binary.fatbin import EntryKind
 from buildmatrix.binary.scan import inspect_file
 from tests.cuobjdump import cuobjdump_lists, find_cuobjdump
-from tests.fixtures.build import BIN, FIXTURES, Fixture, build, expected, have_nvcc
+from tests.fixtures.build import (
+    BIN,
+    FIXTURES,
+    Fixture,
+    build,
+    buildable,
+    expected,
+    have_cross,
+    have_nvcc,
+)
 
 pytestmark = pytest.mark.integration
 
 CUOBJDUMP = find_cuobjdump()
-CUOBJDUMP_READS = {"shared", "exe", "object", "cubin", "fatbin", "archive"}  # not .ptx text
+CUOBJDUMP_READS = {"shared", "exe", "object", "cubin", "fatbin", "archive", "aarch64"}
+_NO_CROSS = "aarch64-linux-gnu-gcc is missing (apt-get install gcc-aarch64-linux-gnu)"
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +37,7 @@ def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not have_nvcc():
         pytest.skip("nvcc is not installed: the committed fixtures are tested instead")
     out = tmp_path_factory.mktemp("fixtures")
-    build(out)
+    build(out, buildable())
     return out
 
 
@@ -46,6 +56,8 @@ def _ours(path: Path) -> tuple[Counter[str], Counter[str]]:
 
 @pytest.mark.parametrize("fx", FIXTURES, ids=lambda fx: fx.name)
 def test_rebuilt_fixture_matches_gencode_and_committed(rebuilt: Path, fx: Fixture) -> None:
+    if fx.kind == "aarch64" and not have_cross():
+        pytest.skip(_NO_CROSS)
     fresh = inspect_file(rebuilt / fx.name)
     committed = inspect_file(BIN / fx.name)
     if fx.kind == "host":
@@ -64,5 +76,24 @@ def test_rebuilt_fixture_matches_gencode_and_committed(rebuilt: Path, fx: Fixtur
 def test_agrees_with_cuobjdump_entry_for_entry(rebuilt: Path, fx: Fixture) -> None:
     if CUOBJDUMP is None:
         pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump)")
+    if fx.kind == "aarch64" and not have_cross():
+        pytest.skip(_NO_CROSS)
     path = rebuilt / fx.name
+    assert _ours(path) == cuobjdump_lists(CUOBJDUMP, path)
+
+
+def test_the_committed_aarch64_library_agrees_with_cuobjdump() -> None:
+    """The committed aarch64 fixture (no nvcc or cross toolchain needed to read it):
+    an EM_AARCH64 shared object, listed as cuobjdump lists it."""
+    from buildmatrix.binary.elf import EM_AARCH64, read_elf
+    from buildmatrix.binary.source import BytesSource
+
+    path = BIN / "libsass_ptx_aarch64.so"
+    assert read_elf(BytesSource(path.read_bytes(), name=path.name)).machine == EM_AARCH64
+    fx = next(f for f in FIXTURES if f.name == path.name)
+    report = inspect_file(path)
+    assert report is not None
+    assert (report.sass, report.ptx) == expected(fx)
+    if CUOBJDUMP is None:
+        pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump)")
     assert _ours(path) == cuobjdump_lists(CUOBJDUMP, path)

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
 
 ELF_MAGIC = b"\x7fELF"
-EM_CUDA = 190  # e_machine of a CUDA cubin (ELF specification, machine numbers)
+# e_machine values (the ELF specification's machine numbers; glibc elf.h): host code
+# of an x86-64 node, of an Arm node (Grace: GH200, GB200, GB10), and a CUDA cubin.
+# The reader takes any machine: a fatbinary is found by its sections, whatever the host.
+EM_X86_64 = 62
+EM_AARCH64 = 183
+EM_CUDA = 190
 SHT_NOBITS = 8
 SHN_XINDEX = 0xFFFF
 # Linkers emit a few dozen sections, -ffunction-sections objects up to some 100,000;
