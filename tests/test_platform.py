@@ -284,9 +284,14 @@ def test_an_entry_without_a_platform_counts_by_its_config(cli: CliRunner, tmp_pa
     layout = write_platform_layout(
         tmp_path / "unplaced", [(None, amd), (_platform_doc("arm64"), arm)]
     )
-    judged = cli("check", f"oci:{layout}:multi", "--sm", "8.0", "--json")
+    # --platform: the arm64 entry (no device code) would be judged too, A100 PCIe
+    # cards sitting behind Arm hosts as well (docs/check.md, "Platforms")
+    judged = cli(
+        "check", f"oci:{layout}:multi", "--sm", "8.0", "--platform", "linux/amd64", "--json"
+    )
     assert judged.code == 0, judged.out + judged.err
     assert judged.json()["files"][0]["sass"] == ["sm_80"]
+    assert cli("check", f"oci:{layout}:multi", "--sm", "8.0").code == 1  # the arm64 entry
     wrong = write_platform_layout(tmp_path / "wrong", [(None, arm)])
     refused = cli("check", f"oci:{wrong}:multi", "--sm", "8.0")
     assert refused.code == 2

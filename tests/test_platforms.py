@@ -13,6 +13,7 @@ from buildmatrix.matrix import Entry, expand_all, merges
 from buildmatrix.profiles import load_profiles
 from buildmatrix.specs import load_specs
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
+from tests.services import Registry
 
 PROFILES = load_profiles(SHIPPED_PROFILES)
 TRAIN = 'tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"'
@@ -203,3 +204,85 @@ def test_an_image_offers_its_index_entries_or_its_config_platform(tmp_path: Path
         tmp_path / "one.tar", Image(layers=[{}], platform={"os": "linux", "architecture": "arm64"})
     )
     assert scan_image(f"docker-archive:{single}").offered == ("linux/arm64",)
+
+
+# ------------------------------------------------ check judges every platform offered
+
+
+def _grace_index(tmp_path: Path) -> Path:
+    """An index whose amd64 entry has Hopper code (sm_80, sm_90 SASS, compute_90 PTX)
+    and whose arm64 entry, the one a GH200 node pulls, has sm_80 only."""
+    from tests.images import Image, fixture, write_platform_layout
+
+    def image(arch: str, lib: str) -> tuple[dict[str, str], Image]:
+        platform = {"os": "linux", "architecture": arch}
+        return platform, Image(layers=[{"usr/lib/libk.so": fixture(lib)}], platform=platform)
+
+    entries = [image("amd64", "libsass_ptx.so"), image("arm64", "libsass_sm80.so")]
+    return write_platform_layout(tmp_path / "grace", list(entries))
+
+
+def _check_both_ways(cli: CliRunner, ref: str) -> None:
+    judged = cli("check", ref, "--sm", "9.0", "--json")
+    assert judged.code == 1, judged.out + judged.err
+    doc = judged.json()
+    validate_check_json(doc)
+    assert doc["verdict"] == "fail"
+    assert doc["platform"] == "linux/amd64"
+    assert [(p["platform"], p["verdict"]) for p in doc["platforms"]] == [
+        ("linux/amd64", "pass"),
+        ("linux/arm64", "fail"),
+    ]
+    assert doc["problems"]
+    assert all(p.startswith("linux/arm64: ") for p in doc["problems"]), doc["problems"]
+    assert doc["platforms"][1]["files"][0]["sass"] == ["sm_80"]
+    text = cli("check", ref, "--sm", "9.0")
+    assert text.code == 1
+    assert "== platform linux/arm64" in text.out
+    assert "linux/amd64 pass, linux/arm64 FAIL" in text.out
+    narrowed = cli("check", ref, "--sm", "9.0", "--platform", "linux/amd64", "--json")
+    assert narrowed.code == 0, narrowed.out + narrowed.err
+    assert [p["platform"] for p in narrowed.json()["platforms"]] == ["linux/amd64"]
+    arm = cli("check", ref, "--sm", "9.0", "--platform", "linux/arm64", "--json")
+    assert arm.code == 1
+    # sm_80 runs on both entries: both judged, both pass
+    both = cli("check", ref, "--sm", "8.0", "--json")
+    assert both.code == 0, both.out
+    assert [p["verdict"] for p in both.json()["platforms"]] == ["pass", "pass"]
+
+
+def validate_check_json(doc: dict[str, object]) -> None:
+    import json
+
+    import jsonschema
+
+    schema = json.loads((REPO / "buildmatrix/schemas/check.schema.json").read_text())
+    jsonschema.validate(doc, schema)
+
+
+def test_check_judges_the_arm64_entry_of_an_oci_index(tmp_path: Path, cli: CliRunner) -> None:
+    _check_both_ways(cli, f"oci:{_grace_index(tmp_path)}:multi")
+
+
+def test_check_judges_only_platforms_a_target_sits_behind(tmp_path: Path, cli: CliRunner) -> None:
+    """GB10 (sm_121) comes with an Arm host only (arch-profiles/sm_121.yaml): for it
+    the amd64 entry is not judged, and an HGX H100 (amd64) is judged on amd64 alone."""
+    ref = f"oci:{_grace_index(tmp_path)}:multi"
+    gb10 = cli("check", ref, "--sm", "12.1", "--json")
+    assert [p["platform"] for p in gb10.json()["platforms"]] == ["linux/arm64"]
+    snapshot = REPO / "tests" / "fixtures" / "nodes" / "h100-580.json"
+    node = cli("check", ref, "--snapshot", str(snapshot), "--json")
+    assert node.code == 0, node.out + node.err
+    assert [p["platform"] for p in node.json()["platforms"]] == ["linux/amd64"]
+
+
+@pytest.mark.integration
+def test_check_judges_the_arm64_entry_in_a_registry(
+    tmp_path: Path, cli: CliRunner, registry: Registry
+) -> None:
+    from tests.test_image_sources import skopeo
+
+    layout = _grace_index(tmp_path)
+    ref = f"{registry.host}/bmtest/grace:v1"
+    skopeo("copy", "--all", "--dest-tls-verify=false", f"oci:{layout}:multi", f"docker://{ref}")
+    _check_both_ways(cli, f"docker://{ref}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,11 +14,16 @@ from buildmatrix.cli._common import (
     echo_json,
     json_option,
     load,
-    platform_option,
     profiles_option,
     table,
     timeout_option,
 )
+
+if TYPE_CHECKING:
+    from buildmatrix.check import Options
+    from buildmatrix.cuda import CudaFacts
+    from buildmatrix.multiplatform import PlatformResults
+    from buildmatrix.profiles import ProfileSet
 
 
 def _markdown(result: object) -> str:
@@ -80,7 +86,13 @@ def _markdown(result: object) -> str:
     is_flag=True,
     help="Count every fatbinary container (translation unit), specialised ones too.",
 )
-@platform_option
+@click.option(
+    "--platform",
+    metavar="OS/ARCH",
+    help="Judge only this entry of a multi-platform image (e.g. linux/arm64). Default: "
+    "every entry the image offers behind which a target GPU can sit (the profiles' "
+    "hosts), starting with linux/amd64.",
+)
 @containerd_options
 @timeout_option
 @click.option(
@@ -117,7 +129,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     ignore: tuple[str, ...],
     allow_empty: bool,
     strict: bool,
-    platform: str,
+    platform: str | None,
     cache_dir: Path | None,
     no_cache: bool,
     summary: Path | None,
@@ -133,9 +145,8 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     io.buildmatrix.family label sets its targets. Several REFs are checked in one
     run, sharing the layers they share (the layer cache). Exit 0 all pass, 1 any fails.
     """
-    from buildmatrix.check import Options, run_check, validate_targets
+    from buildmatrix.check import Options, validate_targets
     from buildmatrix.cuda import load_cuda_facts, parse_driver_version
-    from buildmatrix.image.open import scan_image
     from buildmatrix.node.snapshot import load_snapshot
 
     profiles = load(profiles_dir)
@@ -167,18 +178,11 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     results = []
     with use(cache):
         for ref in refs:
-            progress = ByteProgress()
-            try:
-                image = scan_image(
-                    ref, platform=platform, progress=progress, containerd=containerd_store()
-                )
-            finally:
-                progress.done()
-            results.append(run_check(image, profiles, opts, facts))
+            results.append(_check_one(ref, platform, profiles, opts, facts))
     if summary is not None:
         try:
             with summary.open("a", encoding="utf-8") as f:
-                f.writelines(_markdown(r) for r in results)
+                f.writelines(_markdown(r) for pr in results for _, r in pr.results)
         except OSError as exc:
             from buildmatrix.errors import InputError
 
@@ -196,18 +200,50 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
                 }
             )
         return 0 if passed else 1
-    for i, result in enumerate(results):
+    for i, judged in enumerate(results):
         if i:
             click.echo("")
-        _print_result(result, verbose=verbose)
+        _print_platforms(judged, verbose=verbose)
     if len(results) > 1:
-        failed = [r.image.ref for r in results if not r.passed]
+        failed = [r.primary.image.ref for r in results if not r.passed]
         click.echo(
             f"\n{len(results)} images: "
             + ("all pass" if passed else f"{len(failed)} fail ({', '.join(failed)})")
             + (f"; {cache.hits} layer(s) from the cache" if cache is not None else "")
         )
     return 0 if passed else 1
+
+
+def _check_one(
+    ref: str, platform: str | None, profiles: ProfileSet, opts: Options, facts: CudaFacts
+) -> PlatformResults:
+    """Check one REF: the entry ``--platform`` names, else the default platform's
+    entry and every other the image offers behind which a target GPU can sit
+    (buildmatrix.multiplatform)."""
+    from buildmatrix.check import run_check
+    from buildmatrix.image.open import scan_image
+    from buildmatrix.image.platform import DEFAULT_PLATFORM
+    from buildmatrix.multiplatform import PlatformResults, behind, serves, to_judge
+
+    def judge(p: str) -> tuple[str, Any, Any]:
+        progress = ByteProgress()
+        try:
+            image = scan_image(ref, platform=p, progress=progress, containerd=containerd_store())
+        finally:
+            progress.done()
+        return image.config.platform or p, image, run_check(image, profiles, opts, facts)
+
+    first, image, result = judge(platform or DEFAULT_PLATFORM)
+    judged = [(first, result)]
+    if platform is None:
+        platforms = behind([t.target for t in result.targets], profiles)
+        more = to_judge(image.offered, first, platforms)
+        if more and not serves(first, platforms):
+            judged = []  # judged for its targets only: no target GPU sits behind it
+        for p in more:
+            name, _, other = judge(p)
+            judged.append((name, other))
+    return PlatformResults(results=tuple(judged))
 
 
 def _cache_json(cache: object) -> dict[str, object] | None:
@@ -221,6 +257,20 @@ def _cache_json(cache: object) -> dict[str, object] | None:
         "misses": cache.misses,
         "disabled": cache.disabled,
     }
+
+
+def _print_platforms(judged: PlatformResults, *, verbose: bool) -> None:
+    """One image: each judged entry in full, then the verdict over all of them."""
+    if len(judged.results) == 1:
+        _print_result(judged.primary, verbose=verbose)
+        return
+    for i, (platform, result) in enumerate(judged.results):
+        click.echo(("\n" if i else "") + f"== platform {platform}")
+        _print_result(result, verbose=verbose)
+    click.echo("\nplatforms  " + ", ".join(
+        f"{p} {'pass' if r.passed else 'FAIL'}" for p, r in judged.results
+    ))  # fmt: skip
+    click.echo("PASS" if judged.passed else "FAIL (every platform's entry must pass)")
 
 
 def _print_result(result: object, *, verbose: bool) -> None:
