@@ -81,6 +81,17 @@ def assert_mislabeled(code: int, doc: dict[str, object]) -> None:
     assert "sm_80 SASS runs only on compute capability 8.x" in doc["problems"][0]  # type: ignore[index]
 
 
+def assert_both_judged(code: int, doc: dict[str, object]) -> None:
+    """Without --platform every entry a Hopper GPU can sit behind is judged (H100 PCIe
+    in x86 and Arm servers, GH200): the arm64 one fails, and says so."""
+    assert code == 1
+    assert [(p["platform"], p["verdict"]) for p in doc["platforms"]] == [  # type: ignore[attr-defined]
+        ("linux/amd64", "pass"),
+        ("linux/arm64", "fail"),
+    ]
+    assert all(p.startswith("linux/arm64: ") for p in doc["problems"])  # type: ignore[attr-defined]
+
+
 # ------------------------------------------------------------------ files on disk
 
 
@@ -210,8 +221,9 @@ def write_multi_platform_layout(tmp_path: Path) -> Path:
 
 def test_multi_platform_index(tmp_path: Path, cli: CliRunner) -> None:
     merged = write_multi_platform_layout(tmp_path)
-    assert_layered(*run_check(cli, f"oci:{merged}:multi"))
+    assert_layered(*run_check(cli, f"oci:{merged}:multi", "--platform", "linux/amd64"))
     assert_mislabeled(*run_check(cli, f"oci:{merged}:multi", "--platform", "linux/arm64"))
+    assert_both_judged(*run_check(cli, f"oci:{merged}:multi"))
     result = cli("check", f"oci:{merged}:multi", "--platform", "linux/s390x")
     assert result.code == 2
     assert "no image for platform linux/s390x" in result.err
@@ -344,8 +356,9 @@ def test_docker_manifest_list(registry: Registry, cli: CliRunner, tmp_path: Path
     media_type, body, _ = served(registry.host, "bmtest/list", "v1")
     assert media_type == DOCKER_LIST
     assert {m["mediaType"] for m in json.loads(body)["manifests"]} == {DOCKER_MANIFEST}
-    assert_layered(*run_check(cli, dest))
+    assert_layered(*run_check(cli, dest, "--platform", "linux/amd64"))
     assert_mislabeled(*run_check(cli, dest, "--platform", "linux/arm64"))
+    assert_both_judged(*run_check(cli, dest))
     result = cli("check", dest, "--platform", "linux/s390x")
     assert result.code == 2
     assert "no image for platform linux/s390x" in result.err

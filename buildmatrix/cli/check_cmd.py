@@ -231,7 +231,9 @@ def _check_one(
             image = scan_image(ref, platform=p, progress=progress, containerd=containerd_store())
         finally:
             progress.done()
-        return image.config.platform or p, image, run_check(image, profiles, opts, facts)
+        # an index entry by the platform it was picked for; a lone image by its config's
+        name = p if len(image.offered) > 1 else image.config.platform or p
+        return name, image, run_check(image, profiles, opts, facts)
 
     first, image, result = judge(platform or DEFAULT_PLATFORM)
     judged = [(first, result)]
