@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from buildmatrix.node.probe import host_cpu
 from tests.conftest import REPO
 from tests.standins import nvml_scenario, pci_functions, run_cli, sysfs_tree
 
@@ -23,6 +24,9 @@ FIXTURES = sorted(NODES.glob("*.json"))
 def _doc(path: Path) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(path.read_text())
     return doc
+
+
+_HOST_CPU = {"cpu": cpu} if (cpu := host_cpu()) is not None else {}
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.stem for f in FIXTURES])
@@ -41,7 +45,7 @@ def test_record_reproduces_the_snapshot(standin_libs: Path, tmp_path: Path, fixt
         sysfs=sysfs,
     )
     assert proc.returncode in (0, 1), proc.stderr
-    assert _doc(out) == want
+    assert _doc(out) == want | _HOST_CPU  # the CPU is this machine's (uname), not NVML's
     # and the live judgement equals the recorded one
     replay = run_cli(["smoke", "--snapshot", str(out), "--json"], libs=None, tmp=tmp_path)
     live, recorded = json.loads(proc.stdout), json.loads(replay.stdout)
@@ -230,7 +234,7 @@ def test_mig_without_monitoring_fails_naming_the_grant(standin_libs: Path, tmp_p
     want = _doc(NODES / "a100-mig-no-monitor.json")
     del want["pci_gpus"]  # no sysfs in this run
     recorded = _doc(out)
-    assert recorded == want | {"hostname": recorded["hostname"]}
+    assert recorded == want | {"hostname": recorded["hostname"]} | _HOST_CPU
 
 
 def test_unused_mig_indexes_are_skipped(standin_libs: Path, tmp_path: Path) -> None:

@@ -286,3 +286,58 @@ def test_check_judges_the_arm64_entry_in_a_registry(
     ref = f"{registry.host}/bmtest/grace:v1"
     skopeo("copy", "--all", "--dest-tls-verify=false", f"oci:{layout}:multi", f"docker://{ref}")
     _check_both_ways(cli, f"docker://{ref}")
+
+
+def _node(tmp_path: Path, *, cpu: str, gpu: str) -> Path:
+    """The h100-580 fixture node with another GPU name and the CPU it records."""
+    import json
+
+    doc = json.loads((REPO / "tests/fixtures/nodes/h100-580.json").read_text())
+    doc["cpu"] = cpu
+    for g in doc["gpus"]:
+        g["name"] = gpu
+    path = tmp_path / f"{cpu}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_snapshot_judges_the_entry_its_node_pulls(tmp_path: Path, cli: CliRunner) -> None:
+    """A snapshot that records the node's CPU (smoke --record writes ``cpu``) is
+    judged on exactly the entry that node's runtime pulls: a GH200 node on the arm64
+    entry (sm_80 only: fail), an x86 H100 node on the amd64 one (pass); a lone amd64
+    image fails on the Grace node, which would find nothing to pull."""
+    from tests.images import Image, fixture, write_docker_archive
+
+    ref = f"oci:{_grace_index(tmp_path)}:multi"
+    grace = _node(tmp_path, cpu="arm64", gpu="NVIDIA GH200 480GB")
+    hgx = _node(tmp_path, cpu="amd64", gpu="NVIDIA H100 80GB HBM3")
+    on_grace = cli("check", ref, "--snapshot", str(grace), "--json")
+    assert on_grace.code == 1, on_grace.out + on_grace.err
+    assert [p["platform"] for p in on_grace.json()["platforms"]] == ["linux/arm64"]
+    assert on_grace.json()["files"][0]["sass"] == ["sm_80"]
+    on_hgx = cli("check", ref, "--snapshot", str(hgx), "--json")
+    assert on_hgx.code == 0, on_hgx.out + on_hgx.err
+    assert [p["platform"] for p in on_hgx.json()["platforms"]] == ["linux/amd64"]
+    lone = write_docker_archive(
+        tmp_path / "amd.tar", Image(layers=[{"usr/lib/libk.so": fixture("libsass_ptx.so")}])
+    )
+    refused = cli("check", f"docker-archive:{lone}", "--snapshot", str(grace), "--json")
+    assert refused.code == 1
+    assert any("would find no image to pull" in p for p in refused.json()["problems"])
+    assert cli("check", f"docker-archive:{lone}", "--snapshot", str(hgx)).code == 0
+    # a smoke on the recorded Grace node judges the arm64 entry too
+    smoke = cli("smoke", "--snapshot", str(grace), "--image", ref, "--json")
+    assert smoke.code == 1, smoke.out
+    failed = [c["message"] for c in smoke.json()["checks"] if not c["ok"]]
+    assert any("sm_80" in m for m in failed), failed
+    assert cli("smoke", "--snapshot", str(hgx), "--image", ref).code == 0
+
+
+def test_the_probe_records_the_cpu_as_the_kubelet_names_it() -> None:
+    import platform
+
+    from buildmatrix.node.probe import host_cpu
+
+    machine = platform.machine()
+    expected = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine)
+    assert host_cpu() == expected

@@ -175,10 +175,14 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
             err=True,
         )
     facts = load_cuda_facts()
+    node_platform = None
+    if platform is None and snap is not None and snap.platform is not None:
+        platform = node_platform = snap.platform  # the entry the node pulls, only that
     results = []
     with use(cache):
         for ref in refs:
-            results.append(_check_one(ref, platform, profiles, opts, facts))
+            judged = _check_one(ref, platform, profiles, opts, facts)
+            results.append(_not_pulled(judged, node_platform) if node_platform else judged)
     if summary is not None:
         try:
             with summary.open("a", encoding="utf-8") as f:
@@ -246,6 +250,25 @@ def _check_one(
             name, _, other = judge(p)
             judged.append((name, other))
     return PlatformResults(results=tuple(judged))
+
+
+def _not_pulled(judged: PlatformResults, node: str) -> PlatformResults:
+    """A single-platform image of another CPU than the snapshot's node is a failure:
+    the node's runtime finds nothing to pull (containerd ``images.Manifest`` matches
+    a lone manifest's config platform too)."""
+    from dataclasses import replace
+
+    from buildmatrix.multiplatform import PlatformResults, serves
+
+    platform, result = judged.results[0]
+    offered = result.image.offered
+    if len(offered) != 1 or serves(offered[0], [node]):
+        return judged
+    why = (
+        f"the image is for {offered[0]} only; the node ({node}, the snapshot's cpu) "
+        "would find no image to pull"
+    )
+    return PlatformResults(results=((platform, replace(result, problems=[*result.problems, why])),))
 
 
 def _cache_json(cache: object) -> dict[str, object] | None:

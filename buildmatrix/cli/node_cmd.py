@@ -353,7 +353,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         profiles,
         require_sass=require_sass,
         load_test=load_test,
-        platform=_images_platform(platform, live=snapshot is None),
+        platform=_images_platform(platform, live=snapshot is None, recorded=snap.platform),
         prefer_containerd=prefer_containerd,
     )
     report = evaluate(
@@ -424,10 +424,10 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     return max([1, *codes, *([InputError.exit_code] if empty is not None else [])])
 
 
-def _images_platform(given: str, *, live: bool) -> str:
+def _images_platform(given: str, *, live: bool, recorded: str | None = None) -> str:
     """On the node itself, a multi-platform image is judged by the variant this machine
     runs (linux/arm64 on a Grace node) unless --platform says otherwise; a recorded
-    snapshot does not say its machine, so there --platform's default stands."""
+    snapshot by the CPU it recorded (its ``cpu``), else --platform's default."""
     import platform as host
 
     from click.core import ParameterSource
@@ -435,8 +435,10 @@ def _images_platform(given: str, *, live: bool) -> str:
     from buildmatrix.node.poolimages import node_platform
 
     source = click.get_current_context().get_parameter_source("platform")
-    if not live or source is not ParameterSource.DEFAULT:
+    if source is not ParameterSource.DEFAULT:
         return given
+    if not live:
+        return recorded or given
     return node_platform(host.machine()) or given
 
 

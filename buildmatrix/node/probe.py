@@ -257,6 +257,18 @@ def _mig_devices(r: _Reader, i: int, parent: Any, parent_total: int) -> list[dic
     return found
 
 
+def host_cpu() -> str | None:
+    """This node's CPU architecture as the kubelet labels it (``kubernetes.io/arch``:
+    Go's GOARCH), from uname's machine; None for a machine not known here. NVML does
+    not say it; a Grace node (GH200, GB200) is ``arm64``."""
+    import platform
+
+    from buildmatrix.node.poolimages import node_platform
+
+    found = node_platform(platform.machine())
+    return found.split("/")[1] if found else None
+
+
 def probe(hostname: str | None = None, *, sysfs: Path = Path("/sys")) -> dict[str, Any]:
     """Read every GPU on this node; returns a snapshot document (schema node-snapshot).
 
@@ -295,6 +307,8 @@ def probe(hostname: str | None = None, *, sysfs: Path = Path("/sys")) -> dict[st
             "hostname": hostname or socket.gethostname(),
             "driver_version": _text(driver),
         }
+        if (cpu := host_cpu()) is not None:
+            doc["cpu"] = cpu
         cuda = reader.call("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion)
         if isinstance(cuda, int) and cuda > 0:
             doc["cuda_driver_version"] = cuda_version_text(cuda)

@@ -108,6 +108,12 @@ class Snapshot:
     source: str
     gpu_count: int | None = None  # what nvmlDeviceGetCount said (lost GPUs included)
     pci_gpus: tuple[PciGpu, ...] | None = None  # the kernel's view; None: not recorded
+    cpu: str | None = None  # kubernetes.io/arch of the node (amd64, arm64); None: not recorded
+
+    @property
+    def platform(self) -> str | None:
+        """The platform the node's runtime pulls (``linux/arm64`` on a Grace node)."""
+        return f"linux/{self.cpu}" if self.cpu else None
 
     def pci_missing_from_nvml(self) -> tuple[str, ...]:
         """Bus ids of NVIDIA GPUs on the PCI bus that NVML does not show (a GPU whose
@@ -192,6 +198,7 @@ def snapshot_from_doc(doc: Any, *, source: str) -> Snapshot:
         ),
         gpu_count=doc.get("gpu_count"),
         pci_gpus=_pci(doc.get("pci_gpus")),
+        cpu=doc.get("cpu"),
         source=source,
     )
 
