@@ -97,7 +97,10 @@ def test_the_image_runs_buildmatrix_as_non_root(engine: Any, context: Path) -> N
 def test_admission_end_to_end(engine: Any, cli: CliRunner, tmp_path: Path) -> None:
     standin = ApiStandIn(tokens={"smoke": {"get", "patch"}})
     for name in ("gpu-1", "gpu-2", "gpu-3"):  # nodes join with the admission taint set
-        standin.add_node(name, taints=[ADMISSION, GPU_TAINT])
+        # and the kubelet's own kubernetes.io/arch (x86 hosts), which affinity may read
+        standin.add_node(
+            name, labels={"kubernetes.io/arch": "amd64"}, taints=[ADMISSION, GPU_TAINT]
+        )
     server, url = standin.serve()
     try:
         kube = tmp_path / "kube"
@@ -137,7 +140,10 @@ def test_admission_end_to_end(engine: Any, cli: CliRunner, tmp_path: Path) -> No
         assert code == 3, out
         gpu2 = standin.nodes["gpu-2"]
         assert gpu2["spec"]["taints"] == [ADMISSION, GPU_TAINT]
-        assert gpu2["metadata"]["labels"] == {"buildmatrix.io/smoke": "failed"}
+        assert gpu2["metadata"]["labels"] == {
+            "kubernetes.io/arch": "amd64",  # the kubelet's, kept
+            "buildmatrix.io/smoke": "failed",
+        }
         assert "NVML" in gpu2["metadata"]["annotations"]["buildmatrix.io/smoke-report"]
         # the same command on recorded GPU nodes: an H100 node on R580 (the CUDA 13.0 code
         # of the Job's image needs it; on R535 check --snapshot fails it) and an A100 node
