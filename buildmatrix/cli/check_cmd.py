@@ -235,8 +235,10 @@ def _check_one(
             image = scan_image(ref, platform=p, progress=progress, containerd=containerd_store())
         finally:
             progress.done()
-        # an index entry by the platform it was picked for; a lone image by its config's
-        name = p if len(image.offered) > 1 else image.config.platform or p
+        # an entry by the platform asked for or picked from an index; a lone image
+        # judged by default by its config's own platform
+        lone = len(image.offered) <= 1 and platform is None
+        name = (image.config.platform or p) if lone else p
         return name, image, run_check(image, profiles, opts, facts)
 
     first, image, result = judge(platform or DEFAULT_PLATFORM)
