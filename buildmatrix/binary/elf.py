@@ -26,6 +26,10 @@ SHN_XINDEX = 0xFFFF
 # Linkers emit a few dozen sections, -ffunction-sections objects up to some 100,000;
 # a claim far beyond that is a crafted header (it would drive a huge table read).
 MAX_SECTIONS = 1 << 20
+# The section header table and the section-name table are each read in one piece; a
+# linker's are kilobytes (a few dozen names), so a claim beyond 16 MiB
+# is refused rather than read (docs/security.md, "Bounds").
+MAX_TABLE = 16 << 20
 
 # e_type, e_machine, e_version, e_entry, e_phoff, e_shoff, e_flags, e_ehsize,
 # e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx
@@ -69,6 +73,15 @@ def is_elf(head: bytes) -> bool:
     return head[:4] == ELF_MAGIC
 
 
+def _check_table(src: ByteSource, what: str, size: int) -> None:
+    if size > MAX_TABLE:
+        raise CorruptBinary(
+            f"{src.name}: its ELF {what} claims {size} bytes; buildmatrix reads at most "
+            f"{MAX_TABLE >> 20} MiB of it (a linker writes kilobytes), so the file is "
+            "refused as malformed. Rebuild it with a standard toolchain."
+        )
+
+
 def read_elf(src: ByteSource) -> ElfInfo:
     """Read the section table of an ELF file; :class:`CorruptBinary` if it is broken."""
     ident = read_exact(src, 0, 16, what="ELF identification")
@@ -110,11 +123,13 @@ def read_elf(src: ByteSource) -> ElfInfo:
         raise CorruptBinary(
             f"{src.name}: claims {shnum} ELF sections; no real binary has over {MAX_SECTIONS}."
         )
+    _check_table(src, "section header table", shnum * shentsize)
     table = read_exact(src, shoff, shnum * shentsize, what="ELF section header table")
     raw = [shdr.unpack_from(table, i * shentsize) for i in range(shnum)]
     if shstrndx >= shnum:
         raise CorruptBinary(f"{src.name}: section-name table index {shstrndx} is out of range.")
     str_off, str_size = raw[shstrndx][4], raw[shstrndx][5]
+    _check_table(src, "section-name table", str_size)
     names = read_exact(src, str_off, str_size, what="ELF section-name table")
     sections = []
     for name_off, sh_type, sh_flags, _a, offset, size, link, _info, align, *_ in raw:

@@ -27,9 +27,10 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
-from buildmatrix.binary.cubin import entry_symbols
+from buildmatrix.binary.cubin import cubin_arch, entry_symbols
 from buildmatrix.binary.decompress import COMPRESSION_FLAGS, decompress_payload
 from buildmatrix.binary.elf import SHF_EXECINSTR, ElfInfo, Layout
+from buildmatrix.binary.ptx import checked_ptx_entry
 from buildmatrix.binary.source import (
     ByteSource,
     BytesSource,
@@ -161,12 +162,17 @@ def _kernels(cubin: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(named + (entries or ())))
 
 
-def cubin_facts(cubin: ByteSource) -> tuple[tuple[str, ...] | None, Version | None]:
+def cubin_facts(
+    cubin: ByteSource, *, header: Arch | None = None
+) -> tuple[tuple[str, ...] | None, Version | None]:
     """(kernels, toolkit) of a cubin, read in place from its section table: nvcc puts
     each kernel in a ``.text.NAME`` section (a device-link stub has none;
     :func:`_kernels`), and
     ptxas/nvlink record their release in ``.note.nv.tkinfo`` ("Cuda compilation tools,
-    release 13.0"). (None, None) when it is not a readable ELF."""
+    release 13.0"). (None, None) when it is not a readable ELF.
+
+    ``header``: the arch the fatbinary entry header claims for this cubin, checked
+    against the cubin's own (:func:`check_cubin_arch`)."""
     from buildmatrix.binary.elf import is_elf, read_elf
 
     try:
@@ -181,7 +187,25 @@ def cubin_facts(cubin: ByteSource) -> tuple[tuple[str, ...] | None, Version | No
         )
     except CorruptBinary:
         return None, None
+    if header is not None:
+        check_cubin_arch(cubin, info, header)
     return kernels, Version(f"{int(found[1])}.{int(found[2])}") if found else None
+
+
+def check_cubin_arch(cubin: ByteSource, info: ElfInfo, header: Arch) -> None:
+    """Refuse a cubin whose own arch (ELF ``e_flags``, buildmatrix.binary.cubin) is not
+    the one its fatbinary entry header claims. The CUDA driver runs the cubin, whose
+    code is built for its own SM (cuobjdump names it by ``e_flags`` too), so judging by
+    a relabelled header would pass code that cannot run (docs/security.md, "Device
+    code that tries not to be seen"). The cubin may be *less* specific than the header
+    (nvcc writes ``sm_100f`` cubins identical to ``sm_100``), never more."""
+    own = cubin_arch(cubin, info)
+    if own.cc != header.cc or (own.suffix is Suffix.ARCH and header.suffix is not Suffix.ARCH):
+        raise CorruptBinary(
+            f"{cubin.name}: the fatbinary entry header says {header} but the cubin's ELF "
+            f"header (e_flags {info.flags:#x}) says {own}; the driver runs the cubin, so "
+            "the file is refused rather than judged by either. Rebuild it with nvcc."
+        )
 
 
 def container_spans(
@@ -301,15 +325,28 @@ def container_entries(
         if not 10 <= number <= 999:
             raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has arch {number}.")
         compressed = bool(flags & COMPRESSION_FLAGS)
+        arch = _entry_arch(kind, number, flags)
+        isa = _isa(major, minor) if kind is EntryKind.PTX else None
         facts: tuple[tuple[str, ...] | None, Version | None] = (None, None)
+        if kind is EntryKind.PTX and isa is not None and not compressed:
+            where_ptx = f"{name} PTX at {p + ehsize:#x}"
+            arch, isa = checked_ptx_entry(
+                SliceSource(src, p + ehsize, payload, name=where_ptx),
+                header=arch,
+                isa=isa,
+                name=where_ptx,
+            )
         if kind is EntryKind.SASS and not compressed:
             where_cubin = f"{name} cubin at {p + ehsize:#x}"
-            facts = cubin_facts(SliceSource(src, p + ehsize, payload, name=where_cubin))
+            facts = cubin_facts(
+                SliceSource(src, p + ehsize, payload, name=where_cubin),
+                header=arch,
+            )
         entries.append(
             FatbinEntry(
                 kind=kind,
-                arch=_entry_arch(kind, number, flags),
-                ptx_isa=_isa(major, minor) if kind is EntryKind.PTX else None,
+                arch=arch,
+                ptx_isa=isa,
                 compressed=compressed,
                 size=payload,
                 offset=p,

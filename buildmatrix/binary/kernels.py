@@ -84,6 +84,7 @@ def read_compressed(src: ByteSource, entries: list[FatbinEntry]) -> list[FatbinE
         chosen.add(min(registered, key=lambda i: entries[i].size))
     out = list(entries)
     for i in sorted(chosen):
-        kernels, toolkit = cubin_facts(decompressed_cubin(src, entries[i], name=src.name))
+        cubin = decompressed_cubin(src, entries[i], name=src.name)
+        kernels, toolkit = cubin_facts(cubin, header=entries[i].arch)
         out[i] = replace(entries[i], kernels=kernels, toolkit=toolkit)
     return out

@@ -10,7 +10,7 @@ from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
 from buildmatrix.binary.source import ByteSource, CorruptBinary
 
 # Both directives precede any code (PTX ISA reference, "PTX Module Directives").
-_HEAD = 1 << 16
+PTX_HEAD = 1 << 16
 _VERSION = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.M)
 _TARGET = re.compile(rb"^\s*\.target\s+sm_(\d{2,3})([af]?)\b", re.M)
 
@@ -30,18 +30,57 @@ def looks_like_ptx(head: bytes, path: str) -> bool:
     )
 
 
-def ptx_target(src: ByteSource) -> tuple[Arch, Version]:
-    """The ``compute_XY`` arch and PTX ISA version of a PTX text file."""
-    head = src.read_at(0, min(src.size, _HEAD))
+def ptx_directives(head: bytes) -> tuple[Arch, Version] | None:
+    """The ``.target`` arch (as ``compute_XY``) and ``.version`` of PTX text whose
+    first bytes are ``head``; None when either directive is missing."""
     version, target = _VERSION.search(head), _TARGET.search(head)
     if version is None or target is None:
-        raise CorruptBinary(
-            f"{src.name}: PTX file without '.version' and '.target sm_XY' directives in its "
-            f"first {_HEAD // 1024} KiB."
-        )
+        return None
     arch = Arch(
         ComputeCapability.from_number(int(target[1])),
         CodeKind.PTX,
         Suffix(target[2].decode()),
     )
     return arch, Version(f"{int(version[1])}.{int(version[2])}")
+
+
+def ptx_target(src: ByteSource) -> tuple[Arch, Version]:
+    """The ``compute_XY`` arch and PTX ISA version of a PTX text file."""
+    found = ptx_directives(src.read_at(0, min(src.size, PTX_HEAD)))
+    if found is None:
+        raise CorruptBinary(
+            f"{src.name}: PTX file without '.version' and '.target sm_XY' directives in its "
+            f"first {PTX_HEAD // 1024} KiB."
+        )
+    return found
+
+
+# How specific a suffix is: ``a`` code runs on one SM, ``f`` on a family, none on all newer.
+_RANK = {Suffix.NONE: 0, Suffix.FAMILY: 1, Suffix.ARCH: 2}
+
+
+def checked_ptx_entry(
+    src: ByteSource, *, header: Arch, isa: Version, name: str
+) -> tuple[Arch, Version]:
+    """The arch and PTX ISA to judge an uncompressed fatbinary PTX entry by, whose
+    text is ``src``: the driver picks the entry by its header's arch, then its JIT
+    compiles the text, which ptxas refuses for a GPU older than the text's
+    ``.target`` and a driver refuses for a ``.version`` newer than it knows. So a text
+    ``.target`` other than the header's arch, or more specific (``a``/``f``) than it,
+    is refused (:class:`CorruptBinary`, the check fails closed); of the two ISA
+    versions, the newer is kept (docs/security.md, "Device code that tries not to be
+    seen")."""
+    found = ptx_directives(src.read_at(0, min(src.size, PTX_HEAD)))
+    if found is None:
+        raise CorruptBinary(
+            f"{name}: PTX entry for {header} without '.version' and '.target sm_XY' "
+            f"directives in its first {PTX_HEAD // 1024} KiB; no JIT compiler accepts it."
+        )
+    text, text_isa = found
+    if text.cc != header.cc or _RANK[text.suffix] > _RANK[header.suffix]:
+        raise CorruptBinary(
+            f"{name}: the fatbinary entry header says {header} but the PTX text says "
+            f"'.target sm_{text.cc.number}{text.suffix.value}'; the JIT compiles the text, "
+            "so the file is refused rather than judged by either. Rebuild it with nvcc."
+        )
+    return header, max(isa, text_isa)
