@@ -93,6 +93,24 @@ def test_a_relabelled_cubin_fails_the_check(
     assert "cubin's ELF header" in problems
 
 
+def test_a_relabelled_cubin_with_a_broken_section_table_fails_the_check(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    """The cubin's section table pointed past its end: it is not passed unread."""
+    blob, _ = _relabel((BIN / "libsass_sm80.so").read_bytes(), _SASS, 90)
+    out, count = bytearray(blob), 0
+    for at, kind, _flags in _entries(blob):
+        if kind == _SASS:
+            cubin = at + struct.unpack_from("<I", blob, at + 4)[0]
+            assert out[cubin : cubin + 4] == b"\x7fELF"
+            struct.pack_into("<Q", out, cubin + 40, 0xFFFFFFFF)  # e_shoff (ELF64)
+            count += 1
+    assert count >= 1
+    code, problems = _check(cli, tmp_path, bytes(out), "--sm", "9.0")
+    assert code == 1, problems
+    assert "libk.so" in problems
+
+
 def test_the_cubins_arch_is_the_one_cuobjdump_names(cli: CliRunner, tmp_path: Path) -> None:
     """cuobjdump names a relabelled cubin by its ELF, as the refusal does."""
     tool = find_cuobjdump()

@@ -172,7 +172,8 @@ def cubin_facts(
     release 13.0"). (None, None) when it is not a readable ELF.
 
     ``header``: the arch the fatbinary entry header claims for this cubin, checked
-    against the cubin's own (:func:`check_cubin_arch`)."""
+    against the cubin's own (:func:`check_cubin_arch`); an ELF cubin whose section
+    table cannot be read is then refused too, not passed on its header's word."""
     from buildmatrix.binary.elf import is_elf, read_elf
 
     try:
@@ -186,6 +187,8 @@ def cubin_facts(
             _RELEASE.search(cubin.read_at(note.offset, min(note.size, _MAX_NOTE))) if note else None
         )
     except CorruptBinary:
+        if header is not None:
+            raise  # an ELF whose arch cannot be held to its header's (check_cubin_arch)
         return None, None
     if header is not None:
         check_cubin_arch(cubin, info, header)
