@@ -137,10 +137,10 @@ def scan_docker_archive(
     config_doc = _json(config_bytes, name=f"{path}:{entry['Config']}")
     if not isinstance(config_doc, dict):
         raise InputError(f"{path}:{entry['Config']}: expected a JSON object.")
-    require_config_platform(config_doc, platform, name=ref.given, entry=False)
     config = ImageConfig.from_json(
         config_doc, image_id=config_id, source=f"{path}:{entry['Config']}"
-    )
+    )  # a malformed config is named as such before its platform is judged
+    require_config_platform(config_doc, platform, name=ref.given, entry=False)
     names = entry.get("Layers") or []
     diff_ids = layer_diff_ids(config_doc, count=len(names), source=f"{path}:{entry['Config']}")
     if archive.tree.has("oci-layout"):

@@ -239,6 +239,12 @@ def require_config_platform(
     have = config_platform(config)
     if rank(parse_platform(platform), have) is not None:
         return
+    if not have.os or not have.architecture:
+        raise InputError(
+            f"'{name}': the image config names no os/architecture (the OCI image spec "
+            "requires both), so no node's container runtime matches it to a platform; "
+            "rebuild the image (docker buildx and docker build write both)."
+        )
     if entry:
         raise InputError(
             f"'{name}': no image for platform {platform}: no index entry names it, and the "
