@@ -22,6 +22,7 @@ EM_X86_64 = 62
 EM_AARCH64 = 183
 EM_CUDA = 190
 SHT_NOBITS = 8
+ET_EXEC, ET_DYN = 2, 3
 SHN_XINDEX = 0xFFFF
 # Linkers emit a few dozen sections, -ffunction-sections objects up to some 100,000;
 # a claim far beyond that is a crafted header (it would drive a huge table read).
@@ -156,6 +157,7 @@ def read_elf(src: ByteSource) -> ElfInfo:
 
 
 PT_LOAD = 1
+PT_DYNAMIC = 2
 PF_X = 1
 PF_W = 2
 # p_type, p_flags, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_align (ELF64);
@@ -180,6 +182,15 @@ class Layout:
     bits: int
     order: str
     segments: tuple[Segment, ...]
+    # (file offset, size) of PT_DYNAMIC, where the loader finds the relocations
+    dynamic: tuple[int, int] | None = None
+
+    def address(self, offset: int) -> int | None:
+        """The address ``offset`` of the file is mapped at, if a segment maps it."""
+        for s in self.segments:
+            if s.offset <= offset < s.offset + s.filesz:
+                return s.vaddr + (offset - s.offset)
+        return None
 
     def file_offset(self, vaddr: int, size: int) -> int | None:
         """The file offset of ``size`` bytes mapped at ``vaddr``, if a segment holds them."""
@@ -208,12 +219,15 @@ def read_layout(src: ByteSource) -> Layout:
         raise CorruptBinary(f"{src.name}: ELF program header table is malformed.")
     table = read_exact(src, phoff, phnum * phentsize, what="ELF program header table")
     segments = []
+    dynamic = None
     for i in range(phnum):
         values = phdr.unpack_from(table, i * phentsize)
         if bits == 64:
             p_type, p_flags, p_offset, p_vaddr, _pa, p_filesz, *_ = values
         else:
             p_type, p_offset, p_vaddr, _pa, p_filesz, _memsz, p_flags, _al = values
+        if p_type == PT_DYNAMIC and dynamic is None:
+            dynamic = (p_offset, p_filesz)
         if p_type == PT_LOAD:
             segments.append(
                 Segment(
@@ -224,4 +238,4 @@ def read_layout(src: ByteSource) -> Layout:
                     executable=bool(p_flags & PF_X),
                 )
             )
-    return Layout(bits=bits, order=order, segments=tuple(segments))
+    return Layout(bits=bits, order=order, segments=tuple(segments), dynamic=dynamic)

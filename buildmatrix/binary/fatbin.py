@@ -383,30 +383,52 @@ WRAPPER_MAGIC = 0x466243B1  # __fatBinC_Wrapper_t.magic (clang CGCUDANV.cpp; ZLU
 
 
 def wrapped_containers(
-    src: ByteSource, layout: Layout, regions: list[tuple[int, int]]
-) -> list[tuple[int, int]]:
-    """(offset, size) of each container a runtime wrapper in ``regions`` points at.
+    src: ByteSource, layout: Layout, regions: list[tuple[int, int]], *, machine: int
+) -> list[tuple[int, int, int]]:
+    """(offset, size, wrapper version) of each container a runtime wrapper in
+    ``regions`` points at.
 
     The CUDA runtime registers a fatbinary through ``__fatBinC_Wrapper_t {int magic;
-    int version; const void *data; void *filename_or_fatbins}``, which the host code
-    points at whatever the sections are called: this finds the device code of a file
-    whose ``.nv_fatbin`` was renamed or whose section headers were stripped.
+    int version; const void *data; void *filename_or_fatbins}`` (``__cudaRegisterFatBinary``
+    receives the wrapper), which the host code points at whatever the sections are
+    called. The pointer is the value the loader stores, read through the dynamic
+    relocations (buildmatrix.binary.dynrel): in the file it may be 0. A wrapper in no
+    loadable segment is never registered and is passed over; one whose pointer leads
+    to no container in a loadable segment is :class:`CorruptBinary` (docs/security.md).
     """
+    from buildmatrix.binary.dynrel import pointer_values, read_relocations
+
     width = 8 if layout.bits == 64 else 4
     wrapper = struct.Struct(layout.order + ("IIQQ" if layout.bits == 64 else "IIII"))
     magic = struct.pack(layout.order + "I", WRAPPER_MAGIC)
-    spans: list[tuple[int, int]] = []
-    seen: set[tuple[int, int]] = set()
+    slots: dict[int, int] = {}
+    versions: dict[int, int] = {}
     for offset, size in regions:
         for at in find_each(src, offset, offset + size, magic):
             record = src.read_at(at, wrapper.size)
             if (at - offset) % width or len(record) < wrapper.size:
                 continue
             _magic, version, pointer, _name = wrapper.unpack(record)
-            span = _wrapped(src, layout, pointer) if version in (1, 2) else None
-            if span is not None and span not in seen:
-                seen.add(span)
-                spans.append(span)
+            slot = layout.address(at + width)
+            if version in (1, 2) and slot is not None:
+                slots.setdefault(slot, pointer)
+                versions.setdefault(slot, version)
+    if not slots:
+        return []
+    relocs = read_relocations(src, layout, machine)
+    values = pointer_values(src, relocs, slots) if relocs is not None else dict(slots)
+    spans: list[tuple[int, int, int]] = []
+    for slot, value in values.items():
+        span = _wrapped(src, layout, value) if value is not None else None
+        if span is None:
+            raise CorruptBinary(
+                f"{src.name}: the CUDA runtime wrapper at address {slot - width:#x} points at "
+                f"{'an address set from another object' if value is None else hex(value)}, "
+                "where no fatbinary is loaded; what the runtime registers cannot be read, so "
+                "the file is refused (docs/security.md, Device code that tries not to be seen)."
+            )
+        if (*span, versions[slot]) not in spans:
+            spans.append((*span, versions[slot]))
     return spans
 
 

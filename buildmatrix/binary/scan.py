@@ -12,12 +12,24 @@ from typing import TYPE_CHECKING, Any
 from buildmatrix.arch import Arch
 from buildmatrix.binary.archive import is_archive, members
 from buildmatrix.binary.cubin import cubin_arch
-from buildmatrix.binary.elf import EM_CUDA, ElfInfo, is_elf, read_elf, read_layout
+from buildmatrix.binary.elf import (
+    EM_CUDA,
+    ET_DYN,
+    ET_EXEC,
+    SHF_ALLOC,
+    ElfInfo,
+    Layout,
+    Section,
+    is_elf,
+    read_elf,
+    read_layout,
+)
 from buildmatrix.binary.embedded import data_regions, embedded_code
 from buildmatrix.binary.fatbin import (
     FATBIN_MAGIC_BYTES,
     EntryKind,
     FatbinEntry,
+    container_spans,
     cubin_facts,
     parse_fatbin,
     wrapped_containers,
@@ -169,24 +181,28 @@ def inspect_source(
                 toolkit=toolkit,
             )
             return FileReport(path=path, format="cubin", entries=(entry,))
+        fatbins, rdc = _fatbin_sections(info)
+        wrappers = [s for s in info.sections if s.name == WRAPPER_SECTION]
+        spans, layout = _registered(src, info, wrappers, rdc, deep=deep)
+        held = _held(src, layout, fatbins) if spans and layout is not None else None
         entries: list[FatbinEntry] = []
-        named = [s for s in info.sections if s.name in (*FATBIN_SECTIONS, WRAPPER_SECTION)]
-        section = next(
-            (s for name in FATBIN_SECTIONS for s in info.sections if s.name == name), None
-        )
-        if section is not None:
-            where = f"section {section.name}"
-            entries = parse_fatbin(src, section.offset, section.size, where=where)
-            covered = [(s.offset, s.size) for s in named]
+        if fatbins and (not spans or (held is not None and held.issuperset(spans))):
+            for s in fatbins:
+                base = 1 + max((e.container for e in entries), default=-1)
+                where = f"section {s.name}"
+                entries += parse_fatbin(src, s.offset, s.size, where=where, first_container=base)
+            covered = [(s.offset, s.size) for s in (*fatbins, *rdc, *wrappers)]
         else:
-            hidden, covered = _behind_the_wrapper(src, info, deep=deep)
-            entries = list(hidden)
+            # The runtime registers what the wrappers point at; a section that does not
+            # hold those bytes is no account of the code (docs/security.md).
+            entries = _wrapped_entries(src, spans)
+            covered = [*spans, *((s.offset, s.size) for s in (*rdc, *wrappers))]
         if deep:
             regions = data_regions(src, info, skip=covered)
             base = 1 + max((e.container for e in entries), default=-1)
             entries += embedded_code(src, regions, first_container=base)
             entries = read_compressed(src, entries)
-        if section is None and not entries:
+        if not fatbins and not entries:
             return None
         return FileReport(path=path, format="elf", entries=tuple(entries))
     if head[:4] == FATBIN_MAGIC_BYTES:
@@ -237,30 +253,62 @@ def _archive(src: ByteSource, path: str, *, nesting: int) -> FileReport | None:
     return FileReport(path=path, format="archive", entries=tuple(entries)) if entries else None
 
 
-def _behind_the_wrapper(
-    src: ByteSource, info: ElfInfo, *, deep: bool = False
-) -> tuple[tuple[FatbinEntry, ...], list[tuple[int, int]]]:
-    """Device code no .nv_fatbin section names: follow the runtime's wrapper from the
-    wrapper section, or, with the section headers stripped or (``deep``) the wrapper
-    section renamed too, from the writable loadable segments (the loader maps those
-    whatever the headers say). Code found so is registered by the runtime, as code
-    in .nv_fatbin is. Returns the entries and the (offset, size) of each container."""
-    segment = info.section(WRAPPER_SECTION)
-    if segment is not None:
-        layout = read_layout(src)
-        regions = [(segment.offset, segment.size)]
-    elif not info.sections or deep:
-        layout = read_layout(src)
-        regions = [(s.offset, s.filesz) for s in layout.segments if s.writable]
-    else:
-        return (), []
+def _fatbin_sections(info: ElfInfo) -> tuple[list[Section], list[Section]]:
+    """Every section named .nv_fatbin (a second one too), else every __nv_relfatbin;
+    and the __nv_relfatbin sections beside .nv_fatbin ones."""
+    found = [
+        [s for s in info.sections if s.name == name and s.size > 0] for name in FATBIN_SECTIONS
+    ]
+    return (found[0], found[1]) if found[0] else (found[1], [])
+
+
+def _registered(
+    src: ByteSource, info: ElfInfo, wrappers: list[Section], rdc: list[Section], *, deep: bool
+) -> tuple[list[tuple[int, int]], Layout | None]:
+    """(offset, size) of each container the runtime registers through a wrapper, in
+    a linked file (an object file's pointers are set at link time). Wrappers are
+    searched in the wrapper sections, and with the section headers stripped or
+    (``deep``) in any case in the writable loadable segments (the loader maps those
+    whatever the headers say). With -rdc, nvcc's device-link wrapper (version 2,
+    crt/link.stub) registers the linked .nv_fatbin, and the wrappers of the units
+    point at their relocatable code in __nv_relfatbin, which is left out, as
+    cuobjdump leaves it out."""
+    if info.elf_type not in (ET_EXEC, ET_DYN):
+        return [], None
+    layout = read_layout(src)
+    regions = [(s.offset, s.size) for s in wrappers]
+    if not info.sections or deep:
+        regions += [(s.offset, s.filesz) for s in layout.segments if s.writable]
+    found = wrapped_containers(src, layout, sorted(set(regions)), machine=info.machine)
+    relocatable: set[tuple[int, int]] = set()
+    if any(version == 2 for *_, version in found):
+        relocatable = _held(src, layout, rdc) or set()
+    spans = [(at, size) for at, size, _v in found if (at, size) not in relocatable]
+    return list(dict.fromkeys(spans)), layout
+
+
+def _held(src: ByteSource, layout: Layout, sections: list[Section]) -> set[tuple[int, int]] | None:
+    """The containers of the sections, or None when one is not loaded (allocated and
+    inside a loadable segment)."""
+    held: set[tuple[int, int]] = set()
+    for s in sections:
+        inside = any(
+            g.offset <= s.offset and s.offset + s.size <= g.offset + g.filesz
+            for g in layout.segments
+        )
+        if not s.flags & SHF_ALLOC or not inside:
+            return None
+        held.update(container_spans(src, s.offset, s.size, where=f"section {s.name}"))
+    return held
+
+
+def _wrapped_entries(src: ByteSource, spans: list[tuple[int, int]]) -> list[FatbinEntry]:
     entries: list[FatbinEntry] = []
-    spans = list(wrapped_containers(src, layout, regions))
     for index, (offset, size) in enumerate(spans):
         where = f"fatbinary at {offset:#x}, found through the runtime's wrapper"
         for e in parse_fatbin(src, offset, size, where=where):
             entries.append(replace(e, container=index))
-    return tuple(entries), spans
+    return entries
 
 
 def inspect_file(path: Path, *, display: str | None = None, deep: bool = True) -> FileReport | None:

@@ -1,0 +1,134 @@
+"""The value the dynamic loader stores in one pointer slot of a shared library.
+
+The CUDA runtime's wrapper (``__fatBinC_Wrapper_t``) holds a pointer to the
+fatbinary it registers. In a position-independent file the loader writes that
+pointer at load time from a dynamic relocation: ``R_*_RELATIVE`` (load base +
+addend) or, when the fatbinary symbol is exported, an absolute relocation
+(``R_X86_64_64`` / ``R_AARCH64_ABS64`` / ``GLOB_DAT``: symbol value + addend), and
+the bytes in the file are then 0 (ld.bfd on aarch64, lld on any architecture).
+What is read here, from the program headers alone (section headers may be
+stripped): ``PT_DYNAMIC`` → ``DT_RELA``/``DT_RELASZ``/``DT_RELAENT`` and
+``DT_JMPREL``/``DT_PLTRELSZ`` (``DT_PLTREL`` = ``DT_RELA``), ``DT_SYMTAB`` for
+symbol values (System V gABI, "Dynamic Section" and "Relocation"; relocation
+numbers from the x86-64 and AArch64 psABIs and glibc ``elf/elf.h``).
+
+Relocations packed as ``DT_RELR`` add the load base to the value in place, which is
+what a base-0 reading of the file already gives. Addresses are load-base 0, as
+:class:`buildmatrix.binary.elf.Layout` maps them.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from buildmatrix.binary.elf import Layout
+from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
+
+EM_PPC64 = 21
+EM_X86_64 = 62
+EM_AARCH64 = 183
+# machine -> (RELATIVE, {absolute types: symbol + addend})
+_TYPES = {
+    EM_X86_64: (8, {1, 6}),  # R_X86_64_RELATIVE; R_X86_64_64, R_X86_64_GLOB_DAT
+    EM_AARCH64: (1027, {257, 1025}),  # R_AARCH64_RELATIVE; _ABS64, _GLOB_DAT
+    EM_PPC64: (22, {38, 20}),  # R_PPC64_RELATIVE; R_PPC64_ADDR64, R_PPC64_GLOB_DAT
+}
+DT_NULL, DT_PLTRELSZ, DT_SYMTAB, DT_RELA, DT_RELASZ, DT_RELAENT = 0, 2, 6, 7, 8, 9
+DT_SYMENT, DT_REL, DT_PLTREL, DT_JMPREL = 11, 17, 20, 23
+STT_GNU_IFUNC = 10
+_RELA = struct.Struct("<QQq")  # r_offset, r_info, r_addend (ELF64)
+_CHUNK = _RELA.size << 15  # relocation tables are read a window at a time: memory stays bounded
+
+
+@dataclass(frozen=True, kw_only=True)
+class Relocations:
+    """The ELF64 RELA tables of a file: (file offset, size) of each."""
+
+    machine: int
+    tables: tuple[tuple[int, int], ...]
+    symtab: int | None  # file offset of DT_SYMTAB
+    syment: int
+
+
+def read_relocations(src: ByteSource, layout: Layout, machine: int) -> Relocations | None:
+    """The dynamic relocation tables; None when the file has no ``PT_DYNAMIC`` (a
+    static executable: its pointers are in the file as they are)."""
+    if layout.dynamic is None:
+        return None
+    if layout.bits != 64 or layout.order != "<" or machine not in _TYPES:
+        raise CorruptBinary(
+            f"{src.name}: a CUDA runtime wrapper in a {layout.bits}-bit file for machine "
+            f"{machine}, whose relocations buildmatrix does not read; the fatbinary it "
+            "registers cannot be told, so the file is refused (docs/security.md)."
+        )
+    offset, size = layout.dynamic
+    raw = read_exact(src, offset, min(size, 16 * 4096), what="dynamic section")
+    tags: dict[int, int] = {}
+    for tag, value in struct.iter_unpack("<qQ", raw[: len(raw) // 16 * 16]):
+        if tag == DT_NULL:
+            break
+        tags.setdefault(tag, value)
+    if DT_REL in tags or tags.get(DT_PLTREL, DT_RELA) != DT_RELA:
+        raise CorruptBinary(f"{src.name}: REL relocations in a file that should use RELA.")
+    if tags.get(DT_RELAENT, _RELA.size) != _RELA.size:
+        raise CorruptBinary(f"{src.name}: DT_RELAENT {tags[DT_RELAENT]} is not {_RELA.size}.")
+    tables = []
+    for where, length in ((DT_RELA, DT_RELASZ), (DT_JMPREL, DT_PLTRELSZ)):
+        if where in tags and tags.get(length, 0) > 0:
+            tables.append((_mapped(src, layout, tags[where], tags[length]), tags[length]))
+    symtab = _mapped(src, layout, tags[DT_SYMTAB], 1) if DT_SYMTAB in tags else None
+    return Relocations(
+        machine=machine, tables=tuple(tables), symtab=symtab, syment=tags.get(DT_SYMENT, 24)
+    )
+
+
+def _mapped(src: ByteSource, layout: Layout, vaddr: int, size: int) -> int:
+    at = layout.file_offset(vaddr, size)
+    if at is None:
+        raise CorruptBinary(
+            f"{src.name}: a dynamic table at address {vaddr:#x} ({size} bytes) lies in no "
+            "loadable segment; the file is corrupt."
+        )
+    return at
+
+
+def pointer_values(
+    src: ByteSource, relocs: Relocations, slots: dict[int, int]
+) -> dict[int, int | None]:
+    """What the loader stores at each address of ``slots`` (8 bytes each, mapped to
+    the value in the file): the relocation that targets it, or the value in place
+    when none does. None where that cannot be told (several relocations, one that
+    overlaps the slot, an unknown type, an undefined or IFUNC symbol: the value then
+    comes from elsewhere). One pass over the tables, whatever the number of slots."""
+    near = {slot + d: slot for slot in slots for d in range(-7, 8)}
+    found: dict[int, list[tuple[int, int, int]]] = {}
+    for offset, size in relocs.tables:
+        for start in range(offset, offset + size - _RELA.size + 1, _CHUNK):
+            window = read_exact(src, start, min(_CHUNK, offset + size - start), what="relocations")
+            for r_offset, info, addend in _RELA.iter_unpack(window[: len(window) // 24 * 24]):
+                if r_offset in near:
+                    found.setdefault(near[r_offset], []).append((r_offset, info, addend))
+    return {
+        slot: _value(src, relocs, slot, found[slot]) if slot in found else in_place
+        for slot, in_place in slots.items()
+    }
+
+
+def _value(
+    src: ByteSource, relocs: Relocations, slot: int, found: list[tuple[int, int, int]]
+) -> int | None:
+    relative, absolute = _TYPES[relocs.machine]
+    if len(found) > 1 or found[0][0] != slot:
+        return None
+    _r, info, addend = found[0]
+    kind, sym = info & 0xFFFFFFFF, info >> 32
+    if kind == relative:
+        return addend & 0xFFFFFFFFFFFFFFFF
+    if kind not in absolute or relocs.symtab is None or sym == 0:
+        return None
+    entry = read_exact(src, relocs.symtab + sym * relocs.syment, 24, what="dynamic symbol")
+    _name, st_info, _other, shndx, value, _size = struct.unpack("<IBBHQQ", entry)
+    if shndx == 0 or st_info & 0xF == STT_GNU_IFUNC:
+        return None  # defined in another object, or chosen by a resolver at load time
+    return int(value + addend) & 0xFFFFFFFFFFFFFFFF
