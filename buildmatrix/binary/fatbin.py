@@ -421,11 +421,16 @@ def wrapped_containers(
     for slot, value in values.items():
         span = _wrapped(src, layout, value) if value is not None else None
         if span is None:
+            target = (
+                "an address this file does not set (a symbol of another object, an IFUNC, "
+                "or several relocations)"
+                if value is None
+                else f"address {value:#x}, where no fatbinary is loaded"
+            )
             raise CorruptBinary(
                 f"{src.name}: the CUDA runtime wrapper at address {slot - width:#x} points at "
-                f"{'an address set from another object' if value is None else hex(value)}, "
-                "where no fatbinary is loaded; what the runtime registers cannot be read, so "
-                "the file is refused (docs/security.md, Device code that tries not to be seen)."
+                f"{target}; what the runtime registers cannot be read, so the file is refused "
+                "(docs/security.md, Device code that tries not to be seen)."
             )
         if (*span, versions[slot]) not in spans:
             spans.append((*span, versions[slot]))
