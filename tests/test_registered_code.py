@@ -231,3 +231,55 @@ def test_each_wrapper_pointer_is_the_loaders(name: str) -> None:
         if a + 8 in pointers
     ]
     assert expected and [at for at, _size, _v in spans] == expected
+
+
+def _patched_sm80(tmp_path: Path, patch: str) -> Path:
+    """libsass_sm80.so with one change to how its wrapper pointer (at 0x5088, set by an
+    R_X86_64_RELATIVE relocation to 0x2630, readelf -r) is loaded:
+    ``hidden-dynamic``: PT_DYNAMIC's sizes zeroed (glibc reads from its address to
+    DT_NULL whatever they say) and the bytes in place aimed at the file's other
+    container; ``two-relocations``: a second relocation, to 0x2030, on the pointer."""
+    lib = BIN / "libsass_sm80.so"
+    b = bytearray(lib.read_bytes())
+    text = subprocess.run(["readelf", "-rW", str(lib)], check=True, capture_output=True, text=True)
+    assert re.search(r"^0+5088\s+0+8\s+R_X86_64_RELATIVE\s+2630$", text.stdout, re.M)
+    (phoff,) = struct.unpack_from("<Q", b, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", b, 0x36)
+    if patch == "hidden-dynamic":
+        dynamic = next(
+            phoff + i * phentsize
+            for i in range(phnum)
+            if struct.unpack_from("<I", b, phoff + i * phentsize)[0] == 2
+        )
+        struct.pack_into("<QQ", b, dynamic + 32, 0, 0)  # p_filesz, p_memsz
+        struct.pack_into("<Q", b, 0x4088, 0x2030)  # file offset of address 0x5088
+    else:
+        rela = int(re.search(r"'\.rela\.dyn' at offset (0x[0-9a-f]+)", text.stdout)[1], 16)  # type: ignore[index]
+        first = struct.unpack_from("<QQq", b, rela)
+        assert first[1] == 8  # R_X86_64_RELATIVE
+        struct.pack_into("<QQq", b, rela, 0x5088, 8, 0x2030)
+    (tmp_path / "lib").mkdir()
+    out = tmp_path / "lib" / "libsass_sm80.so"
+    out.write_bytes(bytes(b))
+    return out
+
+
+@needs_binutils
+def test_pt_dynamic_sizes_do_not_hide_the_relocation(tmp_path: Path) -> None:
+    lib = _patched_sm80(tmp_path, "hidden-dynamic")
+    fd = os.open(lib, os.O_RDONLY)
+    try:
+        src = FileSource(fd, name=lib.name)
+        layout = read_layout(src)
+        spans = wrapped_containers(src, layout, [(0x4080, 0x18)], machine=62)
+    finally:
+        os.close(fd)
+    assert [at for at, _size, _version in spans] == [layout.file_offset(0x2630, 16)]
+
+
+@needs_binutils
+def test_two_relocations_on_one_wrapper_pointer_are_refused(cli: CliRunner, tmp_path: Path) -> None:
+    lib = _patched_sm80(tmp_path, "two-relocations")
+    result = cli("check", str(lib), "--sm", "8.0")
+    assert result.code == 2, result.out + result.err
+    assert "several relocations" in result.err

@@ -38,6 +38,7 @@ DT_NULL, DT_PLTRELSZ, DT_SYMTAB, DT_RELA, DT_RELASZ, DT_RELAENT = 0, 2, 6, 7, 8,
 DT_SYMENT, DT_REL, DT_PLTREL, DT_JMPREL = 11, 17, 20, 23
 STT_GNU_IFUNC = 10
 _RELA = struct.Struct("<QQq")  # r_offset, r_info, r_addend (ELF64)
+_MAX_DYNAMIC = 1 << 16  # linkers write a few dozen entries
 _CHUNK = _RELA.size << 15  # relocation tables are read a window at a time: memory stays bounded
 
 
@@ -62,13 +63,7 @@ def read_relocations(src: ByteSource, layout: Layout, machine: int) -> Relocatio
             f"{machine}, whose relocations buildmatrix does not read; the fatbinary it "
             "registers cannot be told, so the file is refused (docs/security.md)."
         )
-    offset, size = layout.dynamic
-    raw = read_exact(src, offset, min(size, 16 * 4096), what="dynamic section")
-    tags: dict[int, int] = {}
-    for tag, value in struct.iter_unpack("<qQ", raw[: len(raw) // 16 * 16]):
-        if tag == DT_NULL:
-            break
-        tags.setdefault(tag, value)
+    tags = _dynamic_tags(src, layout, layout.dynamic)
     if DT_REL in tags or tags.get(DT_PLTREL, DT_RELA) != DT_RELA:
         raise CorruptBinary(f"{src.name}: REL relocations in a file that should use RELA.")
     if tags.get(DT_RELAENT, _RELA.size) != _RELA.size:
@@ -81,6 +76,25 @@ def read_relocations(src: ByteSource, layout: Layout, machine: int) -> Relocatio
     return Relocations(
         machine=machine, tables=tuple(tables), symtab=symtab, syment=tags.get(DT_SYMENT, 24)
     )
+
+
+def _dynamic_tags(src: ByteSource, layout: Layout, vaddr: int) -> dict[int, int]:
+    """The dynamic entries from ``vaddr`` to DT_NULL, the last of each tag winning,
+    as glibc reads them (elf/get-dynamic-info.h, ``elf_get_dynamic_info``); bytes past
+    a segment's file part are zeros in memory, so they end the table."""
+    start = _mapped(src, layout, vaddr, 16)
+    end = next(
+        g.offset + g.filesz for g in layout.segments if g.vaddr <= vaddr < g.vaddr + g.filesz
+    )
+    raw = read_exact(src, start, min(end - start, _MAX_DYNAMIC), what="dynamic section")
+    tags: dict[int, int] = {}
+    for tag, value in struct.iter_unpack("<qQ", raw[: len(raw) // 16 * 16]):
+        if tag == DT_NULL:
+            return tags
+        tags[tag] = value
+    if end - start <= _MAX_DYNAMIC:
+        return tags  # the zeros after the segment's file bytes end it
+    raise CorruptBinary(f"{src.name}: the dynamic section has no end in {_MAX_DYNAMIC} bytes.")
 
 
 def _mapped(src: ByteSource, layout: Layout, vaddr: int, size: int) -> int:
@@ -102,15 +116,20 @@ def pointer_values(
     overlaps the slot, an unknown type, an undefined or IFUNC symbol: the value then
     comes from elsewhere). One pass over the tables, whatever the number of slots."""
     near = {slot + d: slot for slot in slots for d in range(-7, 8)}
-    found: dict[int, list[tuple[int, int, int]]] = {}
+    # keyed by where each relocation is: DT_RELASZ may cover DT_JMPREL too, and glibc
+    # applies such a relocation once (elf/dynamic-link.h, _ELF_DYNAMIC_DO_RELOC)
+    found: dict[int, dict[int, tuple[int, int, int]]] = {}
     for offset, size in relocs.tables:
         for start in range(offset, offset + size - _RELA.size + 1, _CHUNK):
             window = read_exact(src, start, min(_CHUNK, offset + size - start), what="relocations")
-            for r_offset, info, addend in _RELA.iter_unpack(window[: len(window) // 24 * 24]):
+            for i, (r_offset, info, addend) in enumerate(
+                _RELA.iter_unpack(window[: len(window) // 24 * 24])
+            ):
                 if r_offset in near:
-                    found.setdefault(near[r_offset], []).append((r_offset, info, addend))
+                    at = start + i * _RELA.size
+                    found.setdefault(near[r_offset], {})[at] = (r_offset, info, addend)
     return {
-        slot: _value(src, relocs, slot, found[slot]) if slot in found else in_place
+        slot: _value(src, relocs, slot, list(found[slot].values())) if slot in found else in_place
         for slot, in_place in slots.items()
     }
 

@@ -182,8 +182,9 @@ class Layout:
     bits: int
     order: str
     segments: tuple[Segment, ...]
-    # (file offset, size) of PT_DYNAMIC, where the loader finds the relocations
-    dynamic: tuple[int, int] | None = None
+    # The address of PT_DYNAMIC, where the loader finds the relocations; its sizes are
+    # no bound to the loader (glibc elf/dl-load.c reads from p_vaddr to DT_NULL)
+    dynamic: int | None = None
 
     def address(self, offset: int) -> int | None:
         """The address ``offset`` of the file is mapped at, if a segment maps it."""
@@ -227,7 +228,7 @@ def read_layout(src: ByteSource) -> Layout:
         else:
             p_type, p_offset, p_vaddr, _pa, p_filesz, _memsz, p_flags, _al = values
         if p_type == PT_DYNAMIC and dynamic is None:
-            dynamic = (p_offset, p_filesz)
+            dynamic = p_vaddr
         if p_type == PT_LOAD:
             segments.append(
                 Segment(
