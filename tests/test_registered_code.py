@@ -188,14 +188,15 @@ def test_a_wrapper_pointing_into_another_object_is_refused(cli: CliRunner, tmp_p
 
 
 def _readelf_pointers(lib: Path) -> dict[int, int]:
-    """address -> addend of every R_X86_64_RELATIVE relocation, as readelf prints it."""
+    """address -> addend of every R_X86_64_RELATIVE / R_AARCH64_RELATIVE relocation,
+    as readelf prints it."""
     text = subprocess.run(
         ["readelf", "-rW", str(lib)], check=True, capture_output=True, text=True
     ).stdout
     return {
         int(at, 16): int(addend, 16)
         for at, addend in re.findall(
-            r"^([0-9a-f]+)\s+\S+\s+R_X86_64_RELATIVE\s+([0-9a-f]+)", text, re.M
+            r"^([0-9a-f]+)\s+\S+\s+R_(?:X86_64|AARCH64)_RELATIVE\s+([0-9a-f]+)", text, re.M
         )
     }
 
@@ -213,7 +214,8 @@ def test_each_wrapper_pointer_is_the_loaders(name: str) -> None:
         src = FileSource(fd, name=name)
         layout = read_layout(src)
         regions = [(g.offset, g.filesz) for g in layout.segments if g.writable]
-        spans = wrapped_containers(src, layout, regions, machine=62)
+        (machine,) = struct.unpack_from("<H", src.read_at(18, 2))  # e_machine
+        spans = wrapped_containers(src, layout, regions, machine=machine)
     finally:
         os.close(fd)
     pointers = _readelf_pointers(lib)
