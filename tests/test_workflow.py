@@ -199,13 +199,17 @@ _EXPR = re.compile(r"\$\{\{(.*?)\}\}")
 
 def _expand(text: str, ctx: dict[str, Any]) -> str:
     """The workflow expressions these jobs use, as GitHub evaluates them: a context
-    path (``matrix.key``, ``runner.temp``) or ``join(path, 'sep')``. Anything else
-    fails the test, so the stand-in never silently evaluates what it does not know."""
+    path (``matrix.key``, ``runner.temp``, ``matrix.tags[0]``) or ``join(path, 'sep')``.
+    Anything else fails the test, so the stand-in never silently evaluates what it does
+    not know."""
 
     def value(path: str) -> Any:
         found: Any = ctx
         for part in path.strip().split("."):
-            found = found[part]
+            name, _, index = part.partition("[")
+            found = found[name]
+            if index:  # `tags[0]`: an array element
+                found = found[int(index.removesuffix("]"))]
         return found
 
     def sub(m: re.Match[str]) -> str:
@@ -213,7 +217,7 @@ def _expand(text: str, ctx: dict[str, Any]) -> str:
         join = re.fullmatch(r"join\(([\w.]+),\s*'([^']*)'\)", expr)
         if join:
             return join[2].join(value(join[1]))
-        if not re.fullmatch(r"[\w.-]+", expr):
+        if not re.fullmatch(r"[\w.-]+(\[\d+\])?", expr):
             raise AssertionError(f"expression the stand-in does not know: {expr}")
         return str(value(expr))
 
@@ -270,24 +274,65 @@ def _matrix_outputs(tmp_path: Path) -> tuple[dict[str, Any], Path]:
 
 
 def test_build_merge_and_check_jobs_as_the_runner_runs_them(tmp_path: Path) -> None:
-    """The push path from build to check, job by job, with the artifact hand-off done
-    as actions/upload-artifact and download-artifact do it (names, glob pattern,
+    """The shipped workflow's push path (run_push_path) over this repository's own
+    matrices."""
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    outputs, clone = _matrix_outputs(tmp_path)
+    run_push_path(workflow["jobs"], outputs, clone, tmp_path)
+
+
+def _build_step_inputs(jobs: dict[str, Any], entry: dict[str, Any]) -> None:
+    """The build job's platform handling, as its expressions give it for ``entry``:
+    QEMU set up only where the entry asks, and both build-push-action steps (pull
+    requests load, pushes go by digest) build the entry's one platform."""
+    build = jobs["build"]
+    assert build["runs-on"] == "${{ matrix.runner }}"
+    assert _step(build, uses="docker/setup-qemu-action")["if"] == "matrix.qemu"
+    ctx = {"matrix": entry}
+    load = _step(build, name="Build and load (pull requests)")
+    push = _step(build, name="Build and push by digest")
+    assert load["if"] == "github.event_name == 'pull_request'"
+    assert push["if"] == "github.event_name != 'pull_request'"
+    for step in (load, push):
+        assert _expand(step["with"]["platforms"], ctx) == entry["platform"]
+        assert _expand(step["with"]["file"], ctx) == entry["dockerfile"]
+    assert "tags" not in push["with"]  # the merge job tags the index
+    assert _expand(push["with"]["outputs"], ctx).split(",") == [
+        "type=image",
+        f"name={entry['repository']}",
+        "push-by-digest=true",
+        "name-canonical=true",
+        "push=true",
+    ]
+
+
+def run_push_path(jobs: dict[str, Any], outputs: dict[str, str], cwd: Path, tmp_path: Path) -> None:
+    """The push path from build to check of a workflow of this shape (the shipped one,
+    docs/adopt.md's), job by job, with the artifact hand-off done as
+    actions/upload-artifact and download-artifact do it (names, glob pattern,
     merge-multiple): each platform's build records its digest, each family tag's merge
     job publishes exactly its platforms' digests as one index, and the check job judges
-    every tag once per platform it has."""
-    workflow = yaml.safe_load(WORKFLOW.read_text())
-    jobs = workflow["jobs"]
-    outputs, clone = _matrix_outputs(tmp_path)
+    every tag once per platform it has. ``outputs`` are the matrix job's."""
     include = json.loads(outputs["matrix"])["include"]
     merges = json.loads(outputs["merge"])["include"]
     assert {e["runner"] for e in include} == {"ubuntu-24.04", "ubuntu-24.04-arm"}
-    assert jobs["build"]["runs-on"] == "${{ matrix.runner }}"
     assert jobs["merge"]["needs"] == ["matrix", "build"]
     artifacts = tmp_path / "artifacts"
     digests: dict[tuple[str, str], str] = {}
     record = _step(jobs["build"], name="Record the digest for the merge job")
     upload = _step(jobs["build"], uses="actions/upload-artifact")
+    log = tmp_path / "stand-in.log"
+    pr_check = _step(jobs["build"], name="Check the image from its binaries")
+    fake_check = _stand_in(tmp_path / "bin-pr", "buildmatrix", log=log)
     for n, entry in enumerate(include):
+        _build_step_inputs(jobs, entry)
+        log.write_text("")  # pull requests: the loaded image, for its platform
+        pr_ctx = {"matrix": entry, "runner": {"temp": str(tmp_path)}}
+        step = _run_step(pr_check, pr_ctx, cwd, [fake_check])
+        assert step.returncode == 0, step.stderr
+        (call,) = log.read_text().splitlines()
+        image = f"docker-daemon:{entry['tags'][0]}"
+        assert call.split()[:5] == ["buildmatrix", "check", image, "--platform", entry["platform"]]
         temp = tmp_path / "build" / str(n)
         temp.mkdir(parents=True)
         digest = hashlib.sha256(f"{entry['key']} {entry['platform']}".encode()).hexdigest()
@@ -297,7 +342,7 @@ def test_build_merge_and_check_jobs_as_the_runner_runs_them(tmp_path: Path) -> N
             "runner": {"temp": str(temp)},
             "steps": {"push": {"outputs": {"digest": f"sha256:{digest}"}}},
         }
-        step = _run_step(record, ctx, clone, [])
+        step = _run_step(record, ctx, cwd, [])
         assert step.returncode == 0, step.stderr
         name = _expand(upload["with"]["name"], ctx)
         files = sorted(Path("/").glob(_expand(upload["with"]["path"], ctx).lstrip("/")))
@@ -307,7 +352,6 @@ def test_build_merge_and_check_jobs_as_the_runner_runs_them(tmp_path: Path) -> N
         shutil.copy(files[0], artifacts / name)
     download = _step(jobs["merge"], uses="actions/download-artifact")
     publish = _step(jobs["merge"], name="Publish the multi-platform index")
-    log = tmp_path / "stand-in.log"
     bin_dir = _stand_in(tmp_path / "bin", "docker", log=log)
     for n, merge in enumerate(merges):
         temp = tmp_path / "merge" / str(n)
@@ -320,7 +364,7 @@ def test_build_merge_and_check_jobs_as_the_runner_runs_them(tmp_path: Path) -> N
                 for f in art.iterdir():
                     shutil.copy(f, into)
         log.write_text("")
-        step = _run_step(publish, ctx, clone, [bin_dir])
+        step = _run_step(publish, ctx, cwd, [bin_dir])
         assert step.returncode == 0, step.stdout + step.stderr
         tag = merge["tags"][0]
         refs = sorted(f"{merge['repository']}@sha256:{digests[tag, p]}" for p in merge["platforms"])
@@ -337,7 +381,7 @@ def test_build_merge_and_check_jobs_as_the_runner_runs_them(tmp_path: Path) -> N
         assert inspect.split() == ["docker", "buildx", "imagetools", "inspect", tag]
     # one platform's digest missing: the merge fails, naming the tag
     next(into.iterdir()).unlink()
-    step = _run_step(publish, ctx, clone, [bin_dir])
+    step = _run_step(publish, ctx, cwd, [bin_dir])
     assert step.returncode == 1
     assert f"::error::{merges[-1]['tags'][0]}: 1 digests for the platforms" in step.stdout
     # the check job: every tag once per platform it has, and one platform's failure
@@ -347,7 +391,7 @@ def test_build_merge_and_check_jobs_as_the_runner_runs_them(tmp_path: Path) -> N
     ctx = {"needs": {"matrix": {"outputs": outputs}}, "runner": {"temp": str(tmp_path)}}
     log.write_text("")
     fake = _stand_in(tmp_path / "bin-check", "buildmatrix", log=log, fail_on="linux/amd64")
-    step = _run_step(check, ctx, clone, [fake])
+    step = _run_step(check, ctx, cwd, [fake])
     assert step.returncode == 1
     calls = log.read_text().splitlines()
     assert len(calls) == 2
