@@ -18,7 +18,7 @@ import yaml
 from tests.conftest import REPO
 from tests.release import build_wheel, fresh_clone, git, install_env
 from tests.test_generate import _tool
-from tests.test_workflow import _run
+from tests.test_workflow import _run, run_push_path
 
 PAGE = (REPO / "docs" / "adopt.md").read_text()
 BLOCKS = re.findall(r"```yaml\n(.*?)```", PAGE, re.DOTALL)
@@ -41,9 +41,14 @@ def test_the_page_pins_one_release_everywhere() -> None:
     assert f"rev: v{version}" in PAGE
     assert f'pip install "buildmatrix-gpu=={version}"' in PAGE
     assert "pip install ." not in WORKFLOW_TEXT
-    for job in WORKFLOW["jobs"].values():
-        installs = [s["run"] for s in job["steps"] if "pip install" in s.get("run", "")]
-        assert installs == ['pip install "$BUILDMATRIX"'], installs
+    for name, job in WORKFLOW["jobs"].items():
+        runs = [s["run"] for s in job["steps"] if "run" in s]
+        installs = [r for r in runs if "pip install" in r]
+        # a job that runs buildmatrix installs the pinned release, once, first
+        uses_it = any("buildmatrix " in r for r in runs)
+        assert installs == (['pip install "$BUILDMATRIX"'] if uses_it else []), name
+        if uses_it:
+            assert runs[0] == installs[0], name
 
 
 @pytest.mark.integration
@@ -87,16 +92,19 @@ def test_the_workflow_steps_run_in_a_repository_of_image_specs(tmp_path: Path) -
         if script.startswith("pip install"):
             said = _run(user, "buildmatrix --version", env).stdout
             assert said == f"buildmatrix, version {version}\n"
-    (line,) = output.read_text().splitlines()
-    include = json.loads(line.removeprefix("matrix="))["include"]
-    assert include
+    lines = output.read_text().splitlines()
+    assert [x.split("=", 1)[0] for x in lines] == ["matrix", "merge"]
+    outputs = dict(x.split("=", 1) for x in lines)
+    include = json.loads(outputs["matrix"])["include"]
+    merges = json.loads(outputs["merge"])["include"]
+    assert {m["tags"][0] for m in merges} == {e["tags"][0] for e in include}
     # each build job starts from its own checkout: its steps must leave in place the
     # Dockerfile and the context its matrix entry names
     checkout = tmp_path / "build-job"
     subprocess.run(["git", "clone", "-q", str(user), str(checkout)], check=True)
     build_runs = [s["run"] for s in WORKFLOW["jobs"]["build"]["steps"] if "run" in s]
-    for script in build_runs[:2]:  # install, generate; the check needs the pushed image
-        assert "check" not in script
+    for script in build_runs[:2]:  # install, generate; the rest: run_push_path below
+        assert "check" not in script and "digest" not in script
         step = _run(checkout, script, env)
         assert step.returncode == 0, script + step.stdout + step.stderr
     for entry in include:
@@ -104,3 +112,6 @@ def test_the_workflow_steps_run_in_a_repository_of_image_specs(tmp_path: Path) -
         assert (checkout / entry["context"]).is_dir(), entry["context"]
         for tag in entry["tags"]:
             assert tag.startswith(f"{WORKFLOW['env']['REGISTRY']}/example-org/"), tag
+    # build (per platform, on its runner), merge (per tag) and check (per platform), as
+    # the runner runs them, with stand-ins for docker buildx and buildmatrix check
+    run_push_path(WORKFLOW["jobs"], outputs, checkout, tmp_path / "push")
