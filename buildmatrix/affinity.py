@@ -68,7 +68,6 @@ from buildmatrix.selector import (
     at_least,
     below,
     cross,
-    matches,
     one_of,
     render,
 )
@@ -82,7 +81,6 @@ __all__ = [
     "affinity_block",
     "arch_constraint",
     "choose",
-    "matches",
 ]
 
 DRIVER_KEYS = (DRIVER_MAJOR, DRIVER_MINOR, DRIVER_REVISION)

@@ -13,7 +13,6 @@ product of their terms (:func:`cross`), with contradictory terms dropped.
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,6 @@ class Constraint:
 
 
 Term = Mapping[str, Constraint]
-_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 def one_of(values: Iterable[str]) -> Constraint:
@@ -143,34 +141,3 @@ def _sorted(values: Iterable[str]) -> list[str]:
             return (), v
 
     return sorted(values, key=key)
-
-
-def matches(affinity: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """Whether a node with ``labels`` satisfies the required node affinity, by the
-    scheduler's documented rules: terms are ORed, expressions ANDed; In, NotIn,
-    Exists, DoesNotExist, Gt and Lt (integers)."""
-    required = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    return any(
-        all(_match(e, labels) for e in term.get("matchExpressions", []))
-        for term in required["nodeSelectorTerms"]
-    )
-
-
-def _match(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op, values = expr["key"], expr["operator"], expr.get("values", [])
-    value = labels.get(key)
-    if op == "In":
-        return value is not None and value in values
-    if op == "NotIn":
-        return value is None or value not in values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if op in ("Gt", "Lt"):
-        # strconv.ParseInt(value, 10, 64): an optional sign and decimal digits only
-        if value is None or not _INTEGER.fullmatch(value):
-            return False
-        have, want = int(value), int(values[0])
-        return have > want if op == "Gt" else have < want
-    raise ValueError(f"unknown operator {op}")

@@ -204,6 +204,13 @@ def required_affinity_matches(pod_spec: Obj, node: Obj) -> bool:
     return required is None or node_selector_matches(required, node)
 
 
+def affinity_matches(affinity: Obj, labels: Mapping[str, str]) -> bool:
+    """Whether a node with ``labels`` satisfies ``affinity`` (a Pod's ``affinity:``
+    value): :func:`required_affinity_matches` on a node that has only these labels."""
+    node = {"metadata": {"labels": dict(labels)}}
+    return required_affinity_matches({"affinity": affinity}, node)
+
+
 def should_run(daemonset: Obj, node: Obj) -> tuple[bool, str]:
     """daemon_controller.go NodeShouldRunDaemonPod's shouldRun, with the reason when not:
     the Pod (template plus the daemon tolerations) must fit the node's name, required

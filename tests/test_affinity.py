@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from buildmatrix.affinity import READS, matches
+from buildmatrix.affinity import READS
 from buildmatrix.check import Options, run_check
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, parse_driver_version
 from buildmatrix.image.open import scan_image
@@ -37,6 +37,7 @@ from tests.images import (
     write_docker_archive,
     write_platform_layout,
 )
+from tests.scheduling import affinity_matches
 
 PROFILES = load_profiles(SHIPPED_PROFILES)
 FACTS = load_cuda_facts()
@@ -139,7 +140,7 @@ def test_per_profile_and_driver_the_affinity_matches_iff_check_passes(
         return
     assert code == 0, doc
     got = {
-        (p.sm, d): matches(doc["affinity"], _node_labels(p.sm, driver=d))
+        (p.sm, d): affinity_matches(doc["affinity"], _node_labels(p.sm, driver=d))
         for p in PROFILES
         for d in _drivers()
     }
@@ -177,13 +178,13 @@ def test_the_seeds_fp8_case(cli: CliRunner, tmp_path: Path) -> None:
     # an amd64-only image (the archive's config) whose GPUs also sit behind Grace (GH200)
     arch = [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]
     assert _terms(doc) == [head + absent + memory + arch + d for d in driver]
-    assert not matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.06", "arm64"))
-    assert matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.06"))
-    assert matches(doc["affinity"], _node_labels("sm_90", 81559, "590.44.01"))
-    assert not matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.05"))
-    assert not matches(doc["affinity"], _node_labels("sm_90", 81559, "535.104.05"))
-    assert not matches(doc["affinity"], _node_labels("sm_90", 65536))
-    assert not matches(doc["affinity"], _node_labels("sm_89", 81559))
+    assert not affinity_matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.06", "arm64"))
+    assert affinity_matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.06"))
+    assert affinity_matches(doc["affinity"], _node_labels("sm_90", 81559, "590.44.01"))
+    assert not affinity_matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.05"))
+    assert not affinity_matches(doc["affinity"], _node_labels("sm_90", 81559, "535.104.05"))
+    assert not affinity_matches(doc["affinity"], _node_labels("sm_90", 65536))
+    assert not affinity_matches(doc["affinity"], _node_labels("sm_89", 81559))
     both = _image(tmp_path, "libmulti.so", name="b")  # sm_89 and sm_90 among others
     code, doc = _affinity(cli, both, "--require", "fp8")
     assert code == 0, doc
@@ -211,7 +212,7 @@ def test_the_example_job_runs_where_its_image_would(cli: CliRunner) -> None:
                 want = (
                     "fp8" in p.features and memory >= 70000 and version >= max(cuda13, p.min_driver)
                 )
-                got = matches(affinity, _node_labels(p.sm, memory, driver))
+                got = affinity_matches(affinity, _node_labels(p.sm, memory, driver))
                 assert got == want, (p.sm, driver, memory)
 
 
@@ -392,7 +393,7 @@ def test_on_every_admitted_fixture_node_affinity_matches_iff_check_snapshot_pass
         code, doc = _affinity(cli, ref, *flags)
         assert code in (0, 1), doc
         for node, node_labels in labels.items():
-            placed[name, node] = code == 0 and matches(doc["affinity"], node_labels)
+            placed[name, node] = code == 0 and affinity_matches(doc["affinity"], node_labels)
     assert placed == checked
     # the pairs the property must not pass by accident
     if not sass:
@@ -551,9 +552,9 @@ def test_manifests_validate_offline(cli: CliRunner, tmp_path: Path) -> None:
     assert {t["key"] for t in ds["tolerations"]} == {"buildmatrix.io/unverified", "nvidia.com/gpu"}
     job = by_kind["Job"]["spec"]["template"]["spec"]
     for sm in ("sm_89", "sm_90", "sm_100"):
-        assert matches(job["affinity"], _node_labels(sm))
-    assert not matches(job["affinity"], _node_labels("sm_80"))
-    assert not matches(job["affinity"], _node_labels("sm_90", 40960))
+        assert affinity_matches(job["affinity"], _node_labels(sm))
+    assert not affinity_matches(job["affinity"], _node_labels("sm_80"))
+    assert not affinity_matches(job["affinity"], _node_labels("sm_90", 40960))
 
 
 def test_manifests_refuse_a_bad_pools_file(cli: CliRunner, tmp_path: Path) -> None:
@@ -595,7 +596,9 @@ def test_the_node_arch_is_matched_iff_the_image_offers_it(
     }
     assert any(runs.values())
     assert not all(runs.values())
-    placed = {(sm, a): matches(doc["affinity"], _node_labels(sm, arch=a)) for sm, a in runs}
+    placed = {
+        (sm, a): affinity_matches(doc["affinity"], _node_labels(sm, arch=a)) for sm, a in runs
+    }
     assert placed == runs
     chosen = [p for p in PROFILES if runs[p.sm, arches[0]]]
     needed = {plat.split("/")[1] for plat in PROFILES.platforms(chosen)}

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from buildmatrix.affinity import matches
 from tests.conftest import REPO, CliRunner
 from tests.images import Image, fixture, write_docker_archive
 from tests.kube_standin import ApiStandIn
+from tests.scheduling import affinity_matches
 
 pytestmark = pytest.mark.integration
 
@@ -195,7 +195,7 @@ def _schedulable(pod: dict[str, Any], standin: ApiStandIn) -> list[str]:
     return sorted(
         name
         for name, node in standin.nodes.items()
-        if matches(pod["affinity"], node["metadata"]["labels"])
+        if affinity_matches(pod["affinity"], node["metadata"]["labels"])
         and all(
             t["key"] in tolerated
             for t in node["spec"]["taints"]
