@@ -16,16 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.images import Image, Symlink, fixture, write_docker_archive
-from tests.standins import compat_library
+from tests.standins import NOTE_13_1, compat_library
 
 COMPAT = "usr/local/cuda-13.1/compat"
 # The note of NVIDIA's CUDA 13.1 compat driver 590.44.01 (tests/test_forward_compat.py).
-NOTE_13_1 = {
-    "format": 1,
-    "CUDA version": "13.1",
-    "driver": [535, 550, 570, 575, 580, 590],
-    "device": [1, 2, 7, 8, 9, 10, 11, 12, 13, 14],
-}
 
 
 @dataclass(frozen=True)

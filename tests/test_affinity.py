@@ -268,12 +268,6 @@ def _old_ptx(isa: str, sm: str) -> bytes:
 
 
 # The note of NVIDIA's CUDA 13.1 compat driver 590.44.01 (tests/test_forward_compat.py).
-NOTE_13_1 = {
-    "format": 1,
-    "CUDA version": "13.1",
-    "driver": [535, 550, 570, 575, 580, 590],
-    "device": [1, 2, 7, 8, 9, 10, 11, 12, 13, 14],
-}
 
 
 def _fixture_images(out: Path) -> dict[str, Image]:
@@ -282,7 +276,7 @@ def _fixture_images(out: Path) -> dict[str, Image]:
     that the code needs CUDA 13's driver), PTX-only ones of three PTX ISAs, a family
     claim, and a CUDA 13.1 image with the forward-compatibility driver 590.44.01 (a
     gcc-built STAND-IN with NVIDIA's note)."""
-    from tests.standins import compat_library
+    from tests.standins import NOTE_13_1, compat_library
 
     def lib(*names: str) -> dict[str, Entry]:
         return {f"usr/lib/{n}": fixture(n) for n in names}

@@ -28,17 +28,9 @@ from buildmatrix.forward import (
 )
 from tests.conftest import REPO, CliRunner
 from tests.images import Dir, Image, Symlink, fixture, write_docker_archive
-from tests.standins import compat_library
+from tests.standins import NOTE_13_1, compat_library
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
-# The note of NVIDIA's CUDA 13.1 compat driver 590.44.01, as the container toolkit's
-# test data records it.
-NOTE_13_1 = {
-    "format": 1,
-    "CUDA version": "13.1",
-    "driver": [535, 550, 570, 575, 580, 590],
-    "device": [1, 2, 7, 8, 9, 10, 11, 12, 13, 14],
-}
 COMPAT = "usr/local/cuda-13.1/compat"
 
 

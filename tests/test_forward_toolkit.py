@@ -27,15 +27,9 @@ from buildmatrix.cuda import parse_driver_version
 from buildmatrix.forward import CompatSetup, _semver, _semver_newer, compat_use
 from tests.conftest import REPO, CliRunner
 from tests.images import Entry, Hardlink, Image, Symlink, fixture, write_docker_archive
-from tests.standins import compat_library
+from tests.standins import NOTE_13_1, compat_library
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
-NOTE_13_1 = {
-    "format": 1,
-    "CUDA version": "13.1",
-    "driver": [535, 550, 570, 575, 580, 590],
-    "device": [1, 2, 7, 8, 9, 10, 11, 12, 13, 14],
-}
 LIB = "libcuda.so.590.44.01"
 DIR = "usr/local/cuda-13.1/compat"
 

@@ -205,6 +205,16 @@ def run_cli(
     )
 
 
+# The note of NVIDIA's CUDA 13.1 compat driver 590.44.01, as the NVIDIA container
+# toolkit's test data records it: the one the tests' compat libraries carry.
+NOTE_13_1 = {
+    "format": 1,
+    "CUDA version": "13.1",
+    "driver": [535, 550, 570, 575, 580, 590],
+    "device": [1, 2, 7, 8, 9, 10, 11, 12, 13, 14],
+}
+
+
 def compat_library(
     out: Path, version: str, note: dict[str, Any] | str | None, *, section_type: str = "@note"
 ) -> Path:
