@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from buildmatrix.bases import NO_BASES, Bases, apply
 from buildmatrix.errors import InputError
 from buildmatrix.matrix import Entry
 
@@ -52,8 +53,9 @@ def _quote(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid Dockerfile double-quoted word
 
 
-def render(entry: Entry, *, source: str) -> str:
-    """The Dockerfile text of ``entry``; template errors are input errors naming the line."""
+def render(entry: Entry, *, source: str, bases: Bases = NO_BASES) -> str:
+    """The Dockerfile text of ``entry``; template errors are input errors naming the line.
+    ``bases`` pins and mirrors the FROM images (buildmatrix.bases)."""
     import jinja2
 
     spec = entry.spec
@@ -77,6 +79,7 @@ def render(entry: Entry, *, source: str) -> str:
         ) from None
     except jinja2.TemplateError as exc:
         raise InputError(f"{spec.template}: cannot render {entry.tag}: {exc}.") from None
+    body = apply(body, bases)
     if "FROM" not in body.upper():
         raise InputError(f"{spec.template}: rendered {entry.tag} without a FROM line.")
     labels = " \\\n      ".join(f"{k}={_quote(v)}" for k, v in entry.labels.items())

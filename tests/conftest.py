@@ -52,6 +52,10 @@ def _private_cache(
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     monkeypatch.delenv("BUILDMATRIX_PROFILES", raising=False)
+    # the run's OCI labels come from these where set (docs/generate.md, "Labels of the run")
+    for var in ("GITHUB_ACTIONS", "GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_SHA"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
     return CliRunner(capsys)
 
 

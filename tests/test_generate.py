@@ -72,7 +72,8 @@ def test_check_detects_drift_and_writes_nothing(
     first = next((out / "train-fp8").glob("*.Dockerfile"))
     first.write_text(first.read_text() + "RUN echo edited by hand\n")
     stale = out / "train-fp8" / "0.9-cu118-hopper.Dockerfile"
-    stale.write_text(first.read_text().splitlines()[0] + "\nFROM scratch\n")
+    header = next(x for x in first.read_text().splitlines() if x.startswith("# Generated"))
+    stale.write_text(header + "\nFROM scratch\n")
     hand_written = out / "train-fp8" / "mine.Dockerfile"
     hand_written.write_text("FROM scratch\n")
     result = cli("generate", "--out", str(out), "--check")
@@ -204,7 +205,8 @@ def test_a_tag_that_would_leave_out_writes_nothing(cli: CliRunner, tmp_path: Pat
 def test_parser_directives_stay_first(cli: CliRunner, tmp_path: Path) -> None:
     images = _train_fp8(tmp_path)
     template = images / "train-fp8" / "Dockerfile.j2"
-    template.write_text("# syntax=docker/dockerfile:1\n# check=error=true\n" + template.read_text())
+    body = template.read_text().removeprefix("# syntax=docker/dockerfile:1\n")
+    template.write_text("# syntax=docker/dockerfile:1\n# check=error=true\n" + body)
     out = tmp_path / "build"
     assert cli("generate", "--images", str(images), "--out", str(out)).code == 0
     for dockerfile in out.glob("train-fp8/*.Dockerfile"):

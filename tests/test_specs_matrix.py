@@ -72,8 +72,8 @@ def test_inference_axes_and_exclusions() -> None:
     assert len(infer) == 12  # 4 families x (2 CUDA x 2 Python - the excluded 12.9/3.11)
     assert "infer:2.1.0-cu129-py3.11-hopper" not in infer
     assert (
-        "infer: hopper cuda 12.9.1 python=3.11: excluded by the spec (cuda=12.9, "
-        "python=3.11)" in dropped
+        "infer: hopper cuda 12.9.1 python=3.11 cudnn=9.27.0.42 nccl=2.32.3: excluded by "
+        "the spec (cuda=12.9, python=3.11)" in dropped
     )
 
 

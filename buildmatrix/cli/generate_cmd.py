@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -110,17 +109,17 @@ def _explain(matrix: Any) -> None:
         click.echo(f"left out  {d}", err=True)
 
 
-def _rendered(matrix: Any, images: Path) -> dict[Path, str]:
-    """Each variant's Dockerfile text. The header names the spec relative to the
-    images folder's parent (images/NAME/image.yaml), so it does not depend on where
-    generate runs."""
+def _rendered(matrix: Any, images: Path, bases: Any) -> dict[Path, str]:
+    """Each variant's Dockerfile text, its FROM images pinned and mirrored as
+    ``bases`` says. The header names the spec relative to the images folder's parent
+    (images/NAME/image.yaml), so it does not depend on where generate runs."""
     from buildmatrix.render import render
 
     base = images.resolve().parent
     files: dict[Path, str] = {}
     for entry in matrix.entries:
         source = Path(os.path.relpath(entry.spec.source.resolve(), base)).as_posix()
-        files[entry.dockerfile] = render(entry, source=source)
+        files[entry.dockerfile] = render(entry, source=source, bases=bases)
     return files
 
 
@@ -157,39 +156,64 @@ def _stale(out: Path, expected: dict[Path, str]) -> list[Path]:
     is_flag=True,
     help="Write nothing; exit 1 if the files on disk differ from what would be written.",
 )
+@click.option(
+    "--check-pins",
+    is_flag=True,
+    help="Also ask the registries whether each digest pinned in IMAGES/bases.yaml is "
+    "still what its tag names (network); exit 1 when one is stale. Never done otherwise.",
+)
 @explain_option
-def generate(
-    images_dir: str, profiles_dir: str | None, out_dir: str, check_only: bool, explain: bool
+def generate(  # noqa: PLR0917 - one parameter per option, as click passes them
+    images_dir: str,
+    profiles_dir: str | None,
+    out_dir: str,
+    check_only: bool,
+    check_pins: bool,
+    explain: bool,
 ) -> int:
     """Write one Dockerfile per matrix entry: OUT/IMAGE/TAG.Dockerfile.
 
     Each carries io.buildmatrix.* and OCI labels and an NVIDIA_REQUIRE_ARCH
-    constraint derived from the SMs the variant holds.
+    constraint derived from the SMs the variant holds; base images are pinned and
+    mirrored as IMAGES/bases.yaml says.
     """
+    from buildmatrix.bases import load_bases
+
     matrix = _matrix(images_dir, profiles_dir, out_dir, None)
     if explain:
         _explain(matrix)
-    expected = _rendered(matrix, Path(images_dir))
-    out = Path(out_dir)
-    stale = _stale(out, expected)
+    bases = load_bases(Path(images_dir))
+    expected = _rendered(matrix, Path(images_dir), bases)
     if check_only:
-        missing = [p for p in expected if not p.is_file()]
-        changed = [
-            p
-            for p, text in expected.items()
-            if p.is_file() and p.read_text(errors="replace") != text
-        ]
-        if missing or changed or stale:
-            lines = (
-                [f"  missing  {p}" for p in missing]
-                + [f"  changed  {p}" for p in changed]
-                + [f"  stale    {p}" for p in stale]
-            )
-            raise CheckFailed(
-                "generated files are out of date; run `buildmatrix generate`:\n" + "\n".join(lines)
-            )
-        click.echo(f"{len(expected)} Dockerfiles in {out} are up to date")
-        return 0
+        _drift(Path(out_dir), expected)
+    else:
+        _write(Path(out_dir), expected, matrix.dropped, explain=explain)
+    if check_pins:
+        _check_pins(bases, list(expected.values()))
+    return 0
+
+
+def _drift(out: Path, expected: dict[Path, str]) -> None:
+    """``generate --check``: exit 1 listing missing, changed and stale files."""
+    stale = _stale(out, expected)
+    missing = [p for p in expected if not p.is_file()]
+    changed = [
+        p for p, text in expected.items() if p.is_file() and p.read_text(errors="replace") != text
+    ]
+    if missing or changed or stale:
+        lines = (
+            [f"  missing  {p}" for p in missing]
+            + [f"  changed  {p}" for p in changed]
+            + [f"  stale    {p}" for p in stale]
+        )
+        raise CheckFailed(
+            "generated files are out of date; run `buildmatrix generate`:\n" + "\n".join(lines)
+        )
+    click.echo(f"{len(expected)} Dockerfiles in {out} are up to date")
+
+
+def _write(out: Path, expected: dict[Path, str], dropped: list[Any], *, explain: bool) -> None:
+    stale = _stale(out, expected)
     written = 0
     for path, text in expected.items():
         if path.is_file() and path.read_text(errors="replace") == text:
@@ -205,46 +229,28 @@ def generate(
     click.echo(
         f"{len(expected)} Dockerfiles in {out}: {written} written, "
         f"{len(expected) - written} unchanged, {len(stale)} stale removed; "
-        f"{_left_out(matrix.dropped)}"
-        + (" (--explain says why)" if matrix.dropped and not explain else "")
+        f"{_left_out(dropped)}" + (" (--explain says why)" if dropped and not explain else "")
     )
-    return 0
 
 
-def _bake(matrix: Any) -> dict[str, Any]:
-    """A ``docker buildx bake`` file: one target per family tag, with the platforms it
-    is built for. A tag whose platforms hold different SMs (the arch profiles' hosts)
-    has a Dockerfile per platform, which one target cannot build: it gets a target per
-    platform, tagged ``REF-ARCH``, for ``docker buildx imagetools create`` to merge
-    (docs/generate.md). Paths are relative to the current directory, so run ``docker
-    buildx bake -f FILE`` from where ``matrix`` ran."""
-    by_ref: dict[str, list[Any]] = {}
-    for entry in matrix.entries:
-        by_ref.setdefault(entry.image_ref, []).append(entry)
-    targets: dict[str, Any] = {}
-    for ref, group in by_ref.items():
-        shared = len({e.dockerfile for e in group}) == 1
-        parts = [(group[0], ref, "")] if shared else [(e, f"{ref}-{e.arch}", e.arch) for e in group]
-        for entry, tag, suffix in parts:
-            # bake target names allow [A-Za-z0-9_-]: '.' becomes '-', so two tags can meet
-            base = f"{entry.spec.name}-{entry.tag}" + (f"-{suffix}" if suffix else "")
-            name = re.sub(r"[^A-Za-z0-9_-]", "-", base)
-            if name in targets:
-                raise InputError(
-                    f"{entry.spec.source}: tags '{targets[name]['tags'][0]}' and "
-                    f"'{tag}' both become the bake target '{name}' (bake names "
-                    "allow letters, digits, '_' and '-'); make the tags differ in more than "
-                    "'.' against '-'."
-                )
-            context = Path(os.path.relpath(entry.spec.context))
-            targets[name] = {
-                "context": context.as_posix(),
-                "dockerfile": Path(os.path.relpath(entry.dockerfile, context)).as_posix(),
-                "tags": [tag],
-                "labels": entry.labels,
-                "platforms": [e.platform for e in group] if shared else [entry.platform],
-            }
-    return {"group": {"default": {"targets": list(targets)}}, "target": targets}
+def _check_pins(bases: Any, texts: list[str]) -> None:
+    """``--check-pins``: each pin against what its tag names now (the only network
+    step of generate); exit 1 naming the stale ones."""
+    from buildmatrix.bases import unused_pins
+    from buildmatrix.pins import pin_states
+
+    where = bases.source or "bases.yaml"
+    for ref in unused_pins(bases, texts):
+        click.echo(f"{where}: pin {ref} is used by no generated Dockerfile", err=True)
+    states = pin_states(bases)
+    stale = [s for s in states if s.stale]
+    if stale:
+        raise CheckFailed(
+            f"{where}: {len(stale)} pinned base digest{'s are' if len(stale) > 1 else ' is'} "
+            "stale; update the pins (and run `buildmatrix generate`):\n"
+            + "\n".join(f"  stale    {s}" for s in stale)
+        )
+    click.echo(f"{len(states)} pinned base digests in {where} are current")
 
 
 @click.command("matrix")
@@ -269,6 +275,24 @@ def _bake(matrix: Any) -> dict[str, Any]:
     "ghcr.io/my-org: the one setting a workflow's login shares. Default: "
     "$BUILDMATRIX_REGISTRY, else the repositories as written.",
 )
+@click.option(
+    "--source",
+    "oci_source",
+    metavar="URL",
+    help="org.opencontainers.image.source for the entries' labels and annotations. "
+    "Default: $GITHUB_SERVER_URL/$GITHUB_REPOSITORY where both are set.",
+)
+@click.option(
+    "--revision",
+    metavar="SHA",
+    help="org.opencontainers.image.revision. Default: $GITHUB_SHA where set.",
+)
+@click.option(
+    "--created",
+    metavar="TIME",
+    help="org.opencontainers.image.created: an ISO 8601 time or 'now'. Default: "
+    "$SOURCE_DATE_EPOCH where set, else now inside GitHub Actions, else left out.",
+)
 @explain_option
 def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
     images_dir: str,
@@ -277,49 +301,48 @@ def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
     image: str | None,
     fmt: str,
     registry: str | None,
+    oci_source: str | None,
+    revision: str | None,
+    created: str | None,
     explain: bool,
 ) -> int:
     """Print the build matrix: GitHub Actions strategy.matrix (one job per variant and
     platform), the merge matrix (one job per family tag, publishing its multi-platform
-    index), docker buildx bake, or JSON."""
+    index), docker buildx bake, or JSON. Every entry carries its content key and
+    immutable tag, its build cache settings and the run's OCI labels."""
+    from buildmatrix.bake import bake_file
+    from buildmatrix.bases import load_bases
     from buildmatrix.matrix import GITHUB_MATRIX_LIMIT, merges
+    from buildmatrix.pipeline import entry_extras, keys, merge_extras, run_info
 
     m = _matrix(images_dir, profiles_dir, out_dir, image, registry)
     if explain:
         _explain(m)
-    entries = [e.to_json() for e in m.entries]
+    run = run_info(oci_source, revision, created, env=os.environ)
+    k = keys(m.entries, _rendered(m, Path(images_dir), load_bases(Path(images_dir))))
+    entries = [
+        e.to_json() | entry_extras(e, key=key, tag_key=k.tags[e.image_ref], run=run)
+        for e, key in zip(m.entries, k.entries, strict=True)
+    ]
+    first = {e.image_ref: e for e in reversed(m.entries)}
+    merged = [
+        d | merge_extras(first[d["tags"][0]], tag_key=k.tags[d["tags"][0]], run=run)
+        for d in merges(m.entries)
+    ]
     if fmt == "github":
         if len(entries) > GITHUB_MATRIX_LIMIT:
             raise InputError(_over_limit(entries, GITHUB_MATRIX_LIMIT))
-        keys = (
-            "image",
-            "family",
-            "cuda",
-            "tag",
-            "tags",
-            "dockerfile",
-            "context",
-            "gencode",
-            "torch_arch_list",
-            "sm",
-            "platform",
-            "arch",
-            "runner",
-            "qemu",
-            "key",
-            "repository",
-        )
-        doc: dict[str, Any] = {"include": [{k: e[k] for k in keys} for e in entries]}
+        doc: dict[str, Any] = {"include": [{k: e[k] for k in GITHUB_KEYS} for e in entries]}
     elif fmt == "merge":
-        doc = {"include": merges(m.entries)}
+        doc = {"include": merged}
     elif fmt == "bake":
-        doc = _bake(m)
+        doc = bake_file(m.entries, keys=k, run=run)
     else:
         doc = {
             "version": JSON_VERSION,
             "entries": entries,
             "dropped": [{"image": d.image, "what": d.what, "reason": d.reason} for d in m.dropped],
-            "merges": merges(m.entries),
+            "merges": merged,
         }
     click.echo(
         json.dumps(
@@ -329,3 +352,29 @@ def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
         )
     )
     return 0
+
+
+GITHUB_KEYS = (
+    "image",
+    "family",
+    "cuda",
+    "tag",
+    "tags",
+    "dockerfile",
+    "context",
+    "gencode",
+    "torch_arch_list",
+    "sm",
+    "platform",
+    "arch",
+    "runner",
+    "qemu",
+    "key",
+    "repository",
+    "content_key",
+    "content_tag",
+    "cache_from",
+    "cache_to",
+    "oci_labels",
+    "annotations",
+)

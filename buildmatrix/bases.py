@@ -1,0 +1,140 @@
+"""Base images: a mirror registry and digest pins for the ``FROM`` lines of every
+generated Dockerfile, from ``IMAGES/bases.yaml`` (docs/generate.md, "Bases").
+
+NVIDIA removes the ``nvidia/cuda`` tags of end-of-life releases, and a tag can be
+re-pushed; a pinned digest keeps a build reproducible, a mirror keeps it working
+where Docker Hub is not reachable (hermetic builds). Both are applied when the
+Dockerfile is rendered, so the committed Dockerfiles, and hence the content keys,
+name exactly what is pulled. Pure: data in, text out (the registry look-up for
+stale pins lives in the CLI).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from buildmatrix.errors import InputError
+from buildmatrix.image.ref import DEFAULT_HOST, Transport, is_host, parse_name
+
+BASES_FILE = "bases.yaml"
+# A FROM instruction: flags (--platform=...), the image, an optional stage name.
+# Dockerfile reference, "FROM": FROM [--platform=<platform>] <image> [AS <name>]
+_FROM = re.compile(
+    r"^(?P<head>[ \t]*FROM[ \t]+(?:--\S+[ \t]+)*)(?P<ref>[^\s\\]+)(?P<tail>.*)$",
+    re.IGNORECASE,
+)
+_AS = re.compile(r"^[ \t]+AS[ \t]+(?P<name>\S+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bases:
+    """Where base images come from: ``registry`` (a mirror of Docker Hub) and
+    ``pins`` (reference as the template writes it -> ``sha256:`` digest)."""
+
+    registry: str | None = None
+    pins: dict[str, str] = field(default_factory=dict)
+    source: Path | None = None
+
+
+NO_BASES = Bases()
+
+
+def _docker_hub_path(ref: str) -> str | None:
+    """The repository path of a Docker Hub reference (``library/`` added for official
+    images, as Docker resolves them), or None for a reference that names a host."""
+    first, _, rest = ref.partition("/")
+    if rest and first in (DEFAULT_HOST, "index.docker.io"):
+        ref = rest
+    elif rest and is_host(first):
+        return None
+    name = re.split(r"[:@]", ref, maxsplit=1)[0]
+    return ref if "/" in name else f"library/{ref}"
+
+
+def external_refs(text: str) -> list[str]:
+    """The images a Dockerfile's FROM lines pull, in order: not ``scratch``, not an
+    earlier stage's name, not one built from an ARG (``$``)."""
+    stages: set[str] = set()
+    refs = []
+    for line in text.splitlines():
+        m = _FROM.match(line)
+        if m is None:
+            continue
+        ref = m["ref"]
+        if ref.lower() not in stages and ref.lower() != "scratch" and "$" not in ref:
+            refs.append(ref)
+        named = _AS.match(m["tail"])
+        if named:
+            stages.add(named["name"].lower())
+    return refs
+
+
+def apply(text: str, bases: Bases) -> str:
+    """``text`` with each external FROM reference pinned (``REF@sha256:...``, the tag
+    kept for readers; the digest is what Docker pulls) and, for Docker Hub
+    references, pulled through ``bases.registry`` (``MIRROR/library/ubuntu:24.04``).
+    References that name another registry are kept: a mirror stands in for Docker
+    Hub, as the engine's ``registry-mirrors`` setting does."""
+    if not bases.registry and not bases.pins:
+        return text
+    pulled = set(external_refs(text))
+    out = []
+    for line in text.splitlines(keepends=True):
+        m = _FROM.match(line)
+        if m is None or m["ref"] not in pulled:
+            out.append(line)
+            continue
+        ref = m["ref"]
+        if "@" not in ref and ref in bases.pins:
+            ref = f"{ref}@{bases.pins[ref]}"
+        path = _docker_hub_path(ref)
+        if bases.registry and path is not None:
+            ref = f"{bases.registry}/{path}"
+        out.append(f"{m['head']}{ref}{m['tail']}" + line[len(line.rstrip("\r\n")) :])
+    return "".join(out)
+
+
+def unused_pins(bases: Bases, texts: list[str]) -> list[str]:
+    """Pinned references that no generated Dockerfile pulls (a removed base, a typo):
+    a pin is used where its rewritten form (pinned, mirrored) is a FROM image."""
+    used = {r for t in texts for r in external_refs(t)}
+    return sorted(
+        ref for ref in bases.pins if external_refs(apply(f"FROM {ref}\n", bases))[0] not in used
+    )
+
+
+def bases_from_data(data: Any, path: Path) -> Bases:
+    """Validate a loaded ``bases.yaml`` into ``Bases`` (exit 2 naming the key)."""
+    from buildmatrix import schema
+    from buildmatrix.matrix import check_registry
+
+    if data is None:
+        return Bases(source=path)
+    schema.validate(data, "bases", source=str(path))
+    registry = data.get("registry")
+    if registry is not None:
+        registry = check_registry(registry, what=f"{path}: key 'registry'")
+    pins = {}
+    for ref, digest in (data.get("pins") or {}).items():
+        parsed = parse_name(ref, given=f"{path}: key 'pins.{ref}'", transport=Transport.BARE)
+        if parsed.digest or not parsed.tag:
+            raise InputError(
+                f"{path}: key 'pins.{ref}': write the reference as the template's FROM "
+                "line does, NAME:TAG without a digest (e.g. "
+                "nvidia/cuda:12.9.1-devel-ubuntu24.04); the digest is the value."
+            )
+        pins[ref] = digest
+    return Bases(registry=registry, pins=pins, source=path)
+
+
+def load_bases(images: Path) -> Bases:
+    """``IMAGES/bases.yaml`` where it exists, else no mirror and no pins."""
+    from buildmatrix.yamlio import load_yaml_file
+
+    path = images / BASES_FILE
+    if not path.is_file():
+        return NO_BASES
+    return bases_from_data(load_yaml_file(path), path)
