@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, CliRunner
+from tests.services import Registry
 
 GOLDEN = REPO / "tests" / "golden"
 UPDATE = os.environ.get("BUILDMATRIX_UPDATE_GOLDEN") == "1"
@@ -258,3 +259,116 @@ def test_the_header_does_not_depend_on_where_generate_runs(
     assert check.code == 0, check.out + check.err
     text = next(out.glob("train-fp8/*.Dockerfile")).read_text()
     assert "from images/train-fp8/image.yaml" in text
+
+
+# --- bases: a mirror and digest pins (docs/generate.md, "Bases") -----------------------
+
+RUNTIME = "nvidia/cuda:13.3.1-runtime-ubuntu24.04"
+
+
+def _from_lines(out: Path) -> set[str]:
+    return {
+        line
+        for path in out.rglob("*.Dockerfile")
+        for line in path.read_text().splitlines()
+        if line.startswith("FROM ")
+    }
+
+
+def test_bases_mirror_and_pins_rewrite_from_lines(cli: CliRunner, tmp_path: Path) -> None:
+    images = _train_fp8(tmp_path)
+    digest = "sha256:" + "b" * 64
+    (images / "bases.yaml").write_text(
+        f"registry: mirror.example.com:5000/hub\npins:\n  {RUNTIME}: {digest}\n"
+    )
+    out = tmp_path / "build"
+    assert cli("generate", "--images", str(images), "--out", str(out)).code == 0
+    froms = _from_lines(out)
+    mirror = "FROM mirror.example.com:5000/hub/nvidia/cuda"
+    assert f"{mirror}:13.3.1-runtime-ubuntu24.04@{digest}" in froms  # pinned and mirrored
+    assert f"{mirror}:12.9.1-runtime-ubuntu24.04" in froms  # mirrored, not pinned
+    assert f"{mirror}:13.3.1-devel-ubuntu24.04 AS build" in froms
+    assert all(line.startswith(mirror) for line in froms)
+    # generate --check reads no registry: the mirror above does not exist
+    assert cli("generate", "--images", str(images), "--out", str(out), "--check").code == 0
+
+
+@pytest.mark.parametrize(
+    ("bases", "message"),
+    [
+        (f"pins:\n  {RUNTIME}@sha256:{'c' * 64}: sha256:{'c' * 64}\n", "NAME:TAG without a digest"),
+        (f"pins:\n  {RUNTIME}: sha256:short\n", "key 'pins."),
+        ("registry: https://mirror.example.com\n", "is not a registry prefix"),
+        ("mirror: x\n", "mirror"),
+    ],
+)
+def test_bad_bases_exit_2(cli: CliRunner, tmp_path: Path, bases: str, message: str) -> None:
+    images = _train_fp8(tmp_path)
+    (images / "bases.yaml").write_text(bases)
+    result = cli("generate", "--images", str(images), "--out", str(tmp_path / "b"))
+    assert result.code == 2
+    assert "bases.yaml" in result.err
+    assert message in result.err
+
+
+def _skopeo_digest(ref: str) -> str:
+    """The digest of ``ref`` as skopeo reads it: the oracle for a correct pin."""
+    out = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{ref}"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(out).hexdigest()
+
+
+def test_check_pins_tells_a_stale_digest_only_when_asked(
+    cli: CliRunner, tmp_path: Path, registry: Registry
+) -> None:
+    from tests.images import Image
+    from tests.pool_registry import push
+
+    base = f"{registry.host}/pins/cuda:1"
+    push(registry, Image(layers=[{"etc/one": b"first push"}]), "pins/cuda:1", tmp_path)
+    images = _train_fp8(tmp_path)
+    template = images / "train-fp8" / "Dockerfile.j2"
+    template.write_text(
+        template.read_text().replace("nvidia/cuda:{{ cuda }}-runtime-ubuntu24.04", base)
+    )
+    bases = images / "bases.yaml"
+    bases.write_text(
+        f"pins:\n  {base}: {_skopeo_digest(base)}\n  ubuntu:99.04: sha256:{'d' * 64}\n"
+    )
+    out = tmp_path / "build"
+    assert cli("generate", "--images", str(images), "--out", str(out)).code == 0
+    assert f"FROM {base}@{_skopeo_digest(base)}" in _from_lines(out)
+    args = ("generate", "--images", str(images), "--out", str(out), "--check")
+    current = cli(*args, "--check-pins")
+    assert current.code == 0, current.err
+    assert "pin ubuntu:99.04 is used by no generated Dockerfile" in current.err
+
+    push(registry, Image(layers=[{"etc/one": b"re-pushed"}]), "pins/cuda:1", tmp_path)
+    bases.write_text(bases.read_text().replace("  ubuntu:99.04: sha256:" + "d" * 64 + "\n", ""))
+    assert cli(*args).code == 0  # no network, no verdict on pins
+    stale = cli(*args, "--check-pins")
+    assert stale.code == 1
+    assert f"stale    {base}: pinned sha256:" in stale.err
+    assert f"is now {_skopeo_digest(base)}" in stale.err
+
+    removed = f"{registry.host}/pins/removed:1"  # a tag the registry does not have (404)
+    template.write_text(template.read_text().replace(base, removed))
+    bases.write_text(f"pins:\n  {removed}: sha256:{'f' * 64}\n")
+    assert cli("generate", "--images", str(images), "--out", str(out)).code == 0
+    missing = cli(*args, "--check-pins")
+    assert missing.code == 1
+    assert f"but {removed} no longer exists" in missing.err
+
+    gone = "127.0.0.1:1/pins/cuda:1"  # nothing listens on port 1
+    template.write_text(template.read_text().replace(removed, gone))
+    bases.write_text(f"pins:\n  {gone}: sha256:{'e' * 64}\n")
+    assert cli("generate", "--images", str(images), "--out", str(out)).code == 0
+    assert cli(*args).code == 0
+    unreachable = cli(*args, "--check-pins")
+    assert unreachable.code == 3
+    assert "127.0.0.1:1" in unreachable.err

@@ -234,15 +234,19 @@ def _write(out: Path, expected: dict[Path, str], dropped: list[Any], *, explain:
 
 
 def _check_pins(bases: Any, texts: list[str]) -> None:
-    """``--check-pins``: each pin against what its tag names now (the only network
-    step of generate); exit 1 naming the stale ones."""
+    """``--check-pins``: each pin a generated Dockerfile uses against what its tag
+    names now (the only network step of generate); exit 1 naming the stale ones."""
+    from dataclasses import replace
+
     from buildmatrix.bases import unused_pins
     from buildmatrix.pins import pin_states
 
     where = bases.source or "bases.yaml"
-    for ref in unused_pins(bases, texts):
+    unused = unused_pins(bases, texts)
+    for ref in unused:
         click.echo(f"{where}: pin {ref} is used by no generated Dockerfile", err=True)
-    states = pin_states(bases)
+    used = {ref: digest for ref, digest in bases.pins.items() if ref not in unused}
+    states = pin_states(replace(bases, pins=used))
     stale = [s for s in states if s.stale]
     if stale:
         raise CheckFailed(
