@@ -284,3 +284,17 @@ def test_run_labels_from_the_environment(
     bad = cli("matrix", "--created", "yesterday")
     assert bad.code == 2
     assert "--created: 'yesterday' is not an ISO 8601 time" in bad.err
+
+
+def test_json_output_follows_its_schema(repo_copy: Path, cli: CliRunner) -> None:
+    import jsonschema
+
+    schema = json.loads((REPO / "buildmatrix" / "schemas" / "matrix.schema.json").read_text())
+    run = ["--source", "https://github.com/o/r", "--revision", "abc", "--created", "now"]
+    for extra in ([], run):
+        doc = json.loads(cli("matrix", "--format", "json", *extra).out)
+        jsonschema.validate(doc, schema)
+        github = json.loads(cli("matrix", "--format", "github", *extra).out)["include"]
+        entry = {"$ref": "#/$defs/entry", "$defs": schema["$defs"]}
+        for e in github:  # a subset of the json entry's keys, the same values
+            jsonschema.validate(doc["entries"][0] | e, entry)
