@@ -157,6 +157,8 @@ def _entry(path: Path) -> str:
         return f"link {path.readlink().as_posix()}"
     if stat.S_ISDIR(info.st_mode):
         return "dir"
+    if not stat.S_ISREG(info.st_mode):
+        return "special"  # a socket or FIFO: never read (it could block)
     mode = "755" if info.st_mode & 0o111 else "644"
     return f"file {mode} sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
 

@@ -298,3 +298,16 @@ def test_json_output_follows_its_schema(repo_copy: Path, cli: CliRunner) -> None
         entry = {"$ref": "#/$defs/entry", "$defs": schema["$defs"]}
         for e in github:  # a subset of the json entry's keys, the same values
             jsonschema.validate(doc["entries"][0] | e, entry)
+
+
+def test_links_count_by_target_and_fifos_are_not_read(tmp_path: Path) -> None:
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "real.cu").write_text("1")
+    (tmp_path / "k" / "alias.cu").symlink_to("real.cu")
+    os.mkfifo(tmp_path / "k" / "pipe")
+    files = context_files(tmp_path, ["k"])
+    assert files["k/alias.cu"] == "link real.cu"
+    assert files["k/pipe"] == "special"
+    (tmp_path / "k" / "alias.cu").unlink()
+    (tmp_path / "k" / "alias.cu").symlink_to("other.cu")
+    assert context_files(tmp_path, ["k"]) != files
