@@ -53,18 +53,28 @@ def _quote(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid Dockerfile double-quoted word
 
 
-def render(entry: Entry, *, source: str, bases: Bases = NO_BASES) -> str:
+def render(
+    entry: Entry,
+    *,
+    source: str,
+    bases: Bases = NO_BASES,
+    environments: dict[Path, Any] | None = None,
+) -> str:
     """The Dockerfile text of ``entry``; template errors are input errors naming the line.
-    ``bases`` pins and mirrors the FROM images (buildmatrix.bases)."""
+    ``bases`` pins and mirrors the FROM images (buildmatrix.bases). ``environments``
+    (one per template folder) lets the renders of one run share compiled templates."""
     import jinja2
 
     spec = entry.spec
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(spec.template.parent)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
+    shared = {} if environments is None else environments
+    env = shared.get(spec.template.parent)
+    if env is None:
+        env = shared[spec.template.parent] = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(spec.template.parent)),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+            autoescape=False,
+        )
     try:
         body = env.get_template(spec.template.name).render(template_context(entry))
     except jinja2.TemplateSyntaxError as exc:

@@ -262,10 +262,24 @@ def test_outputs_carry_key_tag_cache_and_labels(repo_copy: Path, cli: CliRunner)
         assert e["annotations"] == [f"manifest:{x}" for x in labels]
     for m in merge:
         assert m["annotations"] == [f"index:{x}" for x in labels]
+    immutable = {m["content_tag"] for m in merge}
     for name, target in bake.items():
         assert target["cache-to"] == [f"type=gha,scope={name},mode=max"]
         assert all(target["labels"][k] == v for k, _, v in (x.partition("=") for x in labels))
-        assert len(target["tags"]) == 2
+        family, fixed = target["tags"]
+        suffix = family.removeprefix(family.rsplit("-", 1)[0]) if name.endswith("64") else ""
+        assert fixed.removesuffix(suffix) in immutable  # per-platform targets: -ARCH
+    assert any(name.endswith("-arm64") for name in bake)  # the Blackwell tags are split
+
+
+def test_a_tag_with_no_room_for_the_key_is_exit_2(repo_copy: Path, cli: CliRunner) -> None:
+    spec = repo_copy / "images" / "train-fp8" / "image.yaml"
+    long = "x" * 100
+    spec.write_text(spec.read_text().replace('tag: "{version}', f'tag: "{long}-{{version}}'))
+    result = cli("matrix", "--image", "train-fp8")
+    assert result.code == 2
+    assert "key 'tag'" in result.err
+    assert "leaves no room for the content key" in result.err
 
 
 def test_run_labels_from_the_environment(

@@ -117,9 +117,12 @@ def _rendered(matrix: Any, images: Path, bases: Any) -> dict[Path, str]:
 
     base = images.resolve().parent
     files: dict[Path, str] = {}
+    environments: dict[Path, Any] = {}
     for entry in matrix.entries:
         source = Path(os.path.relpath(entry.spec.source.resolve(), base)).as_posix()
-        files[entry.dockerfile] = render(entry, source=source, bases=bases)
+        files[entry.dockerfile] = render(
+            entry, source=source, bases=bases, environments=environments
+        )
     return files
 
 
