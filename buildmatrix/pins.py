@@ -14,11 +14,7 @@ from dataclasses import dataclass
 
 from buildmatrix.bases import Bases, apply, external_refs
 from buildmatrix.errors import InputError
-from buildmatrix.image.ref import DEFAULT_HOST, parse_ref
-
-# Docker Hub's registry API endpoint for images named docker.io/... (moby
-# registry/config.go, DefaultRegistryHost).
-DOCKER_HUB_API = "registry-1.docker.io"
+from buildmatrix.image.ref import parse_ref
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,8 +48,6 @@ def pin_states(bases: Bases) -> list[PinState]:
     for ref, pinned in sorted(bases.pins.items()):
         asked = _asked(ref, bases)
         parsed = parse_ref(f"docker://{asked}")
-        if parsed.host == DEFAULT_HOST:
-            parsed = parse_ref(f"docker://{DOCKER_HUB_API}/{parsed.repository}:{parsed.tag}")
         client = RegistryClient(parsed)
         try:
             _, current = client.manifest(parsed.reference, digest=None)

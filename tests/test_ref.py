@@ -6,7 +6,7 @@ import pytest
 
 from buildmatrix.errors import InputError
 from buildmatrix.image.ref import Transport, parse_ref
-from buildmatrix.image.registry import is_loopback
+from buildmatrix.image.registry import api_host, is_loopback
 
 
 @pytest.mark.parametrize(
@@ -84,6 +84,24 @@ def test_bad_refs(text: str, message: str) -> None:
 )
 def test_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize(
+    ("text", "api"),
+    [
+        ("docker://ubuntu", "registry-1.docker.io"),
+        ("docker://nvidia/cuda:12.8.1-base-ubuntu24.04", "registry-1.docker.io"),
+        ("docker://docker.io/nvidia/cuda:12.8.1-base-ubuntu24.04", "registry-1.docker.io"),
+        ("docker://index.docker.io/library/ubuntu", "registry-1.docker.io"),
+        ("docker://registry-1.docker.io/library/ubuntu", "registry-1.docker.io"),
+        ("docker://nvcr.io/nvidia/pytorch:25.01-py3", "nvcr.io"),
+        ("docker://127.0.0.1:5000/team/train", "127.0.0.1:5000"),
+    ],
+)
+def test_docker_hub_names_ask_its_api_host(text: str, api: str) -> None:
+    """Docker Hub's image names are not its API host: the engine asks
+    registry-1.docker.io for them (moby registry/config.go, DefaultRegistryHost)."""
+    assert api_host(parse_ref(text).host) == api
 
 
 @pytest.mark.parametrize(

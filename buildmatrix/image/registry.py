@@ -56,6 +56,11 @@ ACCEPT = ", ".join((*INDEX_TYPES, *MANIFEST_TYPES))
 # that reads a registry which never answers fails within this, and says which wait
 # ran out (docs/check.md, "Time-outs"). --timeout SECONDS sets it.
 DEFAULT_TIMEOUT = 30.0
+# Docker Hub's names (docker.io, index.docker.io) are not where its registry API
+# answers: the Docker engine sends /v2/ requests for them to registry-1.docker.io
+# (moby registry/config.go, DefaultRegistryHost / IndexHostname).
+DOCKER_HUB_NAMES = frozenset({"docker.io", "index.docker.io"})
+DOCKER_HUB_API = "registry-1.docker.io"
 _WAIT: contextvars.ContextVar[float] = contextvars.ContextVar(
     "buildmatrix_registry_timeout", default=DEFAULT_TIMEOUT
 )
@@ -106,19 +111,25 @@ def _timed_session(session: requests.Session, timeout: float) -> None:
         session.mount(prefix, TimedAdapter())
 
 
+def api_host(host: str) -> str:
+    """Where a registry named ``host`` answers the distribution API."""
+    return DOCKER_HUB_API if host in DOCKER_HUB_NAMES else host
+
+
 class RegistryClient:
     def __init__(self, ref: ImageRef, *, timeout: float | None = None) -> None:
         import oras.provider
 
         self.ref = ref
+        self.api_host = api_host(ref.host)
         self.timeout = _WAIT.get() if timeout is None else timeout
         self.credentials = Lookup(credentials=None, source="")
         insecure = is_loopback(ref.host)
         self.registry: oras.provider.Registry = oras.provider.Registry(
-            ref.host, insecure=insecure, tls_verify=True, auth_backend=self._scheme(insecure)
+            self.api_host, insecure=insecure, tls_verify=True, auth_backend=self._scheme(insecure)
         )
         _timed_session(self.registry.session, self.timeout)
-        self.container = self.registry.get_container(f"{ref.host}/{ref.repository}")
+        self.container = self.registry.get_container(f"{self.api_host}/{ref.repository}")
         # Credentials as the Docker CLI finds them (image/dockerconfig.py), not with
         # oras-py's own lookup: that one merges $DOCKER_CONFIG's file with
         # ~/.docker/config.json and reads only an entry's "auth", not the
@@ -142,7 +153,7 @@ class RegistryClient:
         """
         import requests
 
-        url = f"{'http' if insecure else 'https'}://{self.ref.host}/v2/"
+        url = f"{'http' if insecure else 'https'}://{self.api_host}/v2/"
         try:
             response = requests.get(url, timeout=(self.timeout, self.timeout))
         except requests.exceptions.RequestException as exc:
@@ -216,7 +227,7 @@ class RegistryClient:
 
     def _url(self, kind: str, reference: str) -> str:
         return (
-            f"{self.registry.prefix}://{self.ref.host}/v2/{self.ref.repository}/{kind}/{reference}"
+            f"{self.registry.prefix}://{self.api_host}/v2/{self.ref.repository}/{kind}/{reference}"
         )
 
     def manifest(self, reference: str, *, digest: str | None) -> tuple[dict[str, Any], str]:
