@@ -19,6 +19,7 @@ store is not where it is looked for: nothing is asked of the daemon.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -83,7 +84,7 @@ def candidate_names(ref: ImageRef) -> list[str]:
     """The record names NAME may stand for: as given, then as the CRI and ``ctr
     images import`` name images (``docker.io/library/NAME:latest``, docker's
     normalisation, which parse_name applies for the registry transport)."""
-    given = ref.given.removeprefix(f"{Transport.CONTAINERD.value}:")
+    given = ref.given.removeprefix(f"{ref.transport.value}:")
     full = parse_name(given, given=ref.given, transport=Transport.REGISTRY)
     names = [given]
     if not ref.tag and not ref.digest:
@@ -99,9 +100,14 @@ def _text(bucket: Bucket | None, key: bytes) -> str:
     return entry[0].decode("utf-8", "replace") if entry and not entry[1] else ""
 
 
-def _find(ref: ImageRef, store: Store, meta: Path) -> Record:
+def _find(ref: ImageRef, store: Store, meta: Path, *, target: str = "") -> Record:
+    """The record NAME names; with ``target`` (an engine's answer for NAME) only a
+    record with that target digest, by name first, else any: as Docker's containerd
+    image service resolves an image ID (daemon/containerd/image.go ``resolveImage``,
+    ``target.digest==`` and the first image listed)."""
     names = candidate_names(ref)
     full = parse_name(names[0], given=ref.given, transport=Transport.REGISTRY)
+    wanted = target or full.digest
 
     def walk(root: Bucket) -> Record | tuple[list[str], list[str]]:
         schema = root.bucket(b"v1")
@@ -111,19 +117,19 @@ def _find(ref: ImageRef, store: Store, meta: Path) -> Record:
         if images is None:
             return namespaces, []
         for name in names:
-            target = images.bucket(name.encode(), b"target")
-            if target is not None:
-                return _record(root, store, name, target)
+            held = images.bucket(name.encode(), b"target")
+            if held is not None and (not wanted or _text(held, b"digest") == wanted):
+                return _record(root, store, name, held)
         listed = []
         for key, value, is_bucket in images.items():
             if not is_bucket:
                 continue
             name = key.decode("utf-8", "replace")
             listed.append(name)
-            if full.digest and _repository(name) == (full.host, full.repository):
-                target = images.open(value).bucket(b"target")
-                if target is not None and _text(target, b"digest") == full.digest:
-                    return _record(root, store, name, target)
+            if wanted and (target or _repository(name) == (full.host, full.repository)):
+                entry = images.open(value).bucket(b"target")
+                if entry is not None and _text(entry, b"digest") == wanted:
+                    return _record(root, store, name, entry)
         return namespaces, listed
 
     try:
@@ -194,12 +200,23 @@ def _not_found(
     )
 
 
+def socket_at(path: str) -> bool:
+    """Whether a unix socket is at ``path``; one in a folder this user may not look
+    into (``/run/containerd`` is 0711 on some systems) counts as there."""
+    try:
+        return stat.S_ISSOCK(Path(path).stat().st_mode)
+    except PermissionError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def _missing(store: Store) -> EnvironmentUnavailable:
     socket = Path(store.address)
     why = (
         f"a containerd socket is at {socket}, so its root is elsewhere: set $CONTAINERD_ROOT "
         "to the 'root' of its config (containerd config dump)"
-        if socket.is_socket()
+        if socket_at(store.address)
         else f"and no containerd socket is at {socket} ($CONTAINERD_ADDRESS) either"
     )
     return EnvironmentUnavailable(
@@ -263,10 +280,12 @@ def scan_containerd(
     progress: Progress | None = None,
     keep: Path | None = None,
     store: Store | None = None,
+    target: str = "",
 ) -> ScannedImage:
-    """Name → image record → manifest (an index → ``platform``) → config and layers."""
+    """Name → image record → manifest (an index → ``platform``) → config and layers.
+    ``target``: the record must point at this digest (what an engine answered)."""
     store = store or Store.from_env()
-    record = _find(ref, store, store.root / METADATA)
+    record = _find(ref, store, store.root / METADATA, target=target)
     content = _Content(ref, store, record)
     name = f"containerd:{record.name}"
     desc: dict[str, Any] = {"digest": record.digest, "mediaType": record.media_type}

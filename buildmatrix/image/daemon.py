@@ -27,6 +27,7 @@ from buildmatrix.image.model import (
     iter_chunks_reader,
 )
 from buildmatrix.image.overlay2 import UnreadableLayer, scan_layer_dir
+from buildmatrix.image.platform import DEFAULT_PLATFORM
 from buildmatrix.image.ref import ImageRef
 from buildmatrix.image.savetar import SaveTree, member_of
 from buildmatrix.image.tarstream import member_data, open_forward
@@ -34,6 +35,8 @@ from buildmatrix.image.tree import LayerSummary
 
 if TYPE_CHECKING:
     import docker
+
+    from buildmatrix.image.containerd import Store
 
 _CHUNK = 4 << 20
 
@@ -74,12 +77,28 @@ def scan_daemon_image(
     *,
     progress: Progress | None = None,
     keep: Path | None = None,
+    platform: str = DEFAULT_PLATFORM,
+    containerd: Store | None = None,
 ) -> ScannedImage:
+    """The engine's image from the engine's own storage where it can be read here
+    (containerd's image store, image/enginestore.py; the overlay2 driver's folders),
+    else from its ``docker save`` stream; ``read_from`` says which, and why not."""
     attrs = image.attrs
     config = ImageConfig.from_json(attrs, image_id=attrs.get("Id"))
     repo = ref.name.rsplit(":", 1)[0] if not ref.digest else ref.name.split("@")[0]
     digests = [d for d in attrs.get("RepoDigests") or [] if d.split("@")[0] == repo]
     digest = digests[0].split("@", 1)[1] if digests else None
+    from buildmatrix.image.enginestore import read_engine_store
+
+    read, why = read_engine_store(
+        client, ref, attrs, given=containerd, platform=platform, progress=progress, keep=keep
+    )
+    if read is not None:
+        return replace(read, digest=digest)
+    if why:  # the engine keeps its images in containerd, which cannot be read here
+        saved = _scan_saved(client, attrs, ref, progress=progress, keep=keep)
+        image_ = finish(ref=ref.given, digest=digest, config=config, layers=saved)
+        return replace(image_, read_from=f"docker save stream ({why})")
     folders, why = storage_folders(client, attrs) if keep is None else (None, "--load-test")
     if folders is not None:
         try:

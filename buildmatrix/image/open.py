@@ -53,12 +53,13 @@ def scan_image(
                 ref, platform=platform, progress=progress, keep=keep, store=containerd
             )
         case Transport.DAEMON:
-            engine_image = _from_engine(ref, progress=progress, required=True, keep=keep)
-            if engine_image is None:  # pragma: no cover - required=True raises instead
-                raise EnvironmentUnavailable(f"'{ref.given}': the Docker engine is not there.")
-            return engine_image
+            return _from_engine(
+                ref, platform=platform, progress=progress, keep=keep, containerd=containerd
+            )
         case Transport.BARE:
-            return _engine_else_registry(ref, platform=platform, progress=progress, keep=keep)
+            return _engine_else_registry(
+                ref, platform=platform, progress=progress, keep=keep, containerd=containerd
+            )
     raise AssertionError(ref.transport)  # pragma: no cover - every transport is handled
 
 
@@ -68,6 +69,7 @@ def _engine_else_registry(
     platform: str,
     progress: Progress | None,
     keep: Path | None,
+    containerd: Store | None,
 ) -> ScannedImage:
     """A bare NAME[:TAG]: the local engine's image if it has one, else the registry's.
     When the registry fails too, the message says first why the engine did not serve
@@ -83,7 +85,15 @@ def _engine_else_registry(
     else:
         image = find_image(client, ref)
         if image is not None:
-            return scan_daemon_image(client, image, ref, progress=progress, keep=keep)
+            return scan_daemon_image(
+                client,
+                image,
+                ref,
+                progress=progress,
+                keep=keep,
+                platform=platform,
+                containerd=containerd,
+            )
         why = f"the local Docker engine has no image {ref.name}"
     remote = parse_name(ref.given, given=ref.given, transport=Transport.REGISTRY)
     try:
@@ -97,26 +107,26 @@ def _engine_else_registry(
 
 
 def _from_engine(
-    ref: ImageRef, *, progress: Progress | None, required: bool, keep: Path | None
-) -> ScannedImage | None:
+    ref: ImageRef,
+    *,
+    platform: str,
+    progress: Progress | None,
+    keep: Path | None,
+    containerd: Store | None,
+) -> ScannedImage:
     from buildmatrix.errors import InputError
     from buildmatrix.image.daemon import engine, find_image, scan_daemon_image
 
-    try:
-        client = engine()
-    except EnvironmentUnavailable:
-        if required:
-            raise
-        return None
+    client = engine()
     image = find_image(client, ref)
     if image is None:
-        if required:
-            raise InputError(
-                f"'{ref.given}': the Docker engine has no image {ref.name}. "
-                "Build or pull it first, or name another transport."
-            )
-        return None
-    return scan_daemon_image(client, image, ref, progress=progress, keep=keep)
+        raise InputError(
+            f"'{ref.given}': the Docker engine has no image {ref.name}. "
+            "Build or pull it first, or name another transport."
+        )
+    return scan_daemon_image(
+        client, image, ref, progress=progress, keep=keep, platform=platform, containerd=containerd
+    )
 
 
 def scan_node_first(
