@@ -2,7 +2,7 @@
 
 The machine's Docker 20.10 cannot run that store (it arrived as an option in Docker
 24 and is the default of fresh Docker Engine 29 installs), so the engine's side is
-this small HTTP server on a unix socket answering the four endpoints buildmatrix
+this small HTTP server on a unix socket answering the endpoints buildmatrix
 asks, with the shapes of the Engine API (moby api/swagger.yaml, API 1.51):
 
 - ``GET /_ping``, ``GET /version``: what the docker SDK asks before anything;
