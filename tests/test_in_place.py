@@ -268,8 +268,10 @@ def pool_everything() -> set[int]:
 
     pids: set[int] = set()
 
-    def run_all(fn: Callable[[Any], Any], jobs: list[Any], sizes: list[int]) -> list[Any]:
-        both = workers.run_all(_where, [(fn, job) for job in jobs], sizes)
+    def run_all(
+        fn: Callable[[Any], Any], jobs: list[Any], sizes: list[int], **kwargs: Any
+    ) -> list[Any]:
+        both = workers.run_all(_where, [(fn, job) for job in jobs], sizes, **kwargs)
         pids.update(pid for pid, _ in both)
         return [result for _, result in both]
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import io
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, cast
 
 from buildmatrix.binary.scan import ScanProblem, inspect_image_file
 from buildmatrix.binary.source import CorruptBinary, FileSource, SliceSource
 from buildmatrix.errors import InputError
+from buildmatrix.image.digests import RegionHash
 from buildmatrix.image.layers import (
     check_diff_id,
     clean_member_name,
@@ -38,21 +40,31 @@ def scan_layer_at(
     is read in place — headers only, each file that may hold device code inspected
     where it lies, the rest skipped — instead of streamed and spooled. A compressed
     layer is streamed. With ``diff_id``, the layer's bytes must have that SHA-256
-    (:func:`layers.check_diff_id`): hashed from the page cache, by a worker beside
-    the candidates' where workers read them."""
+    (:func:`layers.check_diff_id`), hashed on a thread beside the reading
+    (buildmatrix.image.digests): from the start where this process reads the
+    candidates, else once the workers that read them are forked."""
     import os
 
     fd = os.open(file, os.O_RDONLY)
+    hashing = None
     try:
         window = _Window(fd, offset, size)
         head = os.pread(fd, min(4, size), offset)
         if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
             return scan_layer(cast(IO[bytes], window), name=name, diff_id=diff_id)
         archive = FileSource(fd, name=str(file))
+        hashing = RegionHash(fd, offset, size) if diff_id is not None else None
         with read_as_layer(name):
-            ahead, digest = _read_ahead(
-                _Window(fd, offset, size), archive, file, offset, size, hashed=bool(diff_id)
+            ahead = _read_ahead(
+                _Window(fd, offset, size),
+                archive,
+                file,
+                offset,
+                size,
+                meanwhile=hashing.start if hashing is not None else None,
             )
+            if hashing is not None:
+                hashing.start()  # (where the read-ahead did not start it)
             buffered = io.BufferedReader(window, buffer_size=TAR_BUFSIZE)
             with tarfile.open(fileobj=buffered, mode="r:", tarinfo=StrictTarInfo) as tar:
 
@@ -66,48 +78,34 @@ def scan_layer_at(
                     return _inspect_in_archive(_job(file, offset, size, member, path), archive)
 
                 summary = summarise(tar, name, in_place)
-        if diff_id is not None:
-            check_diff_id(name, diff_id, digest or sha256_at(str(file), offset, size))
+            digest = hashing.result() if hashing is not None else None
+        check_diff_id(name, diff_id, digest)
         return summary
     finally:
+        if hashing is not None:
+            hashing.stop()  # a refused layer: the hash is given up
         os.close(fd)
 
 
-_HASH = "\0sha256"  # a job's path that asks for the SHA-256 of its bytes
-
-
-def sha256_at(file: str, offset: int, size: int) -> str:
-    """The SHA-256 of ``[offset, offset + size)`` of ``file``, hashed straight from
-    the mapped page cache (no copy; hashlib releases the GIL while it hashes)."""
-    import hashlib
-    import mmap
-
-    digest = hashlib.sha256()
-    if size:
-        with Path(file).open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            m.madvise(mmap.MADV_SEQUENTIAL)
-            view = memoryview(m)
-            try:
-                for at in range(offset, offset + size, 8 << 20):
-                    digest.update(view[at : min(at + (8 << 20), offset + size)])
-            finally:
-                view.release()
-    return f"sha256:{digest.hexdigest()}"
-
-
 def _read_ahead(
-    window: _Window, archive: FileSource, file: Path, offset: int, size: int, *, hashed: bool
-) -> tuple[dict[int, Result] | None, str | None]:
+    window: _Window,
+    archive: FileSource,
+    file: Path,
+    offset: int,
+    size: int,
+    *,
+    meanwhile: Callable[[], None] | None,
+) -> dict[int, Result] | None:
     """The device code of a layer's candidate files (regular, not sparse, whose first
     bytes may be code) by member offset, read by workers (buildmatrix.image.workers)
-    after a first pass over the headers that keeps no member, and with ``hashed``
-    the layer's SHA-256, one more job; None when the layer is small or its headers
-    do not all read — the summary then reads each file as it comes, and refuses the
+    after a first pass over the headers that keeps no member, ``meanwhile`` called
+    as they start (workers.run_all); None when the layer is small or its headers do
+    not all read — the summary then reads each file as it comes, and refuses the
     layer where the reader does."""
     from buildmatrix.image.workers import PARALLEL_BYTES
 
     if size < PARALLEL_BYTES:
-        return None, None
+        return None
     refused: tuple[type[Exception], ...] = (TarHeaderError, InputError, *unreadable())
     jobs = []
     try:
@@ -123,14 +121,14 @@ def _read_ahead(
                 if len(head) >= 4 and might_hold_code(head, path):
                     jobs.append((m.offset, job))
     except refused:
-        return None, None
-    if hashed:  # the biggest job, so the first a worker takes
-        jobs.append((-1, (str(file), offset, size, _HASH)))
-    results = run_all(_inspect_archived, [job for _, job in jobs], [job[2] for _, job in jobs])
-    digest = str(results.pop()) if hashed else None
-    jobs = jobs[:-1] if hashed else jobs
-    ahead = {at: cast(Result, result) for (at, _), result in zip(jobs, results, strict=True)}
-    return ahead, digest
+        return None
+    results = run_all(
+        _inspect_archived,
+        [job for _, job in jobs],
+        [job[2] for _, job in jobs],
+        meanwhile=meanwhile,
+    )
+    return {at: result for (at, _), result in zip(jobs, results, strict=True)}
 
 
 def _job(
@@ -142,13 +140,10 @@ def _job(
     return str(file), start, min(member.size, offset + size - start), path
 
 
-def _inspect_archived(job: tuple[str, int, int, str]) -> Result | str:
-    """A worker's :func:`_inspect_in_archive`: it opens the archive itself (or the
-    layer's SHA-256, for the hash job)."""
+def _inspect_archived(job: tuple[str, int, int, str]) -> Result:
+    """A worker's :func:`_inspect_in_archive`: it opens the archive itself."""
     import os
 
-    if job[3] == _HASH:
-        return sha256_at(job[0], job[1], job[2])
     fd = os.open(job[0], os.O_RDONLY)
     try:
         return _inspect_in_archive(job, FileSource(fd, name=job[0]))

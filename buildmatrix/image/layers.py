@@ -13,7 +13,7 @@ from __future__ import annotations
 import posixpath
 import tarfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import IO, cast
 
@@ -63,7 +63,9 @@ def scan_layer(
         except DiffIdMismatch as exc:
             check_diff_id(name, diff_id, str(exc))
             raise  # pragma: no cover - check_diff_id raises on a mismatch
-        with tar:
+        # Closing the stream under the tar stops the hash beside it (tarfile leaves
+        # a file object it was given open).
+        with tar, closing(cast(IO[bytes], tar.fileobj)):
             summary = summarise(
                 tar, name, lambda member, path: file_result(tar, member, path, keep)
             )

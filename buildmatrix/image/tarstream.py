@@ -3,11 +3,11 @@ through tarfile's seekable reader over a forward-only stream."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tarfile
 from typing import IO, Any, cast
 
+from buildmatrix.image.digests import BesideHasher
 from buildmatrix.image.tarheaders import StrictTarInfo, TarHeaderError
 
 # Tar streams are read with tarfile's seekable reader over a forward-only stream
@@ -26,7 +26,9 @@ def open_tar_stream(
     """A streaming tar reader over a plain, gzip or zstd layer (by magic bytes).
 
     With ``diff_id`` (the config's digest of the uncompressed layer), the tar stream
-    is hashed as it is read (:func:`tar_digest` then drains and names it), except
+    is hashed as it is read, on a thread beside the reader (buildmatrix.image.digests;
+    :func:`tar_digest` then drains and names it; closing the tar's ``fileobj`` stops
+    that thread), except
     where the layer is stored uncompressed and its blob digest, verified by the
     caller, is a SHA-256: the blob digest is then the diff_id, or the layer is not
     the one the config names (:class:`DiffIdMismatch`, at once)."""
@@ -43,7 +45,7 @@ def open_tar_stream(
             if blob_digest != diff_id:
                 raise DiffIdMismatch(blob_digest)
         else:
-            hasher = hashlib.sha256()
+            hasher = BesideHasher()
     if magic[:2] == GZIP_MAGIC:
         # ISA-L's gzip reader decompresses ~1.7x faster than zlib's (docs/check.md).
         from isal import igzip
@@ -66,9 +68,13 @@ def open_forward(
     stream: IO[bytes], *, tarinfo: type[tarfile.TarInfo] = tarfile.TarInfo, hasher: Any = None
 ) -> tarfile.TarFile:
     """tarfile's seekable reader over a stream read once, front to back (hashed as
-    it is read, with a ``hashlib`` object)."""
+    it is read, with a ``hashlib`` object or a :class:`BesideHasher`)."""
     buffered = io.BufferedReader(ForwardReader(stream, hasher=hasher), buffer_size=TAR_BUFSIZE)
-    return tarfile.open(fileobj=buffered, mode="r:", tarinfo=tarinfo)
+    try:
+        return tarfile.open(fileobj=buffered, mode="r:", tarinfo=tarinfo)
+    except BaseException:
+        buffered.close()  # no hashing thread outlives a stream that is not a tar
+        raise
 
 
 class DiffIdMismatch(Exception):
@@ -147,6 +153,9 @@ class ForwardReader(io.RawIOBase):
         return self._pos
 
     def readinto(self, buffer: Any) -> int:
+        # At most CHUNK at once (a buffered caller asks again for the rest): a hash
+        # beside the reader then works on one piece while the next is decompressed.
+        buffer = memoryview(buffer)[:CHUNK]
         readinto = getattr(self._stream, "readinto", None)
         if readinto is not None:
             n = readinto(buffer) or 0
@@ -158,6 +167,14 @@ class ForwardReader(io.RawIOBase):
             self.hasher.update(memoryview(buffer)[:n])
         self._pos += n
         return int(n)
+
+    def close(self) -> None:
+        """Closed, and a hash beside the reader stopped (the stream itself is the
+        caller's)."""
+        close = getattr(self.hasher, "close", None)
+        if close is not None:
+            close()
+        super().close()
 
     def drain(self) -> None:
         """Read the stream to its end (the bytes are hashed and dropped)."""

@@ -35,14 +35,33 @@ def workers() -> int:
     return max(1, min(cpus, MAX_WORKERS))
 
 
-def run_all(inspect: Callable[[Job], Out], jobs: Sequence[Job], sizes: Sequence[int]) -> list[Out]:
+def run_all(
+    inspect: Callable[[Job], Out],
+    jobs: Sequence[Job],
+    sizes: Sequence[int],
+    *,
+    meanwhile: Callable[[], None] | None = None,
+) -> list[Out]:
     """``inspect(job)`` of every job, in job order. ``inspect`` must be a module-level
     function (it runs in worker processes) and ``sizes`` says how many bytes each job
-    reads. Exceptions raised by a job are raised here, as in a loop."""
+    reads. Exceptions raised by a job are raised here, as in a loop.
+
+    ``meanwhile`` is called once in this process as the jobs start: after the
+    workers are forked (so a thread it starts is never in a fork), or before the
+    jobs run here; it may start work beside them (a layer's digest)."""
+    started = False
+
+    def start() -> None:
+        nonlocal started
+        if meanwhile is not None and not started:
+            started = True
+            meanwhile()
+
     count = min(workers(), len(jobs))
     if count < 2 or sum(sizes) < PARALLEL_BYTES or threading.active_count() > 1:
         # One process: little to read, or threads running here (layers read two at a
         # time), which a forked worker would not have (their locks could stay held).
+        start()
         return [inspect(job) for job in jobs]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -56,9 +75,14 @@ def run_all(inspect: Callable[[Job], Out], jobs: Sequence[Job], sizes: Sequence[
     try:
         with ProcessPoolExecutor(count, mp_context=context) as pool:
             futures = {i: pool.submit(inspect, jobs[i]) for i in order}
+            # The pool forked all its workers at the first submit, before it started
+            # a thread (CPython Lib/concurrent/futures/process.py,
+            # ProcessPoolExecutor._start_executor_manager_thread, for "fork").
+            start()
             return [futures[i].result() for i in range(len(jobs))]
     except (BrokenProcessPool, OSError, NotImplementedError, ImportError):
         # Workers that cannot start (a process limit, no working sem_open: no
         # /dev/shm) or that died: the same work, in this process (a job's own error
         # is raised again there, as without workers).
+        start()
         return [inspect(job) for job in jobs]
