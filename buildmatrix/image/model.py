@@ -10,7 +10,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -18,6 +18,7 @@ from typing import IO, Any
 from buildmatrix.binary.scan import FileReport, ScanProblem
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, CompatSetup, compat_code, find_compat
+from buildmatrix.image.digests import BesideHasher
 from buildmatrix.image.inplace import scan_layer_at
 from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.tree import ImageTree, LayerSummary, merge
@@ -106,7 +107,8 @@ class LayerBlob:
 
 
 class VerifyingReader(io.RawIOBase):
-    """Reads through a stream, hashing what passes and counting it for progress."""
+    """Reads through a stream, hashing what passes (on a thread beside the reader,
+    buildmatrix.image.digests; :meth:`close` stops it) and counting it for progress."""
 
     def __init__(
         self, stream: IO[bytes], *, digest: str | None, name: str, progress: Progress | None = None
@@ -120,7 +122,8 @@ class VerifyingReader(io.RawIOBase):
         if algo not in ("sha256", "sha512"):
             raise InputError(f"{name}: unsupported digest algorithm '{algo}'.")
         # Nothing to verify against (the engine's save stream): count only, hash nothing.
-        self._hash = hashlib.new(algo) if digest else None
+        self._algo = algo
+        self._hash = BesideHasher(algo) if digest else None
         self.bytes_read = 0
 
     def readable(self) -> bool:
@@ -149,13 +152,18 @@ class VerifyingReader(io.RawIOBase):
             pass
         if self._expected is None or self._hash is None:
             return
-        got = f"{self._hash.name}:{self._hash.hexdigest()}"
+        got = f"{self._algo}:{self._hash.hexdigest()}"
         if got != self._expected:
             raise InputError(
                 f"{self._name}: content digest {got} does not match the expected "
                 f"{self._expected} ({self.bytes_read} bytes read); the blob is corrupt or "
                 "truncated. Nothing was checked."
             )
+
+    def close(self) -> None:
+        if self._hash is not None:
+            self._hash.close()
+        super().close()
 
 
 def is_index(doc: dict[str, Any]) -> bool:
@@ -197,8 +205,12 @@ def scan_blob(blob: LayerBlob, progress: Progress | None, keep: Path | None = No
         if progress is not None:
             progress(size)
         return summary
-    with blob.open() as raw:
-        reader = VerifyingReader(raw, digest=blob.digest, name=blob.name, progress=progress)
+    with (
+        blob.open() as raw,
+        closing(
+            VerifyingReader(raw, digest=blob.digest, name=blob.name, progress=progress)
+        ) as reader,
+    ):
         summary = scan_layer(
             reader,  # type: ignore[arg-type]
             name=blob.name,
