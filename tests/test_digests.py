@@ -44,28 +44,33 @@ def _digest_threads() -> list[threading.Thread]:
     pieces=st.lists(st.binary(max_size=40), max_size=30),
     batch=st.integers(1, 50),
     depth=st.integers(1, 4),
+    cpus=st.sampled_from([1, 2]),
 )
 def test_a_digest_beside_is_hashlibs_over_the_same_bytes(
-    pieces: list[bytes], batch: int, depth: int
+    pieces: list[bytes], batch: int, depth: int, cpus: int
 ) -> None:
     """Any pieces, any batch and queue size (small ones put every piece through the
-    thread and the bounded queue): the digest is hashlib's over their concatenation,
-    and the thread is gone after it."""
-    old = digests.BATCH, digests.DEPTH
+    thread and the bounded queue), on one CPU (hashed inline) or more: the digest is
+    hashlib's over their concatenation, and the thread is gone after it."""
+    old = digests.BATCH, digests.DEPTH, digests.cpus
     digests.BATCH, digests.DEPTH = batch, depth
+    digests.cpus = lambda: cpus
     try:
         hasher = BesideHasher()
         for piece in pieces:
             hasher.update(memoryview(bytearray(piece)))
+        if cpus == 1:
+            assert not _digest_threads()
         assert "sha256:" + hasher.hexdigest() == _sha(b"".join(pieces))
     finally:
-        digests.BATCH, digests.DEPTH = old
+        digests.BATCH, digests.DEPTH, digests.cpus = old
     assert not _digest_threads()
 
 
-def test_a_buffer_reused_at_once_is_hashed_as_it_was() -> None:
+def test_a_buffer_reused_at_once_is_hashed_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader refills its buffer as soon as ``update`` returns: what is hashed is
     what the buffer held then (a copy), for buffers larger than a batch too."""
+    monkeypatch.setattr(digests, "cpus", lambda: 2)  # a thread, whatever the machine
     hasher, expected = BesideHasher(), hashlib.sha256()
     buffer = bytearray(3 * digests.BATCH + 5)
     for i in range(6):
@@ -77,7 +82,8 @@ def test_a_buffer_reused_at_once_is_hashed_as_it_was() -> None:
     assert not _digest_threads()
 
 
-def test_an_abandoned_digest_leaves_no_thread() -> None:
+def test_an_abandoned_digest_leaves_no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(digests, "cpus", lambda: 2)
     hasher = BesideHasher()
     hasher.update(os.urandom(digests.DEPTH * digests.BATCH))  # the queue is full
     assert _digest_threads()

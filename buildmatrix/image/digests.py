@@ -12,7 +12,9 @@ in parallel with the reader, whatever the reader holds.
 - :class:`BesideHasher`, for a stream: the bytes handed to it are copied (the
   reader reuses its buffers) in pieces of at least ``BATCH`` bytes; at most
   ``DEPTH`` pieces wait, so memory stays bounded and a reader faster than the hash
-  waits for it. Pieces are hashed in the order given, by one thread.
+  waits for it. Pieces are hashed in the order given, by one thread. The hand-off
+  costs about a quarter of the hash's own CPU time (measured: 0.54 against 0.42
+  CPU-s for 600 MiB), so with one CPU, where nothing runs beside, it hashes inline.
 - :class:`RegionHash`, for a layer lying in a regular file (a ``docker save``
   archive read in place): read with ``pread`` in big blocks into one buffer and
   hashed on a thread; stopped, not finished, when the read is abandoned.
@@ -34,11 +36,21 @@ DEPTH = 8  # pieces waiting at most: 8 MiB per digest
 BLOCK = 4 << 20  # a region is read in blocks of this size
 
 
+def cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 class BesideHasher:
     """A ``hashlib`` digest fed by one thread and computed on another."""
 
     def __init__(self, name: str = "sha256") -> None:
         self._hash = hashlib.new(name)
+        # With one CPU there is no core to hash on beside the reader: inline.
+        self._inline = cpus() < 2
         self._pending = bytearray()
         self._queue: queue.Queue[bytearray | None] = queue.Queue(DEPTH)
         self._thread: threading.Thread | None = None
@@ -47,6 +59,9 @@ class BesideHasher:
     def update(self, data: Any) -> None:
         """Hash ``data`` (bytes-like) after what came before; copied, so the caller
         may reuse its buffer at once."""
+        if self._inline:
+            self._hash.update(data)
+            return
         view = memoryview(data)
         for at in range(0, len(view), BATCH):  # a big buffer is handed over in pieces
             self._pending += view[at : at + BATCH]
