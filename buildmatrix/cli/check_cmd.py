@@ -243,14 +243,19 @@ def _check_one(
 
     first, image, result = judge(platform or DEFAULT_PLATFORM)
     judged = [(first, result)]
+    also = list(image.also)  # what another containerd generation runs instead
     if platform is None:
         platforms = behind([t.target for t in result.targets], profiles)
         more = to_judge(image.offered, first, platforms)
         if more and not serves(first, platforms):
-            judged = []  # judged for its targets only: no target GPU sits behind it
+            judged, also = [], []  # judged for its targets only: no target GPU sits behind it
         for p in more:
-            name, _, other = judge(p)
+            name, other_image, other = judge(p)
             judged.append((name, other))
+            also += other_image.also
+    for request in dict.fromkeys(also):
+        _, _, other = judge(request)
+        judged.append((request, other))
     return PlatformResults(results=tuple(judged))
 
 

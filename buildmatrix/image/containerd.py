@@ -21,13 +21,14 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.bolt import BoltBusy, BoltError, Bucket, read_consistent
+from buildmatrix.image.manifests import choose, memo
 from buildmatrix.image.model import (
     ImageConfig,
     LayerBlob,
@@ -40,11 +41,8 @@ from buildmatrix.image.model import (
     read_json_blob,
     scan_blobs,
 )
-from buildmatrix.image.platform import (
-    DEFAULT_PLATFORM,
-    require_config_platform,
-    select_platform,
-)
+from buildmatrix.image.offered import offered_platforms
+from buildmatrix.image.platform import DEFAULT_PLATFORM, require_config_platform
 from buildmatrix.image.ref import ImageRef, Transport, parse_name
 
 DEFAULT_ROOT = "/var/lib/containerd"
@@ -80,19 +78,39 @@ class Record:
     blobs: frozenset[str]
 
 
-def candidate_names(ref: ImageRef) -> list[str]:
-    """The record names NAME may stand for: as given, then as the CRI and ``ctr
-    images import`` name images (``docker.io/library/NAME:latest``, docker's
-    normalisation, which parse_name applies for the registry transport)."""
+def candidate_names(ref: ImageRef, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+    """The record names NAME may stand for. In the CRI's namespace the name a Pod
+    runs comes first: the CRI resolves an image only by ``docker.ParseDockerRef``
+    of it (``docker.io/library/NAME:latest``; with a tag and a digest, the digest
+    alone; containerd ``internal/cri/server/images/service.go``, ``LocalResolve``;
+    1.6: ``pkg/cri/server/helpers.go``, ``localResolve``). Elsewhere NAME as given
+    comes first, as ``ctr`` looks it up, then the normalised name (what ``ctr
+    images import`` and nerdctl write)."""
     given = ref.given.removeprefix(f"{ref.transport.value}:")
     full = parse_name(given, given=ref.given, transport=Transport.REGISTRY)
+    normalised = _docker_ref(full)
     names = [given]
     if not ref.tag and not ref.digest:
         names.append(f"{given}:latest")
-    names.append(full.name)
+    names.append(normalised)
     if full.digest and full.tag:
         names.append(f"{full.host}/{full.repository}:{full.tag}@{full.digest}")
+    if namespace == DEFAULT_NAMESPACE:
+        names.insert(0, normalised)
     return list(dict.fromkeys(names))
+
+
+def _docker_ref(full: ImageRef) -> str:
+    """distribution/reference ``ParseDockerRef(...).String()`` of a parsed name:
+    ``index.docker.io`` is ``docker.io`` (``splitDockerDomain``), a one-component
+    Docker Hub name is under ``library/``, a digest drops the tag."""
+    host = "docker.io" if full.host == "index.docker.io" else full.host
+    repo = full.repository
+    if host == "docker.io" and "/" not in repo:
+        repo = f"library/{repo}"
+    return (
+        f"{host}/{repo}@{full.digest}" if full.digest else f"{host}/{repo}:{full.tag or 'latest'}"
+    )
 
 
 def _text(bucket: Bucket | None, key: bytes) -> str:
@@ -105,7 +123,7 @@ def _find(ref: ImageRef, store: Store, meta: Path, *, target: str = "") -> Recor
     record with that target digest, by name first, else any: as Docker's containerd
     image service resolves an image ID (daemon/containerd/image.go ``resolveImage``,
     ``target.digest==`` and the first image listed)."""
-    names = candidate_names(ref)
+    names = candidate_names(ref, store.namespace)
     full = parse_name(names[0], given=ref.given, transport=Transport.REGISTRY)
     wanted = target or full.digest
 
@@ -288,14 +306,12 @@ def scan_containerd(
     record = _find(ref, store, store.root / METADATA, target=target)
     content = _Content(ref, store, record)
     name = f"containerd:{record.name}"
-    desc: dict[str, Any] = {"digest": record.digest, "mediaType": record.media_type}
-    doc = check_manifest(content.json(desc, what="the image's manifest"), name=name)
-    unplaced = False  # picked from an index entry without a platform
-    single = not is_index(doc)  # one manifest, no index
-    while is_index(doc):
-        desc = select_platform(doc.get("manifests") or [], platform, name=name)
-        unplaced = not isinstance(desc.get("platform"), dict)
-        doc = check_manifest(content.json(desc, what=f"the {platform} manifest"), name=name)
+    top: dict[str, Any] = {"digest": record.digest, "mediaType": record.media_type}
+    doc = check_manifest(content.json(top, what="the image's manifest"), name=name)
+    fetch = memo(lambda d, what: content.json(d, what=what))
+    offered = offered_platforms(top, doc, fetch=fetch, name=name) if is_index(doc) else ()
+    picked, also = choose(top, doc, platform, fetch=fetch, name=name)
+    desc, doc, unplaced, single = picked.desc, picked.manifest, picked.unplaced, picked.single
     if doc.get("schemaVersion") != 2 or "layers" not in doc:
         raise InputError(
             f"'{ref.given}': unsupported manifest (schema {doc.get('schemaVersion')}, "
@@ -324,4 +340,5 @@ def scan_containerd(
             )
         )
     layers = scan_blobs(blobs, progress, keep=keep)
-    return finish(ref=ref.given, digest=str(desc.get("digest")), config=config, layers=layers)
+    image = finish(ref=ref.given, digest=str(desc.get("digest")), config=config, layers=layers)
+    return replace(image, offered=offered or image.offered, also=also)

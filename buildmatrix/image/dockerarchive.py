@@ -18,13 +18,15 @@ import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
 from buildmatrix.errors import InputError
+from buildmatrix.image.manifests import CONFIG, NoPlatformMatch, choose, memo
 from buildmatrix.image.model import (
     MAX_JSON,
     ImageConfig,
@@ -38,10 +40,13 @@ from buildmatrix.image.model import (
     read_json_blob,
     scan_blobs,
 )
+from buildmatrix.image.offered import offered_platforms, runnable
 from buildmatrix.image.platform import (
     DEFAULT_PLATFORM,
+    config_platform,
+    parse_platform,
+    rank,
     require_config_platform,
-    select_platform,
 )
 from buildmatrix.image.ref import ImageRef
 from buildmatrix.image.savetar import SavedMember, SaveTree, member_of
@@ -140,11 +145,21 @@ def scan_docker_archive(
     config = ImageConfig.from_json(
         config_doc, image_id=config_id, source=f"{path}:{entry['Config']}"
     )  # a malformed config is named as such before its platform is judged
+    index = _oci_index(archive)
+    offered: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
+    if index is not None:
+        view = _IndexView(archive, index, platform)
+        offered, also = view.offered, view.also
+        if rank(parse_platform(platform), config_platform(config_doc), legacy=True) is None:
+            # manifest.json's image is for another platform: containerd (and Docker's
+            # containerd image store) run the index's image for this one
+            image = view.scan(ref, progress=progress, keep=keep)
+            return replace(image, offered=offered or image.offered, also=also)
+        view.same_as(config_id)
     require_config_platform(config_doc, platform, name=ref.given, entry=False)
     names = entry.get("Layers") or []
     diff_ids = layer_diff_ids(config_doc, count=len(names), source=f"{path}:{entry['Config']}")
-    if archive.tree.has("oci-layout"):
-        _same_image_in_index(archive, config_id, platform=platform)
     blobs = []
     for name, diff_id in zip(names, diff_ids, strict=True):
         member = archive.tree.resolve(name, what="layer")
@@ -157,7 +172,8 @@ def scan_docker_archive(
             )
         )
     layers = scan_blobs(blobs, progress, keep=keep)
-    return finish(ref=ref.given, digest=None, config=config, layers=layers)
+    image = finish(ref=ref.given, digest=None, config=config, layers=layers)
+    return replace(image, offered=offered or image.offered, also=also)
 
 
 def _json(data: bytes, *, name: str) -> Any:
@@ -167,44 +183,135 @@ def _json(data: bytes, *, name: str) -> Any:
         raise InputError(f"{name}: not valid JSON ({exc}).") from None
 
 
-def _same_image_in_index(archive: Archive, config_id: str, *, platform: str) -> None:
-    """containerd loads an archive with ``oci-layout`` through ``index.json``
-    (``ImportIndex``); the legacy engine through ``manifest.json``. Every image the
-    index names (at ``platform``, for a multi-platform one) must be the image
-    ``manifest.json`` names (the same config digest), else the two engines would run
-    different images: refused."""
+def _oci_index(archive: Archive) -> dict[str, Any] | None:
+    """index.json of an archive that is also an OCI layout, else None (containerd
+    reads such an archive by its manifest.json too)."""
+    if not archive.tree.has("oci-layout"):
+        return None
     source = archive.tree.source
     layout = _json(archive.read("oci-layout", what="OCI layout marker"), name="oci-layout")
     if not isinstance(layout, dict) or not layout.get("imageLayoutVersion"):
-        return  # containerd reads such an archive by its manifest.json too
+        return None
     index = _json(archive.read("index.json", what="OCI index"), name="index.json")
     if not isinstance(index, dict):
         raise InputError(f"{source}: index.json is not a JSON object.")
-    check_manifest(index, name=f"{source} index.json")
-    configs = set()
-    for desc in index.get("manifests") or []:
-        doc = _blob(archive, desc)
-        while is_index(doc):
-            check_manifest(doc, name=f"{source} index")
-            doc = _blob(archive, select_platform(doc.get("manifests") or [], platform, name=source))
-        check_manifest(doc, name=f"{source} manifest")
-        configs.add(str((doc.get("config") or {}).get("digest", "")))
-    if configs != {config_id}:
-        raise InputError(
-            f"{source}: index.json names the image config(s) {', '.join(sorted(configs)) or 'none'}"
-            f" and manifest.json names {config_id}: docker load (and the classic engine) "
-            "would run the one, containerd and Docker's containerd image store the other. "
-            "The archive is ambiguous and refused; save it again with one tool."
+    return check_manifest(index, name=f"{source} index.json")
+
+
+class _IndexView:
+    """What containerd loads from the archive's index.json (``ImportIndex``: each
+    entry an image) for ``platform``: the manifest each entry's image runs there,
+    and the platforms the entries offer."""
+
+    def __init__(self, archive: Archive, index: dict[str, Any], platform: str) -> None:
+        self.archive, self.platform = archive, platform
+        self.source = archive.tree.source
+        self.fetch = memo(partial(_blob, archive))
+        offered: dict[str, None] = {}
+        picks, also = [], set[str]()
+        for desc in index.get("manifests") or []:
+            doc = self.fetch(desc, "an image of index.json")
+            if is_index(doc):
+                found = offered_platforms(desc, doc, fetch=self.fetch, name=self.source)
+            else:
+                found = tuple(p for p in [runnable(config_platform(self._config(doc)))] if p)
+            offered |= dict.fromkeys(found)
+            try:
+                picked, more = choose(desc, doc, platform, fetch=self.fetch, name=self.source)
+            except NoPlatformMatch:
+                continue  # that image has nothing for this platform
+            picks.append(picked)
+            also |= set(more)
+        self.offered, self.also, self.picks = tuple(offered), tuple(sorted(also)), picks
+
+    def _config(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self.fetch(manifest.get("config") or {}, CONFIG)
+
+    def configs(self) -> set[str]:
+        return {str((p.manifest.get("config") or {}).get("digest", "")) for p in self.picks}
+
+    def same_as(self, config_id: str) -> None:
+        """Every image the index names at the platform must be the one manifest.json
+        names (the same config digest), else the classic engine and containerd run
+        different images: refused."""
+        configs = self.configs()
+        if configs != {config_id}:
+            raise InputError(
+                f"{self.source}: index.json names the image config(s) "
+                f"{', '.join(sorted(configs)) or 'none'} for {self.platform} and manifest.json "
+                f"names {config_id}: docker load (and the classic engine) would run the one, "
+                "containerd and Docker's containerd image store the other. The archive is "
+                "ambiguous and refused; save it again with one tool."
+            )
+
+    def scan(self, ref: ImageRef, *, progress: Progress | None, keep: Path | None) -> ScannedImage:
+        """The index's image for the platform, read from the archive's blobs (each
+        verified against its digest, its layers against the config's diff_ids)."""
+        if len(self.configs()) != 1:
+            raise InputError(
+                f"{self.source}: index.json names {len(self.configs())} images for "
+                f"{self.platform} ({', '.join(sorted(self.configs())) or 'none'}) and "
+                "manifest.json's image is for another platform, so which one a node runs "
+                "depends on the name it is run by: refused. Save one image per archive."
+                if self.configs()
+                else f"{self.source}: no image for platform {self.platform}: index.json "
+                "names none and manifest.json's image is for another platform. Pass "
+                "--platform for the platform the archive holds."
+            )
+        picked = self.picks[0]
+        config_desc = picked.manifest.get("config") or {}
+        config_doc = self._config(picked.manifest)
+        if picked.unplaced or picked.single:
+            require_config_platform(
+                config_doc, self.platform, name=ref.given, entry=picked.unplaced
+            )
+        source = f"{self.source} config {str(config_desc.get('digest'))[:19]}"
+        config = ImageConfig.from_json(
+            config_doc, image_id=config_desc.get("digest"), source=source
         )
+        descs = picked.manifest.get("layers") or []
+        diff_ids = layer_diff_ids(config_doc, count=len(descs), source=source)
+        blobs = []
+        for i, (layer, diff_id) in enumerate(zip(descs, diff_ids, strict=True)):
+            digest = str(layer.get("digest", ""))
+            member = self.archive.tree.resolve(_blob_name(self.archive, digest), what="layer")
+            blobs.append(
+                LayerBlob(
+                    name=f"{self.source} {self.platform} layer {i} ({digest[:19]})",
+                    open=partial(self.archive.open, member),
+                    digest=digest,
+                    diff_id=diff_id,
+                )
+            )
+        layers = scan_blobs(blobs, progress, keep=keep)
+        top = str(picked.desc.get("digest") or "") or None
+        return finish(ref=ref.given, digest=top, config=config, layers=layers)
 
 
-def _blob(archive: Archive, desc: dict[str, Any]) -> dict[str, Any]:
-    """A JSON blob of the layout by its descriptor, verified against its digest."""
-    digest = str(desc.get("digest", ""))
+def _blob_name(archive: Archive, digest: str) -> str:
+    """The member of a blob of the layout; a blob index.json names that the archive
+    lacks (an export of one platform of a multi-platform image, e.g. ``ctr images
+    export`` without ``--all-platforms``) is refused: that image cannot be loaded
+    from this archive."""
     algo, _, hexdigest = digest.partition(":")
     if not algo.isalnum() or not hexdigest.isalnum():
         raise InputError(f"{archive.tree.source}: malformed digest '{digest}' in the index.")
-    data = archive.read(f"blobs/{algo}/{hexdigest}", what="OCI blob")
+    name = f"blobs/{algo}/{hexdigest}"
+    if not archive.tree.has(name):
+        raise InputError(
+            f"{archive.tree.source}: index.json names blob {digest}, which the archive does "
+            "not hold (an export of fewer platforms than its index lists, e.g. ctr images "
+            "export without --all-platforms): the image it belongs to cannot be loaded from "
+            "this archive, so it cannot be judged. Pass --platform for a platform the "
+            "archive holds, or export with --all-platforms."
+        )
+    return name
+
+
+def _blob(archive: Archive, desc: Mapping[str, Any], what: str = "OCI blob") -> dict[str, Any]:
+    """A JSON blob of the layout by its descriptor, verified against its digest."""
+    digest = str(desc.get("digest", ""))
+    data = archive.read(_blob_name(archive, digest), what="OCI blob")
     return read_json_blob(
-        io.BytesIO(data), name=f"{archive.tree.source} blob {digest[:19]}", digest=digest
+        io.BytesIO(data), name=f"{archive.tree.source} {what} {digest[:19]}", digest=digest
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import IO, Any
 from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_tree
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
+from buildmatrix.image.manifests import choose, memo
 from buildmatrix.image.model import (
     ImageConfig,
     LayerBlob,
@@ -24,12 +26,8 @@ from buildmatrix.image.model import (
     read_json_blob,
     scan_blobs,
 )
-from buildmatrix.image.offered import index_platforms
-from buildmatrix.image.platform import (
-    DEFAULT_PLATFORM,
-    require_config_platform,
-    select_platform,
-)
+from buildmatrix.image.offered import offered_platforms
+from buildmatrix.image.platform import DEFAULT_PLATFORM, require_config_platform
 from buildmatrix.image.ref import ImageRef
 
 REF_NAME = "org.opencontainers.image.ref.name"
@@ -49,7 +47,7 @@ def _open_binary(path: Path) -> IO[bytes]:
     return path.open("rb")
 
 
-def _json_blob(layout: Path, desc: dict[str, Any], *, name: str) -> dict[str, Any]:
+def _json_blob(layout: Path, desc: Mapping[str, Any], *, name: str) -> dict[str, Any]:
     digest = str(desc.get("digest", ""))
     with _blob_path(layout, digest, name=name).open("rb") as f:
         return read_json_blob(f, name=f"{name} blob {digest[:19]}", digest=digest)
@@ -82,19 +80,16 @@ def scan_oci_layout(
             f"'{ref.given}': {what} in the layout; name one of: "
             f"{', '.join(tags) or '(untagged)'} as oci:{layout}:TAG."
         )
-    desc = chosen[0]
-    doc = check_manifest(_json_blob(layout, desc, name=name), name=name)
-    unplaced = False  # picked from an index entry without a platform
-    single = not is_index(doc)  # one manifest, no index
-    offered = index_platforms(doc.get("manifests") or []) if is_index(doc) else ()
-    while is_index(doc):
-        desc = select_platform(doc.get("manifests") or [], platform, name=name)
-        unplaced = not isinstance(desc.get("platform"), dict)
-        doc = check_manifest(_json_blob(layout, desc, name=name), name=name)
+    top = chosen[0]
+    doc = check_manifest(_json_blob(layout, top, name=name), name=name)
+    fetch = memo(lambda d, _what: _json_blob(layout, d, name=name))
+    offered = offered_platforms(top, doc, fetch=fetch, name=name) if is_index(doc) else ()
+    picked, also = choose(top, doc, platform, fetch=fetch, name=name)
+    desc, doc = picked.desc, picked.manifest
     config_desc = doc.get("config") or {}
     config_doc = _json_blob(layout, config_desc, name=name)
-    if unplaced or single:
-        require_config_platform(config_doc, platform, name=ref.given, entry=unplaced)
+    if picked.unplaced or picked.single:
+        require_config_platform(config_doc, platform, name=ref.given, entry=picked.unplaced)
     config = ImageConfig.from_json(
         config_doc,
         image_id=config_desc.get("digest"),
@@ -117,7 +112,7 @@ def scan_oci_layout(
         )
     layers = scan_blobs(blobs, progress, keep=keep)
     image = finish(ref=ref.given, digest=desc.get("digest"), config=config, layers=layers)
-    return replace(image, offered=offered) if offered else image
+    return replace(image, offered=offered or image.offered, also=also)
 
 
 def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:

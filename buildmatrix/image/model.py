@@ -84,6 +84,9 @@ class ScannedImage:
     # The platforms the image offers (os/arch[/variant]): an index's entries, else the
     # config's own platform; () where neither names one (buildmatrix.image.offered).
     offered: tuple[str, ...] = ()
+    # Requests that pick what another containerd generation runs for the platform
+    # asked (os.features: buildmatrix.image.manifests.choose); each is judged too.
+    also: tuple[str, ...] = ()
 
 
 Progress = Callable[[int], None]  # called with bytes read since the last call

@@ -18,7 +18,14 @@ Docker engine's pull (moby ``daemon/internal/distribution/pull_v2_unix.go``,
   A variant is matched exactly: a plain ``amd64`` request does **not** match an
   ``amd64/v3`` entry (amd64 hosts report no variant: ``DefaultSpec``);
 - an entry matches when OS, architecture and variant are equal after normalising
-  both sides and its OS features are a subset of the request's (``matcher.Match``);
+  both sides and its OS features are a subset of the request's (``matcher.Match``,
+  containerd/platforms v1.0.0-rc.3 and later: containerd 2.3 on); among entries of
+  one rank, more OS features first (``orderedPlatformComparer.Less``);
+- the **legacy** matcher (containerd/platforms v0.2.x to v1.0.0-rc.2: containerd
+  1.6 to 2.2, whose ``matcher.Match`` compares OS, architecture and variant only,
+  and whose ``Less`` compares ranks only) ignores OS features on both sides. Nodes
+  run both generations, so :mod:`buildmatrix.image.manifests` judges the entry each
+  one picks;
 - among the entries of an index that match, or have no platform at all, the first by
   preference wins, ties in index order, entries without a platform last
   (containerd ``core/images/image.go``, ``Manifest``: a stable sort by ``Less``,
@@ -32,7 +39,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from buildmatrix.errors import InputError
 
@@ -161,22 +168,34 @@ def _version(variant: str) -> int | None:
     return int(digits)
 
 
-def _matches(want: Platform, have: Platform) -> bool:
-    """``matcher.Match``: both sides normalised; OS version is not compared on Linux."""
+def _matches(want: Platform, have: Platform, *, legacy: bool = False) -> bool:
+    """``matcher.Match``: both sides normalised; OS version is not compared on Linux;
+    OS features a subset of the request's, or (``legacy``) not compared at all."""
     want, have = normalize(want), normalize(have)
     return (
         (want.os, want.architecture, want.variant) == (have.os, have.architecture, have.variant)
-    ) and set(have.os_features) <= set(want.os_features)
+    ) and (legacy or set(have.os_features) <= set(want.os_features))
 
 
-def rank(requested: Platform, have: Platform) -> tuple[int, int] | None:
+def rank(requested: Platform, have: Platform, *, legacy: bool = False) -> tuple[int, int] | None:
     """Where ``have`` sorts among the platforms ``Only(requested)`` matches (lower is
     preferred: the first matcher that matches it, then more OS features first,
-    ``orderedPlatformComparer.Less``), or None if it does not match."""
+    ``orderedPlatformComparer.Less``; ``legacy``: the matcher only), or None if it
+    does not match."""
     for i, want in enumerate(platform_vector(normalize(requested))):
-        if _matches(want, have):
-            return i, -len(set(have.os_features))
+        if _matches(want, have, legacy=legacy):
+            return i, 0 if legacy else -len(set(have.os_features))
     return None
+
+
+def format_platform(p: Platform) -> str:
+    """containerd/platforms ``FormatAll`` (OS version aside): ``os(+f1+f2)/arch[/v]``,
+    features sorted, each percent-encoded where :func:`parse_platform` would not
+    read it back."""
+    head = p.os
+    if p.os_features:
+        head += "(+" + "+".join(quote(f, safe="_.-") for f in sorted(set(p.os_features))) + ")"
+    return "/".join(x for x in (head, p.architecture, p.variant) if x)
 
 
 def descriptor_platform(desc: dict[str, Any]) -> Platform | None:
@@ -199,18 +218,19 @@ def config_platform(doc: dict[str, Any]) -> Platform:
 
 
 def select_platform(
-    manifests: Iterable[dict[str, Any]], platform: str, *, name: str
+    manifests: Iterable[dict[str, Any]], platform: str, *, name: str, legacy: bool = False
 ) -> dict[str, Any]:
     """The index entry containerd pulls for ``platform`` (``images.Manifest``): of
     the entries ``Only(platform)`` matches, the most preferred, ties in index order;
     an entry without a platform comes last (its config must match:
-    :func:`config_matches`)."""
+    :func:`require_config_platform`). ``legacy``: as containerd 1.6 to 2.2 match."""
     requested = parse_platform(platform)
     entries = list(manifests)
     ranked = []
     for i, desc in enumerate(entries):
         have = descriptor_platform(desc)
-        where = (0, *r) if have is not None and (r := rank(requested, have)) else None
+        r = rank(requested, have, legacy=legacy) if have is not None else None
+        where = (0, *r) if r is not None else None
         if have is None:
             where = (1, 0, 0)
         if where is not None:
@@ -237,7 +257,8 @@ def require_config_platform(
     (containerd ``core/unpack/unpacker.go``, ``Unpacker.unpack``: no match, no
     snapshot), so a node of ``platform`` cannot run it either."""
     have = config_platform(config)
-    if rank(parse_platform(platform), have) is not None:
+    # either matcher generation may run it (os.features: containerd 1.6 to 2.2 ignore them)
+    if rank(parse_platform(platform), have, legacy=True) is not None:
         return
     if not have.os or not have.architecture:
         raise InputError(

@@ -14,7 +14,7 @@ import contextvars
 import hashlib
 import io
 import ipaddress
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.dockerconfig import Lookup, find_credentials
+from buildmatrix.image.manifests import CONFIG, choose, memo
 from buildmatrix.image.model import (
     INDEX_TYPES,
     MANIFEST_TYPES,
@@ -38,11 +39,10 @@ from buildmatrix.image.model import (
     read_json_blob,
     scan_blobs,
 )
-from buildmatrix.image.offered import index_platforms
+from buildmatrix.image.offered import offered_platforms
 from buildmatrix.image.platform import (
     DEFAULT_PLATFORM,
     require_config_platform,
-    select_platform,
 )
 from buildmatrix.image.ref import ImageRef
 
@@ -293,14 +293,14 @@ def scan_registry(
     client = RegistryClient(ref, timeout=timeout)
     doc, digest = client.manifest(ref.reference, digest=ref.digest or None)
     where = f"{ref.host}/{ref.repository} manifest"
-    unplaced = False  # picked from an index entry without a platform
-    single = not is_index(doc)  # one manifest, no index
-    offered = index_platforms(doc.get("manifests") or []) if is_index(doc) else ()
-    while is_index(doc):
+    if is_index(doc):
         check_manifest(doc, name=where)
-        desc = select_platform(doc.get("manifests") or [], platform, name=ref.given)
-        unplaced = not isinstance(desc.get("platform"), dict)
-        doc, digest = client.manifest(str(desc["digest"]), digest=str(desc["digest"]))
+    fetch = memo(partial(_fetch, client))
+    top = {"digest": digest}
+    offered = offered_platforms(top, doc, fetch=fetch, name=ref.given) if is_index(doc) else ()
+    picked, also = choose(top, doc, platform, fetch=fetch, name=ref.given)
+    doc, digest = picked.manifest, str(picked.desc.get("digest") or digest)
+    unplaced, single = picked.unplaced, picked.single
     if doc.get("schemaVersion") != 2 or "layers" not in doc:
         raise InputError(
             f"'{ref.given}': unsupported manifest (schema {doc.get('schemaVersion')}, "
@@ -330,4 +330,13 @@ def scan_registry(
     ]
     layers = scan_blobs(blobs, progress, keep=keep)
     image = finish(ref=ref.given, digest=digest, config=config, layers=layers)
-    return replace(image, offered=offered) if offered else image
+    return replace(image, offered=offered or image.offered, also=also)
+
+
+def _fetch(client: RegistryClient, desc: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """A config (a blob) or a manifest or index (from the manifests endpoint) by its
+    descriptor, verified against its digest."""
+    digest = str(desc.get("digest", ""))
+    if what == CONFIG:
+        return client.json_blob(digest)
+    return client.manifest(digest, digest=digest)[0]
