@@ -147,6 +147,11 @@ def test_multi_platform_index(store: Containerd, cli: CliRunner, tmp_path: Path)
     ours, theirs = "containerd:bmtest/multi:multi", f"oci:{layout}:multi"
     for platform in ("linux/amd64", "linux/arm64"):
         assert_same(cli, ours, theirs, "--platform", platform, digest=True)
+    # no --platform: every platform the index offers, as from the layout (the arm64
+    # entry, MISLABELED, has no Hopper code: a GH200 node fails)
+    assert_same(cli, ours, theirs, digest=True)
+    code, doc = run_check(cli, ours)
+    assert code == 1 and [p["platform"] for p in doc["platforms"]] == ["linux/amd64", "linux/arm64"]
     result = cli("check", ours, "--platform", "linux/s390x")
     assert result.code == 2
     assert "no image for platform linux/s390x" in result.err
@@ -172,6 +177,8 @@ def test_platform_not_fetched_exits_2(
     assert_same(cli, ours, f"oci:{layout}:multi", "--platform", "linux/amd64", digest=True)
     result = cli("check", ours, "--platform", "linux/arm64")
     assert result.code == 2, result.err
+    # without --platform the arm64 entry is judged too, and cannot be: refused alike
+    assert cli("check", ours).err == result.err
     assert "the linux/arm64 manifest sha256:" in result.err
     assert f"namespace '{ns}'" in result.err and "pull the image again" in result.err
 
@@ -467,23 +474,49 @@ def test_manifests_mount_the_stores_read_only(cli: CliRunner, mode: str) -> None
 
 
 @pytest.mark.parametrize(
-    ("text", "names"),
+    ("text", "names", "cri"),
     [
-        ("train", ["train", "train:latest", "docker.io/library/train:latest"]),
-        ("team/train:1", ["team/train:1", "docker.io/team/train:1"]),
-        ("docker.io/library/train:1", ["docker.io/library/train:1"]),
-        ("127.0.0.1:5000/t@sha256:" + "a" * 64, ["127.0.0.1:5000/t@sha256:" + "a" * 64]),
+        ("train", ["train", "train:latest", "docker.io/library/train:latest"], 2),
+        ("team/train:1", ["team/train:1", "docker.io/team/train:1"], 1),
+        ("index.docker.io/t:1", ["index.docker.io/t:1", "docker.io/library/t:1"], 1),
+        ("docker.io/library/train:1", ["docker.io/library/train:1"], 0),
+        ("127.0.0.1:5000/t@sha256:" + "a" * 64, ["127.0.0.1:5000/t@sha256:" + "a" * 64], 0),
         (
             "ghcr.io/o/t:1@sha256:" + "b" * 64,
             ["ghcr.io/o/t:1@sha256:" + "b" * 64, "ghcr.io/o/t@sha256:" + "b" * 64],
+            1,
         ),
     ],
 )
-def test_names_looked_up(text: str, names: list[str]) -> None:
-    """As given first, then as the CRI and ctr name what they pull and import."""
+def test_names_looked_up(text: str, names: list[str], cri: int) -> None:
+    """As given first, then as ctr and nerdctl name what they pull and import; in
+    the CRI's namespace (k8s.io) the name ``docker.ParseDockerRef`` gives (``names[cri]``)
+    first, the one the CRI's ``LocalResolve`` looks up."""
     ref = parse_ref(f"containerd:{text}")
     assert ref.transport is Transport.CONTAINERD
-    assert candidate_names(ref) == names
+    assert candidate_names(ref, "default") == names
+    assert candidate_names(ref, "k8s.io") == [names[cri], *(n for n in names if n != names[cri])]
+
+
+def test_the_cri_name_wins(store: Containerd, cli: CliRunner, tmp_path: Path) -> None:
+    """Two records for one name in k8s.io: ``bmtest/two:v1`` as ``ctr images import
+    --base-name`` writes it (sm_90, passes) and ``docker.io/bmtest/two:v1`` as a
+    ``docker save`` import writes it (sm_80 only, fails on 9.0). The CRI runs the
+    second (``LocalResolve``), and so ``containerd:bmtest/two:v1`` judges it; the
+    ``default`` namespace, as ctr, takes the name as given."""
+    bad = write_docker_archive(tmp_path / "bad.tar", MISLABELED, tag="bmtest/two:v1")
+    good = write_oci_layout(tmp_path / "good", LAYERED, tag="v1")
+    for ns in ("k8s.io", "default"):
+        store.ctr("images", "import", "--no-unpack", str(bad), namespace=ns)
+        import_oci(store, good, "bmtest/two", namespace=ns)
+        names = set(store.ctr("images", "ls", "-q", namespace=ns).split())
+        assert {"docker.io/bmtest/two:v1", "bmtest/two:v1"} <= names
+    cri = verdicts(cli, "containerd:bmtest/two:v1")
+    full = verdicts(cli, "containerd:docker.io/bmtest/two:v1")
+    assert cri == full and cri[0] == 1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CONTAINERD_NAMESPACE", "default")
+        assert verdicts(cli, "containerd:bmtest/two:v1")[0] == 0
 
 
 def test_a_malformed_name_is_exit_2(cli: CliRunner) -> None:

@@ -55,10 +55,10 @@ def offered_platforms(
 ) -> tuple[str, ...]:
     """The platforms an index (``doc``, named by ``desc``) offers, in index order:
     every entry's, an entry without a platform by its config's, a nested index's
-    by its entries'; a platform found only through a config is left out where its
-    node would find no image (the entry sorts behind another, or the one followed
-    is for another platform)."""
-    candidates: dict[str, bool] = {}  # platform -> found only through a config
+    by its entries'; a platform found only through an entry without a platform is
+    left out where its node would find no image (the entry sorts behind another,
+    or the one followed is for another platform)."""
+    candidates: dict[str, bool] = {}  # platform -> reached through an entry without one
     _collect(doc, fetch, candidates, depth=0)
     return tuple(
         text
@@ -77,8 +77,8 @@ def _collect(doc: dict[str, Any], fetch: Fetch, out: dict[str, bool], *, depth: 
             continue
         p = descriptor_platform(entry)
         if p is not None:
-            if text := runnable(p):
-                out[text] = False
+            if text := runnable(p):  # behind an entry without a platform: to be verified
+                out[text] = out.get(text, True) and depth > 0
             continue
         child = fetch(entry, "an index entry without a platform")
         if is_index(child):
