@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -151,7 +151,8 @@ def test_multi_platform_index(store: Containerd, cli: CliRunner, tmp_path: Path)
     # entry, MISLABELED, has no Hopper code: a GH200 node fails)
     assert_same(cli, ours, theirs, digest=True)
     code, doc = run_check(cli, ours)
-    assert code == 1 and [p["platform"] for p in doc["platforms"]] == ["linux/amd64", "linux/arm64"]
+    judged = cast(list[dict[str, str]], doc["platforms"])
+    assert code == 1 and [p["platform"] for p in judged] == ["linux/amd64", "linux/arm64"]
     result = cli("check", ours, "--platform", "linux/s390x")
     assert result.code == 2
     assert "no image for platform linux/s390x" in result.err

@@ -15,20 +15,27 @@ import json
 import shutil
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from buildmatrix.image.open import scan_image
-from tests.conftest import CliRunner
+from tests.conftest import REPO, CliRunner
 from tests.containerd_service import Containerd, containerd  # noqa: F401
 from tests.images import Entry, Image, fixture, layer_tar, write_oci_layout
-from tests.test_containerd import import_oci, oci_archive, run_check, store  # noqa: F401
+from tests.test_containerd import import_oci, oci_archive, store  # noqa: F401
+from tests.test_image_sources import run_check as _run_check
 
 pytestmark = pytest.mark.integration
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 PLATFORMS = ("linux/amd64", "linux/arm64")
+
+
+def run_check(cli: CliRunner, ref: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    """``check --json`` (exit 0 or 1, the document valid against its schema)."""
+    code, doc = _run_check(cli, ref, *extra)
+    return code, cast(dict[str, Any], doc)
 
 
 def _image(arch: str, library: str, tag: str) -> tuple[Image, str]:
@@ -183,6 +190,10 @@ def test_os_features_judges_what_either_generation_runs(
         assert code == (1 if theirs != newer else 0)
         if theirs != newer:
             assert judged["linux(+sse4)/amd64"] == theirs
+    # smoke on an H100 node (a recorded snapshot): proven only if both entries run
+    snapshot = str(REPO / "tests" / "fixtures" / "nodes" / "h100-580.json")
+    smoke = cli("smoke", "--snapshot", snapshot, "--json", "--image", ref)
+    assert smoke.code == (1 if theirs != newer else 0), smoke.out + smoke.err
 
 
 def _top(layout: Path) -> str:
