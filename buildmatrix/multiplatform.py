@@ -43,15 +43,20 @@ def _arch(platform: str) -> tuple[str, str]:
 
 
 def to_judge(offered: Sequence[str], first: str, platforms: Sequence[str]) -> list[str]:
-    """The entries to judge besides ``first`` (the one already judged): those the
-    image offers whose OS and CPU architecture are one of ``platforms``."""
+    """The platforms to judge besides ``first`` (the one already judged): each OS and
+    CPU architecture of ``platforms`` the image offers an entry for, as a node of it
+    asks (``os/arch``: containerd's ``DefaultSpec`` names no variant on amd64, and an
+    arm64 node's CPU reports 8, which is plain arm64: containerd/platforms
+    ``defaults_unix.go``, ``cpuinfo_linux.go`` ``getCPUVariant``). So an index whose
+    ``arm64/v9`` entry comes before its plain ``arm64`` one is judged on the entry
+    such a node pulls, not on the first listed."""
     wanted = {_arch(p) for p in platforms}
     done = {_arch(first)}
     out = []
     for p in offered:
         if _arch(p) in wanted and _arch(p) not in done:
             done.add(_arch(p))
-            out.append(p)
+            out.append("/".join(_arch(p)))
     return out
 
 

@@ -117,6 +117,14 @@ SHAPES: dict[str, list[Any]] = {
         (None, "amd64", "libhopper_a.so"),
         (None, "arm64", "libsass_sm80.so"),
     ],
+    # an arm64/v9 entry (Hopper code) before the plain arm64 one (sm_80 only): an
+    # arm64 node's CPU reports 8 (containerd/platforms getCPUVariant), and pulls the
+    # plain one
+    "arm64-v9-first": [
+        (ARM | {"variant": "v9"}, "arm64", "libhopper_a.so"),
+        (ARM, "arm64", "libsass_sm80.so"),
+        (AMD, "amd64", "libhopper_a.so"),
+    ],
     # a nested index without a platform behind a platform-less arm64 image
     "nested-behind": [(None, "arm64", "libsass_sm80.so"), [(AMD, "amd64", "libhopper_a.so")]],
 }
