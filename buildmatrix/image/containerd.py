@@ -270,7 +270,9 @@ class _Content:
                 f"'{self.ref.given}': {what} {digest} is {where} (containerd at "
                 f"{self.store.root}, namespace '{self.store.namespace}'). containerd keeps "
                 "only what it fetched: pull the image again for this platform "
-                "(ctr images pull --platform, or --all-platforms)."
+                "(ctr images pull --platform, or --all-platforms), or pass --platform "
+                "for the platform this node pulled (without it, every platform the "
+                "image offers is judged)."
             )
         return path
 
