@@ -296,3 +296,76 @@ def test_an_entry_without_a_platform_counts_by_its_config(cli: CliRunner, tmp_pa
     refused = cli("check", f"oci:{wrong}:multi", "--sm", "8.0")
     assert refused.code == 2
     assert "linux/arm64 (its config)" in refused.err
+
+
+# containerd/platforms compare_test.go (v1.0.0-rc.3 on), TestCompareOSFeatures:
+# request -> entries -> their order under Only(request).Less. The entry picked is the
+# first of that order that Only(request) matches (features a subset of the request's).
+OS_FEATURES = [
+    (
+        "linux/amd64",
+        ["windows/amd64", "linux/amd64", "linux(+other)/amd64", "linux/arm64"],
+        ["linux/amd64", "linux(+other)/amd64", "windows/amd64", "linux/arm64"],
+    ),
+    (
+        "linux(+none)/amd64",
+        ["windows/amd64", "linux/amd64", "linux/arm64", "linux(+other)/amd64"],
+        ["linux/amd64", "linux(+other)/amd64", "windows/amd64", "linux/arm64"],
+    ),
+    (
+        "linux(+other)/amd64",
+        ["windows/amd64", "linux/amd64", "linux/arm64", "linux(+other)/amd64"],
+        ["linux(+other)/amd64", "linux/amd64", "windows/amd64", "linux/arm64"],
+    ),
+    (
+        "linux(+af+other+zf)/amd64",
+        ["windows/amd64", "linux/amd64", "linux/arm64", "linux(+other)/amd64"],
+        ["linux(+other)/amd64", "linux/amd64", "windows/amd64", "linux/arm64"],
+    ),
+    (
+        "linux(+f1+f2)/amd64",
+        ["linux/amd64", "linux(+f2)/amd64", "linux(+f1)/amd64", "linux(+f1+f2)/amd64"],
+        ["linux(+f1+f2)/amd64", "linux(+f2)/amd64", "linux(+f1)/amd64", "linux/amd64"],
+    ),
+]
+
+
+def _entry(spec: str) -> dict[str, object]:
+    """An index entry for ``os(+f1+f2)/arch`` (containerd's FormatAll syntax)."""
+    head, arch = spec.split("/")
+    os, _, features = head.partition("(")
+    platform: dict[str, object] = {"os": os, "architecture": arch}
+    if features:
+        platform["os.features"] = [f for f in features.rstrip(")").split("+") if f]
+    return {"digest": spec, "platform": platform}
+
+
+@pytest.mark.parametrize(("requested", "entries", "order"), OS_FEATURES)
+def test_os_features_as_containerd_tests_say(
+    requested: str, entries: list[str], order: list[str]
+) -> None:
+    """The newer matcher picks the first of containerd's own order that it matches;
+    the older (containerd 1.6 to 2.2, features ignored) the first amd64 entry listed;
+    and the request ``format_platform`` writes for the older one's pick (the
+    request's platform with that entry's features) makes the newer matcher pick it
+    too (buildmatrix.image.manifests.choose)."""
+    from dataclasses import replace
+
+    from buildmatrix.image.platform import format_platform
+
+    index = [_entry(e) for e in entries]
+    picked = select_platform(index, requested, name="t")["digest"]
+    assert picked == next(e for e in order if e.startswith("linux") and "amd64" in e)
+    assert rank(parse_platform(requested), _platform(str(picked))) is not None
+    older = select_platform(index, requested, name="t", legacy=True)["digest"]
+    assert older == next(e for e in entries if e.startswith("linux") and "amd64" in e)
+    asked = parse_platform(requested)
+    again = format_platform(replace(asked, os_features=_platform(str(older)).os_features))
+    assert select_platform(index, again, name="t")["digest"] == older
+
+
+def _platform(spec: str) -> Platform:
+    p = _entry(spec)["platform"]
+    assert isinstance(p, dict)
+    features = p.get("os.features", [])
+    return Platform(os=p["os"], architecture=p["architecture"], os_features=tuple(features))

@@ -175,7 +175,7 @@ def test_require_arch_per_platform_where_it_differs(tmp_path: Path, cli: CliRunn
 def test_an_image_offers_its_index_entries_or_its_config_platform(tmp_path: Path) -> None:
     """``ScannedImage.offered``: an index's runnable entries in index order (buildx's
     attestation manifests, platform unknown/unknown, are none), else the config's."""
-    from buildmatrix.image.offered import index_platforms
+    from buildmatrix.image.offered import offered_platforms
     from buildmatrix.image.open import scan_image
     from tests.images import Image, write_docker_archive, write_platform_layout
 
@@ -185,7 +185,12 @@ def test_an_image_offers_its_index_entries_or_its_config_platform(tmp_path: Path
     }
     arm = {"platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}}
     amd = {"platform": {"os": "linux", "architecture": "amd64"}}
-    assert index_platforms([amd, attestation, arm, amd, {}]) == (
+
+    def unread(desc: object, what: str) -> dict[str, object]:
+        raise AssertionError(f"entries with a platform are not read ({what})")
+
+    index = {"manifests": [amd, attestation, arm, amd]}
+    assert offered_platforms({}, index, fetch=unread, name="t") == (
         "linux/amd64",
         "linux/arm64/v8",
     )

@@ -108,10 +108,9 @@ def choose(
         return older, ()  # containerd 2.3 finds nothing; 1.6 to 2.2 run this one
     if _digest(current) == _digest(older):
         return current, ()
-    asked = parse_platform(platform)
-    other = format_platform(
-        replace(asked, os_features=tuple(sorted({*asked.os_features, *older.features})))
-    )
+    # the request's platform with exactly the features of the entries the older
+    # generation followed: of the newer matcher's matches, those sort first
+    other = format_platform(replace(parse_platform(platform), os_features=older.features))
     again = pick_manifest(desc, doc, other, fetch=fetch, name=name)
     if _digest(again) != _digest(older):
         raise InputError(

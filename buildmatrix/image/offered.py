@@ -14,7 +14,7 @@ it holds; a platform is offered only if a node of it finds an image there
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from buildmatrix.image.manifests import CONFIG, MAX_DEPTH, Fetch, NoPlatformMatch, pick_manifest
@@ -28,19 +28,6 @@ from buildmatrix.image.platform import (
 )
 
 _ATTESTATION = "vnd.docker.reference.type"
-
-
-def index_platforms(manifests: Iterable[dict[str, Any]]) -> tuple[str, ...]:
-    """``os/arch[/variant]`` of every runnable entry of an index, in index order,
-    each once; entries without a platform and attestation manifests are left out."""
-    found: dict[str, None] = {}
-    for desc in manifests:
-        if (desc.get("annotations") or {}).get(_ATTESTATION):
-            continue
-        p = descriptor_platform(desc)
-        if p is not None and (text := runnable(p)):
-            found[text] = None
-    return tuple(found)
 
 
 def runnable(p: Platform) -> str:
