@@ -309,6 +309,25 @@ def terms(
     return [render(t) for t in cross(*alternatives)]
 
 
+def per_arch_terms(
+    by_arch: dict[str, list[list[dict[str, Any]]]], judged: Sequence[str]
+) -> list[list[dict[str, Any]]]:
+    """The terms of an image whose entries for the CPU architectures ``judged``
+    were each judged (``by_arch``: those whose entry runs on some GPU): where every
+    judged architecture gives the same terms, those; else each one's terms pinned to
+    ``kubernetes.io/arch In [ARCH]``, ORed, so that a node runs what its own
+    architecture's entry runs (an arm64 entry without Hopper code keeps GH200 nodes
+    out although the amd64 entry has it)."""
+    if set(by_arch) == set(judged) and len({repr(t) for t in by_arch.values()}) == 1:
+        return next(iter(by_arch.values()))
+    pinned = []
+    for arch, arch_terms in by_arch.items():
+        for term in arch_terms:
+            kept = [e for e in term if e.get("key") != ARCH]
+            pinned.append([*kept, {"key": ARCH, "operator": "In", "values": [arch]}])
+    return pinned
+
+
 def nodes_block(node_terms: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """``affinity:`` with the required node affinity of these terms (ORed)."""
     return {

@@ -598,3 +598,40 @@ def test_the_node_arch_is_matched_iff_the_image_offers_it(
     needed = {plat.split("/")[1] for plat in PROFILES.platforms(chosen)}
     has_arch = any(e["key"] == "kubernetes.io/arch" for t in _terms(doc) for e in t)
     assert has_arch is not (needed <= set(arches))
+
+
+@pytest.mark.parametrize(
+    "libs", [("libsass_ptx.so", "libsass_sm80.so"), ("libsass_sm80.so", "libhopper_a.so")]
+)
+def test_each_arch_runs_what_its_own_entry_runs(
+    cli: CliRunner, tmp_path: Path, libs: tuple[str, str]
+) -> None:
+    """An index whose amd64 and arm64 entries hold different code: on a node of every
+    profile and each CPU architecture, the affinity matches iff ``check --sm SM
+    --platform linux/ARCH`` (the entry that node pulls) passes. Judging the amd64
+    entry alone would send GH200 nodes (arm64, 9.0) a Pod whose arm64 entry has no
+    Hopper code."""
+    entries: list[tuple[dict[str, str] | None, Image]] = [
+        (
+            {"os": "linux", "architecture": a},
+            Image(
+                layers=[{"usr/lib/libk.so": fixture(lib)}],
+                platform={"os": "linux", "architecture": a},
+            ),
+        )
+        for a, lib in zip(("amd64", "arm64"), libs, strict=True)
+    ]
+    ref = f"oci:{write_platform_layout(tmp_path / 'multi', entries)}:multi"
+    code, doc = _affinity(cli, ref)
+    assert code == 0, doc
+    runs = {
+        (p.sm, a): cli("check", ref, "--sm", p.sm, "--platform", f"linux/{a}").code == 0
+        for p in PROFILES
+        for a in ("amd64", "arm64")
+    }
+    by_arch = {a: {sm for (sm, b), ok in runs.items() if ok and b == a} for a in ("amd64", "arm64")}
+    assert by_arch["amd64"] != by_arch["arm64"]  # the entries differ where it matters
+    placed = {
+        (sm, a): affinity_matches(doc["affinity"], _node_labels(sm, arch=a)) for sm, a in runs
+    }
+    assert placed == runs

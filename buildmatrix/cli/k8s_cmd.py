@@ -109,7 +109,6 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
         choose,
         merge_into,
         nodes_block,
-        terms,
         validate_needs,
     )
     from buildmatrix.cuda import load_cuda_facts
@@ -133,7 +132,8 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
         image = scan_image(ref, platform=platform, progress=progress, containerd=containerd_store())
     finally:
         progress.done()
-    choice = choose(image, profiles, needs, load_cuda_facts())
+    facts = load_cuda_facts()
+    choice = choose(image, profiles, needs, facts)
     if not choice.chosen:
         click.echo(
             f"buildmatrix: error: {ref} runs on none of the GPUs that meet the needs:", err=True
@@ -141,13 +141,46 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
         for p, why in choice.excluded:
             click.echo(f"  - {p.sm} ({p.family.value}): {why}", err=True)
         return 1
-    node_terms = terms(choice, profiles, needs, image.offered)
+    node_terms = _node_terms(
+        ref, image, choice, platform=platform, profiles=profiles, needs=needs, facts=facts
+    )
     if into is None:
         click.echo(_dump(nodes_block(node_terms), fmt), nl=False)
         return 0
     merged = [merge_into(d, node_terms, source=str(into)) for d in documents]
     click.echo(_dump(merged if len(merged) > 1 else merged[0], fmt), nl=False)
     return 0
+
+
+def _node_terms(
+    ref: str, image: Any, choice: Any, *, platform: str, profiles: Any, needs: Any, facts: Any
+) -> list[list[dict[str, Any]]]:
+    """The terms for ``--platform``'s CPU architecture (``choice``, from ``image``)
+    and every other Linux one the image offers (buildmatrix.arch.HOST_ARCHES), each
+    entry judged as its node asks for it (``linux/ARCH``); an architecture whose
+    entry runs on no GPU gives none (buildmatrix.affinity.per_arch_terms)."""
+    from buildmatrix.affinity import choose, per_arch_terms, terms
+    from buildmatrix.arch import HOST_ARCHES
+    from buildmatrix.image.open import scan_image
+    from buildmatrix.image.platform import parse_platform
+
+    mine = parse_platform(platform).architecture
+    offered = {p.split("/")[1] for p in image.offered if p.startswith("linux/")}
+    judged = [mine, *(a for a in HOST_ARCHES if a in offered and a != mine)]
+    by_arch = {}
+    for arch in judged:
+        if arch != mine:
+            progress = ByteProgress()
+            try:
+                entry = scan_image(
+                    ref, platform=f"linux/{arch}", progress=progress, containerd=containerd_store()
+                )
+            finally:
+                progress.done()
+            choice = choose(entry, profiles, needs, facts)
+        if choice.chosen:
+            by_arch[arch] = terms(choice, profiles, needs, image.offered)
+    return per_arch_terms(by_arch, judged)
 
 
 @click.group("k8s")
