@@ -28,8 +28,8 @@ from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatUse, device_refusal
 from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.model import ScannedImage
-from buildmatrix.node.snapshot import Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
+from buildmatrix.snapshot import Snapshot
 from buildmatrix.units import judge_units
 
 FAMILY_LABEL = "io.buildmatrix.family"

@@ -147,7 +147,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     """
     from buildmatrix.check import Options, validate_targets
     from buildmatrix.cuda import load_cuda_facts, parse_driver_version
-    from buildmatrix.node.snapshot import load_snapshot
+    from buildmatrix.snapshot import load_snapshot
 
     profiles = load(profiles_dir)
     drv = parse_driver_version(driver, what="--driver") if driver else None

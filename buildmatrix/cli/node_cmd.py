@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from buildmatrix.node.labels import VerifiedImage
     from buildmatrix.node.poolimages import ImagePlan
     from buildmatrix.node.pools import Pools
-    from buildmatrix.node.snapshot import Snapshot
     from buildmatrix.profiles import ProfileSet
+    from buildmatrix.snapshot import Snapshot
 
 NFD_TTL = timedelta(hours=24)  # NFD drops the labels if smoke stops re-running
 
@@ -53,7 +53,7 @@ def _live_snapshot(node: str | None, record: Path | None, sysfs: Path) -> Snapsh
     """Probe NVML and the PCI bus; with ``record``, write what they said first
     (before any judging)."""
     from buildmatrix.node.probe import probe
-    from buildmatrix.node.snapshot import snapshot_from_doc
+    from buildmatrix.snapshot import snapshot_from_doc
 
     doc = probe(hostname=node, sysfs=sysfs)
     if record is not None:
@@ -67,7 +67,7 @@ def _live_snapshot(node: str | None, record: Path | None, sysfs: Path) -> Snapsh
 def _snapshot(
     snapshot: Path | None, record: Path | None, node: str | None, sysfs: Path
 ) -> Snapshot:
-    from buildmatrix.node.snapshot import load_snapshot
+    from buildmatrix.snapshot import load_snapshot
 
     if snapshot is not None and record is not None:
         raise InputError(

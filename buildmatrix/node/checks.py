@@ -19,8 +19,8 @@ from buildmatrix.compat import check_driver as compat_check_driver
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.node import mig
 from buildmatrix.node.pools import Pools
-from buildmatrix.node.snapshot import Gpu, Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
+from buildmatrix.snapshot import Gpu, Snapshot
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,8 +41,8 @@ from buildmatrix.labelkeys import (
 from buildmatrix.node.checks import NodeReport
 from buildmatrix.node.mig import gfd_name
 from buildmatrix.node.pools import Pools
-from buildmatrix.node.snapshot import MigDevice, Snapshot
 from buildmatrix.node.values import label_value
+from buildmatrix.snapshot import MigDevice, Snapshot
 
 __all__ = [
     "DRIVER_FLOOR",
