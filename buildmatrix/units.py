@@ -1,6 +1,6 @@
 """The per-translation-unit rule: does a file of several fatbinary containers run?
 
-Pure: units (one per container, buildmatrix.binary.scan.FileReport.units) in, a
+Pure: units (one per container, buildmatrix.binary.report.FileReport.units) in, a
 verdict with its reasons and the containers left out of it (docs/check.md, "Per
 translation unit"). One code entry is judged by buildmatrix.compat.
 """
@@ -17,36 +17,7 @@ from packaging.version import Version
 from buildmatrix.arch import Arch, ComputeCapability, Suffix, serves_wherever
 from buildmatrix.compat import combine, judge_codes
 from buildmatrix.cuda import CudaFacts, DriverVersion
-from buildmatrix.verdict import RANK, CodeTarget, Judgement, Verdict
-
-
-@dataclass(frozen=True, kw_only=True)
-class Unit:
-    """One translation unit's loadable code (a fatbinary container) and the kernels
-    its cubins define (compressed ones decompressed: buildmatrix.binary.kernels)."""
-
-    codes: tuple[CodeTarget, ...]
-    kernels: tuple[str, ...] = ()
-    index: int = 0  # the container's place in the file
-    # Whether its kernels were read: False where no cubin of it was (PTX only, or a
-    # compressed cubin the scan did not decompress); the rule never exempts on names
-    # it has not read.
-    kernels_known: bool = True
-    # Kept as data and loaded by the program itself (cuModuleLoadData), which picks
-    # one per GPU: found by content (buildmatrix.binary.embedded).
-    embedded: bool = False
-
-    @property
-    def specific(self) -> bool:
-        """Only arch- or family-specific code (``sm_90a``, ``sm_100f``, ...)."""
-        return all(c.arch.suffix is not Suffix.NONE for c in self.codes)
-
-    def describe(self) -> str:
-        archs = ", ".join(sorted({str(c.arch) for c in self.codes}))
-        if not self.kernels:
-            return archs
-        more = f" and {len(self.kernels) - 3} more" if len(self.kernels) > 3 else ""
-        return f"{archs}; kernels {', '.join(self.kernels[:3])}{more}"
+from buildmatrix.verdict import RANK, CodeTarget, Judgement, Unit, Verdict
 
 
 @dataclass(frozen=True, kw_only=True)
