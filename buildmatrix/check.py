@@ -15,7 +15,7 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix.arch import ComputeCapability, parse_sm
-from buildmatrix.binary.scan import FileReport
+from buildmatrix.binary.report import FileReport
 from buildmatrix.compat import (
     DriverCheck,
     Verdict,

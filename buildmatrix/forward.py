@@ -65,8 +65,6 @@ __all__ = ["NOTE_SECTION", "CompatLibrary", "read_compat_library"]
 
 COMPAT_DIR = "usr/local/cuda/compat"  # where the container toolkit looks
 LIBRARY_GLOB = "libcuda.so.*.*"
-# A path whose name LIBRARY_GLOB matches (``*`` may hold dots), for the readers.
-COMPAT_NAME = re.compile(r"(?:^|/)libcuda\.so\.[^/]*\.[^/]*$")
 _MAX_LINK_HOPS = 40
 # nvmlBrandType_t values of boards forward compatibility never covers.
 CONSUMER_BRANDS = {

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from buildmatrix.binary.scan import FileReport, inspect_file
+from buildmatrix.binary.report import FileReport
+from buildmatrix.binary.scan import inspect_file
 from buildmatrix.check import Options, cuda_runtime, run_check
 from buildmatrix.compat import Verdict
 from buildmatrix.cuda import load_cuda_facts, parse_driver_version

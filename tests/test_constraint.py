@@ -21,7 +21,7 @@ from packaging.version import Version
 
 from buildmatrix.arch import ComputeCapability
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
-from buildmatrix.binary.scan import FileReport
+from buildmatrix.binary.report import FileReport
 from buildmatrix.check import Options, run_check
 from buildmatrix.cuda import load_cuda_facts, parse_driver_version
 from buildmatrix.image.model import ImageConfig, ScannedImage

@@ -32,17 +32,19 @@ ELF itself is unreadable here, a compressed section), ``undetermined`` says why 
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from buildmatrix.binary.elf import SHT_NOTE, read_elf
+from buildmatrix.binary.report import FileReport
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
 
-if TYPE_CHECKING:
-    from buildmatrix.binary.scan import FileReport
-
 NOTE_SECTION = ".note.cuda.fwd_compatibility"
+# A path whose name buildmatrix.forward.LIBRARY_GLOB (``libcuda.so.*.*``, where the
+# container toolkit looks) matches; ``*`` may hold dots.
+COMPAT_NAME = re.compile(r"(?:^|/)libcuda\.so\.[^/]*\.[^/]*$")
 NOTE_OWNER = "NVIDIA Corporation"
 SHF_COMPRESSED = 0x800
 # The toolkit reads the section whatever its size. This reader holds it in memory, so

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from buildmatrix.arch import Arch
 from buildmatrix.binary.archive import is_archive, members
-from buildmatrix.binary.cubin import cubin_arch
+from buildmatrix.binary.compat_note import (
+    COMPAT_NAME,
+    NOTE_SECTION,
+    CompatLibrary,
+    read_compat_library,
+)
 from buildmatrix.binary.elf import (
     EM_CUDA,
     ET_DYN,
@@ -30,21 +33,14 @@ from buildmatrix.binary.fatbin import (
     EntryKind,
     FatbinEntry,
     container_spans,
-    cubin_facts,
     parse_fatbin,
     wrapped_containers,
 )
-from buildmatrix.binary.kernels import read_compressed
+from buildmatrix.binary.kernels import cubin_entry, read_compressed
 from buildmatrix.binary.ptx import looks_like_ptx, ptx_target
+from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
 from buildmatrix.errors import InputError
-
-if TYPE_CHECKING:
-    from packaging.version import Version
-
-    from buildmatrix.compat import CodeTarget
-    from buildmatrix.forward import CompatLibrary
-    from buildmatrix.units import Unit
 
 # The fatbinary the CUDA runtime registers at load time is .nv_fatbin; relocatable
 # device code (-rdc=true) sits in __nv_relfatbin and is used only where there is no
@@ -55,94 +51,6 @@ _HEAD = 64
 # Static archives inside static archives: no linker reads them, but a hostile file can
 # nest them to exhaust the stack (400 deep did); 16 is far above any real build.
 MAX_ARCHIVE_NESTING = 16
-
-
-@dataclass(frozen=True, kw_only=True)
-class FileReport:
-    """The device code of one file. ``path`` is relative to the scanned root."""
-
-    path: str
-    format: str
-    entries: tuple[FatbinEntry, ...]
-    # Where the file's bytes were kept when the scan was asked to keep them (the load
-    # test hands them to the driver); not part of the report.
-    stored: str | None = field(default=None, compare=False)
-
-    def _archs(self, kind: EntryKind) -> list[str]:
-        archs: set[Arch] = {e.arch for e in self.entries if e.kind is kind}
-        return [str(a) for a in sorted(archs, key=lambda a: a.sort_key)]
-
-    @property
-    def sass(self) -> list[str]:
-        return self._archs(EntryKind.SASS)
-
-    @property
-    def ptx(self) -> list[str]:
-        return self._archs(EntryKind.PTX)
-
-    @property
-    def toolkit(self) -> Version | None:
-        """The newest CUDA release that wrote the file's cubins, where their notes say."""
-        return max((e.toolkit for e in self.entries if e.toolkit is not None), default=None)
-
-    def code_targets(self) -> list[CodeTarget]:
-        """Loadable code only (SASS and PTX; LTO IR needs a device link first)."""
-        from buildmatrix.compat import CodeTarget
-
-        return [
-            CodeTarget(arch=e.arch, ptx_isa=e.ptx_isa)
-            for e in self.entries
-            if e.kind is not EntryKind.LTOIR
-        ]
-
-    def units(self) -> list[Unit]:
-        """Loadable code per fatbinary container, one unit per translation unit.
-
-        Left out: containers with only LTO IR (linked at build time) and containers
-        whose cubins provably define no kernel (nvcc's device-link stub: readable
-        cubins without any kernel section, entry symbol or other executable code:
-        buildmatrix.binary.fatbin.cubin_facts), since nothing in them is ever launched.
-        """
-        from buildmatrix.compat import CodeTarget
-        from buildmatrix.units import Unit
-
-        groups: dict[int, list[FatbinEntry]] = {}
-        for e in self.entries:
-            if e.kind is not EntryKind.LTOIR:
-                groups.setdefault(e.container, []).append(e)
-        units = []
-        for index, entries in sorted(groups.items()):
-            # Every cubin read and none defines a kernel (a compressed one not read
-            # may hold kernels: it counts).
-            if all(e.kind is EntryKind.SASS and e.kernels == () for e in entries):
-                continue  # no kernel at all: a link stub
-            kernels = tuple(dict.fromkeys(k for e in entries for k in e.kernels or ()))
-            codes = tuple(CodeTarget(arch=e.arch, ptx_isa=e.ptx_isa) for e in entries)
-            units.append(
-                Unit(
-                    codes=codes,
-                    kernels=kernels,
-                    index=index,
-                    kernels_known=any(e.kernels is not None for e in entries),
-                    embedded=any(e.embedded for e in entries),
-                )
-            )
-        return units
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "format": self.format,
-            "sass": self.sass,
-            "ptx": self.ptx,
-            "entries": [e.to_json() for e in self.entries],
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScanProblem:
-    path: str
-    message: str
 
 
 def inspect_source(
@@ -168,19 +76,7 @@ def inspect_source(
     if is_elf(head):
         info = read_elf(src)
         if info.machine == EM_CUDA:
-            arch = cubin_arch(src, info)
-            kernels, toolkit = cubin_facts(src)
-            entry = FatbinEntry(
-                kind=EntryKind.SASS,
-                arch=arch,
-                ptx_isa=None,
-                compressed=False,
-                size=src.size,
-                offset=0,
-                kernels=kernels,
-                toolkit=toolkit,
-            )
-            return FileReport(path=path, format="cubin", entries=(entry,))
+            return FileReport(path=path, format="cubin", entries=(cubin_entry(src, info),))
         fatbins, rdc = _fatbin_sections(info)
         wrappers = [s for s in info.sections if s.name == WRAPPER_SECTION]
         spans, layout = _registered(src, info, wrappers, rdc, deep=deep)
@@ -227,8 +123,6 @@ def inspect_image_file(
     ``libcuda.so.*.*``, or one with the driver's note section, which a hard link may
     put in the compat folder under that name) is also read for its note
     (buildmatrix.forward: which one the toolkit uses is known on the final view)."""
-    from buildmatrix.forward import COMPAT_NAME, NOTE_SECTION, read_compat_library
-
     if len(head) < 4:
         return None
     code = inspect_source(src, path=path, head=head, deep=deep)

@@ -18,7 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from buildmatrix.arch import Arch, parse_arch
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
-from buildmatrix.binary.scan import FileReport, ScanProblem
+from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.errors import BuildmatrixError
 from buildmatrix.forward import CompatLibrary
 from buildmatrix.image.tree import WHITED_OUT, Dir, Entry, LayerSummary, Leaf, Node

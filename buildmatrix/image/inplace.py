@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, cast
 
-from buildmatrix.binary.scan import ScanProblem, inspect_image_file
+from buildmatrix.binary.report import ScanProblem
+from buildmatrix.binary.scan import inspect_image_file
 from buildmatrix.binary.source import CorruptBinary, FileSource, SliceSource
 from buildmatrix.errors import InputError
 from buildmatrix.image.digests import RegionHash

@@ -8,7 +8,8 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
-from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_tree
+from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.scan import inspect_file, scan_tree
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
 from buildmatrix.image.model import (

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from buildmatrix.binary.scan import ScanProblem, inspect_image_file
+from buildmatrix.binary.report import ScanProblem
+from buildmatrix.binary.scan import inspect_image_file
 from buildmatrix.binary.source import CorruptBinary, FileSource
 from buildmatrix.errors import InputError
 from buildmatrix.image.spool import might_hold_code

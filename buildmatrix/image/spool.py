@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import IO
 
 from buildmatrix.binary.archive import is_archive
+from buildmatrix.binary.compat_note import COMPAT_NAME
 from buildmatrix.binary.elf import is_elf
 from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES
 from buildmatrix.binary.ptx import looks_like_ptx
-from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_image_file
+from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.scan import inspect_image_file
 from buildmatrix.binary.source import BytesSource, CorruptBinary, FileSource
-from buildmatrix.forward import COMPAT_NAME
 from buildmatrix.image.tarstream import CHUNK
 from buildmatrix.image.tree import Result
 

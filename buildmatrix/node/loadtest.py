@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from buildmatrix.arch import ComputeCapability
 from buildmatrix.binary.elf import read_elf
 from buildmatrix.binary.fatbin import container_spans, parse_fatbin
-from buildmatrix.binary.scan import FileReport
+from buildmatrix.binary.report import FileReport
 from buildmatrix.binary.source import CorruptBinary, FileSource, read_exact
 from buildmatrix.compat import Verdict, judge_codes
 from buildmatrix.cuda import CudaFacts
