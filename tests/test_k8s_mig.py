@@ -103,8 +103,8 @@ def test_the_admission_policy_lets_the_agent_write_its_mig_keys(cli: CliRunner) 
     import copy
 
     from buildmatrix.cuda import load_cuda_facts
-    from buildmatrix.labelkeys import GfdKeys, is_mig_key
-    from buildmatrix.node.apply import TAINT_EFFECT, TAINT_KEY, plan
+    from buildmatrix.labelkeys import TAINT_EFFECT, TAINT_KEY, GfdKeys, is_mig_key
+    from buildmatrix.node.apply import plan
     from buildmatrix.node.checks import NodeOptions, evaluate
     from buildmatrix.node.labels import node_labels
     from buildmatrix.profiles import load_profiles

@@ -170,7 +170,7 @@ def _verified(outcomes: Sequence[_ImageOutcome]) -> list[VerifiedImage]:
 def _unavailable_report(exc: EnvironmentUnavailable, *, node: str | None) -> dict[str, Any]:
     """The report of a node whose GPUs could not be read: every key of a full one
     (docs/smoke.md, --json), the node as --node names it (None without)."""
-    from buildmatrix.node.labels import SMOKE
+    from buildmatrix.labelkeys import SMOKE
 
     check = {"name": "nvml", "ok": False, "message": str(exc), "warning": False}
     return {

@@ -30,11 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.labelkeys import GfdKeys, owned, writes_gfd_keys
+from buildmatrix.labelkeys import (
+    REPORT_ANNOTATION,
+    TAINT_EFFECT,
+    TAINT_KEY,
+    GfdKeys,
+    owned,
+    writes_gfd_keys,
+)
 
-TAINT_KEY = "buildmatrix.io/unverified"
-TAINT_EFFECT = "NoSchedule"
-REPORT_ANNOTATION = "buildmatrix.io/smoke-report"
 MAX_REPORT = 4096  # bytes of the annotation; an object's annotations share 256 KiB
 MAX_ATTEMPTS = 5
 SMP = "application/strategic-merge-patch+json"
