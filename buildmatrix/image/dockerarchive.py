@@ -38,6 +38,7 @@ from buildmatrix.image.model import (
     read_json_blob,
     scan_blobs,
 )
+from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.platform import (
     DEFAULT_PLATFORM,
     require_config_platform,
@@ -45,7 +46,7 @@ from buildmatrix.image.platform import (
 )
 from buildmatrix.image.ref import ImageRef
 from buildmatrix.image.savetar import SavedMember, SaveTree, member_of
-from buildmatrix.image.tarheaders import StrictTarInfo, TarHeaderError
+from buildmatrix.image.tarheaders import StrictTarInfo
 from buildmatrix.image.tarstream import check_end
 
 

@@ -26,8 +26,9 @@ from buildmatrix.image.layers import (
     summarise,
     unreadable,
 )
+from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.spool import might_hold_code
-from buildmatrix.image.tarheaders import StrictTarInfo, TarHeaderError
+from buildmatrix.image.tarheaders import StrictTarInfo
 from buildmatrix.image.tarstream import GZIP_MAGIC, TAR_BUFSIZE, ZSTD_MAGIC
 from buildmatrix.image.tree import LayerSummary, Result
 from buildmatrix.image.workers import run_all

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import IO, cast
 
 from buildmatrix.errors import InputError
+from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.spool import inspect_member, might_hold_code
-from buildmatrix.image.tarheaders import TarHeaderError
 from buildmatrix.image.tarstream import (
     DiffIdMismatch,
     check_end,
