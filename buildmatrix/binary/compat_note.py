@@ -40,6 +40,7 @@ from typing import Any
 from buildmatrix.binary.elf import SHT_NOTE, read_elf
 from buildmatrix.binary.report import FileReport
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
+from buildmatrix.errors import InputError
 
 NOTE_SECTION = ".note.cuda.fwd_compatibility"
 # A path whose name buildmatrix.forward.LIBRARY_GLOB (``libcuda.so.*.*``, where the
@@ -124,7 +125,7 @@ def read_compat_library(
         return CompatLibrary(path=path, problem=why, code=code)
     try:
         fields = decode_note(desc)
-    except ValueError as exc:
+    except UndecodableNote as exc:
         return CompatLibrary(path=path, problem=f"its JSON does not decode ({exc})", code=code)
     return CompatLibrary(
         path=path,
@@ -167,38 +168,48 @@ def _trim(data: bytes, start: int, n: int) -> bytes:
 
 
 def decode_note(desc: bytes) -> dict[str, Any]:
-    """The note's JSON as Go's ``json.Unmarshal`` fills ``compatElfHeader``; ValueError
-    where Go's decoder returns an error (the whole note is then ignored)."""
+    """The note's JSON as Go's ``json.Unmarshal`` fills ``compatElfHeader``;
+    :class:`UndecodableNote` where Go's decoder returns an error (the whole note is
+    then ignored)."""
 
     def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
+        raise UndecodableNote(f"{name} is not JSON")
 
     # Go reads invalid UTF-8 inside strings as U+FFFD, and fails on it outside them.
-    doc = json.loads(
-        desc.decode("utf-8", errors="replace"),
-        object_pairs_hook=_Object,
-        parse_constant=no_constant,
-    )
+    try:
+        doc = json.loads(
+            desc.decode("utf-8", errors="replace"),
+            object_pairs_hook=_Object,
+            parse_constant=no_constant,
+        )
+    except json.JSONDecodeError as exc:
+        raise UndecodableNote(str(exc)) from None
     fields: dict[str, Any] = {"format": 0, "cuda": "", "driver": None, "device": None}
     if doc is None:
         return fields  # `null` into a struct: nothing is set, no error
     if not isinstance(doc, _Object):
-        raise ValueError("the note is not a JSON object")
+        raise UndecodableNote("the note is not a JSON object")
     for key, value in doc:
         field = _FIELDS.get(_fold(key))
         if field is None or value is None:
             continue  # unknown keys are ignored; null leaves the field as it is
         if field == "cuda":
             if not isinstance(value, str):
-                raise ValueError(f"'{key}' is not a string")
+                raise UndecodableNote(f"'{key}' is not a string")
             fields[field] = value
         elif field == "format":
             fields[field] = _go_int(value, key)
         else:
             if not isinstance(value, list) or isinstance(value, _Object):
-                raise ValueError(f"'{key}' is not a list of integers")
+                raise UndecodableNote(f"'{key}' is not a list of integers")
             fields[field] = [0 if v is None else _go_int(v, key) for v in value]
     return fields
+
+
+class UndecodableNote(InputError, ValueError):
+    """The note's JSON is one Go's decoder refuses (a ValueError, as Python's JSON
+    decoder's own errors are); read_compat_library records it as the library's
+    problem."""
 
 
 class _Object(list[tuple[str, Any]]):
@@ -208,9 +219,9 @@ class _Object(list[tuple[str, Any]]):
 def _go_int(value: object, key: str) -> int:
     # Go parses the number's literal with strconv.ParseInt: 1.0 and 1e3 are not ints.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"'{key}' holds {value!r}, not an integer")
+        raise UndecodableNote(f"'{key}' holds {value!r}, not an integer")
     if not _INT64[0] <= value <= _INT64[1]:
-        raise ValueError(f"'{key}' holds {value}, which overflows Go's int")
+        raise UndecodableNote(f"'{key}' holds {value}, which overflows Go's int")
     return value
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from buildmatrix.binary.report import ScanProblem
 from buildmatrix.binary.scan import inspect_image_file
 from buildmatrix.binary.source import CorruptBinary, FileSource
-from buildmatrix.errors import InputError
+from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.spool import might_hold_code
 from buildmatrix.image.tree import LayerSummary, Node, Result
 from buildmatrix.image.workers import run_all
@@ -25,8 +25,9 @@ _MOUNT_DEPENDENT = "user.overlay.opaque"
 _OVERLAY = ("trusted.overlay.", "user.overlay.")
 
 
-class UnreadableLayer(Exception):
-    """A layer folder that cannot be read as the engine would export it."""
+class UnreadableLayer(EnvironmentUnavailable):
+    """A layer folder that cannot be read as the engine would export it (the engine's
+    source then reads the image from a ``docker save`` stream instead)."""
 
 
 def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:

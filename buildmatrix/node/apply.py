@@ -200,8 +200,8 @@ class NodeApi:
         return doc
 
 
-class Conflict(Exception):
-    """409: the node changed since it was read."""
+class Conflict(EnvironmentUnavailable):
+    """409: the node changed since it was read (:func:`apply` reads it again)."""
 
 
 def _raw() -> dict[str, Any]:
