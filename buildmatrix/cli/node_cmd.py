@@ -33,6 +33,7 @@ from buildmatrix.labelkeys import GFD_KEYS, GfdKeys, is_mig_key, writes_gfd_keys
 
 if TYPE_CHECKING:
     from buildmatrix.check import CheckResult
+    from buildmatrix.node.apply import Applied
     from buildmatrix.node.checks import LoadResult, NodeReport
     from buildmatrix.node.labels import VerifiedImage
     from buildmatrix.node.poolimages import ImagePlan
@@ -338,7 +339,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
                 labels=doc["labels"],
                 failures=failures,
                 mode=mode,
-            )
+            ).to_json()
         if as_json:
             echo_json(doc)
         else:
@@ -394,7 +395,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
             failures=failures,
             mode=mode,
         )
-        if applied["gfd_keys"] != "written":  # GFD labels the node: its keys are its own
+        if not applied.gfd_keys:  # GFD labels the node: its keys are its own
             labels = {k: v for k, v in labels.items() if k not in GFD_KEYS and not is_mig_key(k)}
     if as_json:
         doc = {
@@ -409,15 +410,12 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
             ],
         }
         if applied is not None:
-            doc["applied"] = applied
+            doc["applied"] = applied.to_json()
         echo_json(doc)
     else:
         _print_report(snap, report, labels, plan=plan)
         if applied is not None:
-            click.echo(
-                f"applied  node {node}: {len(applied['labels_set'])} label(s) set, "
-                f"{len(applied['labels_removed'])} removed, admission taint {applied['taint']}"
-            )
+            click.echo(f"applied  {applied.describe()}")
     if report.passed:
         return 0
     codes = [o.error.exit_code for o in outcomes if o.error is not None]
@@ -463,11 +461,10 @@ def _apply(
     labels: dict[str, str],
     failures: list[str],
     mode: GfdKeys,
-) -> dict[str, Any]:
+) -> Applied:
     from buildmatrix.node.apply import apply
 
-    result = apply(api, node, passed=passed, labels=labels, failures=failures, gfd_keys=mode)
-    return result.to_json()
+    return apply(api, node, passed=passed, labels=labels, failures=failures, gfd_keys=mode)
 
 
 @click.command("labels")

@@ -74,7 +74,6 @@ class LoadResult:
 class NodeOptions:
     expect_gpus: int | None = None
     allow_mixed: bool = False
-    require_sass: bool = False
     pools: Pools | None = None  # its pools.<pool>.gpus is a count the node must show
     mig_strategy: str = "none"  # GPU Feature Discovery's --mig-strategy
 
