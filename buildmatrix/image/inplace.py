@@ -6,6 +6,7 @@ layers' candidates are read by worker processes (buildmatrix.image.workers)."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -45,8 +46,6 @@ def scan_layer_at(
     (:func:`layers.check_diff_id`), hashed on a thread beside the reading
     (buildmatrix.image.digests): from the start where this process reads the
     candidates, else once the workers that read them are forked."""
-    import os
-
     fd = os.open(file, os.O_RDONLY)
     hashing = None
     try:
@@ -144,8 +143,6 @@ def _job(
 
 def _inspect_archived(job: tuple[str, int, int, str]) -> Result:
     """A worker's :func:`_inspect_in_archive`: it opens the archive itself."""
-    import os
-
     fd = os.open(job[0], os.O_RDONLY)
     try:
         return _inspect_in_archive(job, FileSource(fd, name=job[0]))
@@ -181,8 +178,6 @@ class _Window(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        import os
-
         n = max(0, min(len(buffer), self._size - self._pos))
         got = os.preadv(self._fd, [memoryview(buffer)[:n]], self._offset + self._pos) if n else 0
         self._pos += got

@@ -3,6 +3,8 @@ directly (docs/check.md, "The local engine's storage"), into the same tree a lay
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from buildmatrix.binary.report import ScanProblem
@@ -36,9 +38,6 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
     ``trusted.overlay.opaque`` attribute ``y``; files are inspected in place. Raises
     :class:`UnreadableLayer` where what the folder means depends on the mount, and
     InputError where it carries overlay redirects or metacopy."""
-    import os
-    import stat
-
     summary = LayerSummary(name=name)
     candidates: list[tuple[str, str]] = []  # (full path, path in the layer)
     sizes: list[int] = []
@@ -83,8 +82,6 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
 def _overlay_xattrs(full: str, *, name: str, path: str) -> bool:
     """Whether the entry is an opaque folder; refuses redirects, metacopy and other
     overlay xattrs (InputError), leaves mount-dependent ones to the export."""
-    import os
-
     try:
         found = [a for a in os.listxattr(full, follow_symlinks=False) if a.startswith(_OVERLAY)]
     except OSError:
@@ -108,8 +105,6 @@ def _overlay_xattrs(full: str, *, name: str, path: str) -> bool:
 
 
 def _open_stored(full: str) -> int:
-    import os
-
     try:
         return os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
@@ -118,8 +113,6 @@ def _open_stored(full: str) -> int:
 
 def _stored_candidate(full: str, path: str) -> bool:
     """Whether a file of a layer folder may hold device code (by its first bytes)."""
-    import os
-
     fd = _open_stored(full)
     try:
         head = os.pread(fd, 64, 0)
@@ -132,8 +125,6 @@ def _stored_candidate(full: str, path: str) -> bool:
 
 def _inspect_stored(job: tuple[str, str]) -> Result:
     """The device code of a file of a layer folder (full path, path in the layer)."""
-    import os
-
     full, path = job
     fd = _open_stored(full)
     try:

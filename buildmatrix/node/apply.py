@@ -24,6 +24,7 @@ times at most (as Kubernetes' own taint helpers do: ``PatchNodeTaints``).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,8 +210,6 @@ def _raw() -> dict[str, Any]:
 
 
 def _in_cluster() -> bool:
-    import os
-
     return "KUBERNETES_SERVICE_HOST" in os.environ
 
 
