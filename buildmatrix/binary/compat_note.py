@@ -37,7 +37,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from buildmatrix.binary.elf import SHT_NOTE, read_elf
+from buildmatrix.binary.elf import SHT_NOTE, is_elf, read_elf
 from buildmatrix.binary.report import FileReport
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
 from buildmatrix.errors import InputError
@@ -54,6 +54,12 @@ MAX_NOTE = 256 << 20
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # Go's int on the 64-bit hosts the toolkit runs on
 # The compatElfHeader fields, by the name Go's decoder folds each key to.
 _FIELDS = {"FORMAT": "format", "CUDA VERSION": "cuda", "DRIVER": "driver", "DEVICE": "device"}
+
+
+def named_compat_driver(head: bytes, path: str) -> bool:
+    """Whether a file is an ELF file (``head``: its first bytes) with the name the
+    container toolkit looks for in the compat folder (:data:`COMPAT_NAME`)."""
+    return is_elf(head) and COMPAT_NAME.search(path) is not None
 
 
 @dataclass(frozen=True, kw_only=True)

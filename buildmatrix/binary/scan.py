@@ -10,9 +10,9 @@ from pathlib import Path
 
 from buildmatrix.binary.archive import is_archive, members
 from buildmatrix.binary.compat_note import (
-    COMPAT_NAME,
     NOTE_SECTION,
     CompatLibrary,
+    named_compat_driver,
     read_compat_library,
 )
 from buildmatrix.binary.elf import (
@@ -51,6 +51,18 @@ _HEAD = 64
 # Static archives inside static archives: no linker reads them, but a hostile file can
 # nest them to exhaust the stack (400 deep did); 16 is far above any real build.
 MAX_ARCHIVE_NESTING = 16
+
+
+def might_hold_code(head: bytes, path: str) -> bool:
+    """Whether a file whose first bytes are ``head`` (64 are enough) may hold device
+    code: an ELF file, a fatbinary, a static archive or PTX text (the kinds
+    :func:`inspect_source` reads; the image readers skip every other file unread)."""
+    return (
+        is_elf(head)
+        or head[:4] == FATBIN_MAGIC_BYTES
+        or is_archive(head)
+        or looks_like_ptx(head, path)
+    )
 
 
 def inspect_source(
@@ -126,8 +138,8 @@ def inspect_image_file(
     if len(head) < 4:
         return None
     code = inspect_source(src, path=path, head=head, deep=deep)
-    if is_elf(head) and (
-        COMPAT_NAME.search(path) or read_elf(src).section(NOTE_SECTION) is not None
+    if named_compat_driver(head, path) or (
+        is_elf(head) and read_elf(src).section(NOTE_SECTION) is not None
     ):
         return read_compat_library(src, path=path, code=code)
     return code

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from buildmatrix.binary.report import ScanProblem
-from buildmatrix.binary.scan import inspect_image_file
+from buildmatrix.binary.scan import inspect_image_file, might_hold_code
 from buildmatrix.binary.source import CorruptBinary, FileSource, SliceSource
 from buildmatrix.errors import InputError
 from buildmatrix.image.digests import RegionHash
@@ -28,7 +28,6 @@ from buildmatrix.image.layers import (
     unreadable,
 )
 from buildmatrix.image.paxheaders import TarHeaderError
-from buildmatrix.image.spool import might_hold_code
 from buildmatrix.image.tarheaders import StrictTarInfo
 from buildmatrix.image.tarstream import GZIP_MAGIC, TAR_BUFSIZE, ZSTD_MAGIC
 from buildmatrix.image.tree import LayerSummary, Result

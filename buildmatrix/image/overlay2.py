@@ -8,10 +8,9 @@ import stat
 from pathlib import Path
 
 from buildmatrix.binary.report import ScanProblem
-from buildmatrix.binary.scan import inspect_image_file
+from buildmatrix.binary.scan import inspect_image_file, might_hold_code
 from buildmatrix.binary.source import CorruptBinary, FileSource
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.image.spool import might_hold_code
 from buildmatrix.image.tree import LayerSummary, Node, Result
 from buildmatrix.image.workers import run_all
 
