@@ -40,6 +40,7 @@ from buildmatrix.binary.kernels import cubin_entry, read_compressed
 from buildmatrix.binary.ptx import looks_like_ptx, ptx_target
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
+from buildmatrix.binary.walk import walk
 from buildmatrix.errors import InputError
 
 # The fatbinary the CUDA runtime registers at load time is .nv_fatbin; relocatable
@@ -234,52 +235,34 @@ def inspect_file(path: Path, *, display: str | None = None, deep: bool = True) -
         os.close(fd)
 
 
-def _walk(root: Path) -> Iterator[tuple[str, str, str | None]]:
-    """(absolute path, path relative to root, None) of every regular file, in sorted
-    order, and (folder, relative folder, why) for each folder that cannot be listed:
-    an unlisted folder may hold device code, so it is a problem, never skipped.
-
-    Symbolic links are never followed: a link inside the tree points at a file the
-    walk reaches anyway, and a link out of the tree must not be read.
-    """
-    stack = [(str(root), "")]
-    while stack:
-        folder, rel = stack.pop()
-        try:
-            with os.scandir(folder) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            yield folder, rel or ".", f"cannot list folder: {exc.strerror}"
-            continue
-        subfolders = []
-        for entry in entries:
-            child = f"{rel}/{entry.name}" if rel else entry.name
-            if entry.is_symlink():
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                subfolders.append((entry.path, child))
-            elif entry.is_file(follow_symlinks=False):
-                yield entry.path, child, None
-        stack.extend(reversed(subfolders))
-
-
 def scan_tree(
     root: Path,
     *,
     on_file: Callable[[str, bool], None] | None = None,
+    on_link: Callable[[str, str | None], None] | None = None,
     compat: bool = False,
     deep: bool = True,
 ) -> Iterator[FileReport | CompatLibrary | ScanProblem]:
-    """Every file with device code under ``root``, plus a problem for each corrupt one;
-    with ``compat`` (an image root), each CUDA forward-compatibility driver
+    """Every file with device code under ``root``, plus a problem for each corrupt one
+    and each folder that cannot be listed (it may hold device code, so it is never
+    skipped); with ``compat`` (an image root), each CUDA forward-compatibility driver
     (``…/compat/libcuda.so.X.Y``) is read for its note instead of its code.
 
-    ``on_file(path, has_code)`` is called for every regular file (for progress).
+    ``on_file(path, has_code)`` is called for every regular file (for progress),
+    ``on_link(path, target)`` for every symbolic link (target None where it cannot be
+    read). Links are never followed: a link inside the tree points at a file the walk
+    reaches anyway, and a link out of the tree must not be read.
     """
-    for full, rel, unlisted in _walk(root):
+    for full, rel, entry in walk(root):
         result: FileReport | CompatLibrary | ScanProblem | None
-        if unlisted is not None:
-            yield ScanProblem(path=rel, message=unlisted)
+        if isinstance(entry, OSError):
+            yield ScanProblem(path=rel or ".", message=f"cannot list folder: {entry.strerror}")
+            continue
+        if entry.is_symlink():
+            if on_link is not None:
+                on_link(rel, _link_target(full))
+            continue
+        if not entry.is_file(follow_symlinks=False):
             continue
         try:
             fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
@@ -307,3 +290,10 @@ def scan_tree(
             on_file(rel, isinstance(result, FileReport))
         if result is not None:
             yield result
+
+
+def _link_target(full: str) -> str | None:
+    try:
+        return str(Path(full).readlink())
+    except OSError:
+        return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -133,8 +132,22 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     problems: list[str] = []
     libraries: dict[str, CompatLibrary] = {}
     unreadable: list[str] = []
+    # The regular files and the links (with their targets) that the scan's one walk
+    # finds on its way.
+    regular: list[str] = []
+    links: list[str] = []
+    symlinks: dict[str, str] = {}
+
+    def on_file(rel: str, _has_code: bool) -> None:
+        regular.append(rel)
+
+    def on_link(rel: str, target: str | None) -> None:
+        links.append(rel)
+        if target is not None:
+            symlinks[rel] = target
+
     if path.is_dir():
-        for result in scan_tree(path, compat=True):
+        for result in scan_tree(path, compat=True, on_file=on_file, on_link=on_link):
             if isinstance(result, ScanProblem):
                 problems.append(problem_line(result.path, result.message))
                 unreadable.append(result.path)
@@ -147,10 +160,8 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         report = inspect_file(path, display=path.name)
         if report is not None:
             files.append(replace(report, stored=str(path) if keep else None))
-    paths = [f.path for f in files] if not path.is_dir() else _all_paths(path)
-    symlinks = _symlinks(path) if path.is_dir() else {}
-    regular = [p for p in paths if p not in symlinks and (path / p).is_file()]
-    compat = find_compat(libraries, regular, symlinks, unreadable, entries=paths)
+    paths = sorted(regular + links) if path.is_dir() else [f.path for f in files]
+    compat = find_compat(libraries, sorted(regular), symlinks, unreadable, entries=paths)
     for lib_path in compat_code(compat, libraries):
         code = libraries[lib_path].code
         if code is not None:
@@ -167,19 +178,3 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         symlinks=symlinks,
         compat=compat,
     )
-
-
-def _all_paths(root: Path) -> list[str]:
-    return sorted(
-        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()
-    )
-
-
-def _symlinks(root: Path) -> dict[str, str]:
-    """Every symlink under ``root`` (not followed) and its target as written."""
-    found = {}
-    for p in root.rglob("*"):
-        if p.is_symlink():
-            with contextlib.suppress(OSError):
-                found[str(p.relative_to(root))] = str(p.readlink())
-    return found

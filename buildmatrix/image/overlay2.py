@@ -10,6 +10,7 @@ from pathlib import Path
 from buildmatrix.binary.report import ScanProblem
 from buildmatrix.binary.scan import inspect_image_file, might_hold_code
 from buildmatrix.binary.source import CorruptBinary, FileSource
+from buildmatrix.binary.walk import walk
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.tree import LayerSummary, Node, Result
 from buildmatrix.image.workers import run_all
@@ -40,35 +41,26 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
     summary = LayerSummary(name=name)
     candidates: list[tuple[str, str]] = []  # (full path, path in the layer)
     sizes: list[int] = []
-    stack = [(str(root), "")]
-    while stack:  # iterative: layers may nest folders thousands deep
-        folder, rel = stack.pop()
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError as exc:
-            raise UnreadableLayer(f"{folder}: cannot list: {exc.strerror}") from None
-        subfolders = []
-        for entry in entries:
-            path = f"{rel}{entry.name}"
-            st = entry.stat(follow_symlinks=False)
-            opaque = _overlay_xattrs(entry.path, name=name, path=path)
-            if stat.S_ISDIR(st.st_mode):
-                summary.add(path, Node("dir"))
-                if opaque:
-                    summary.make_opaque(path)
-                subfolders.append((entry.path, f"{path}/"))
-            elif stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                summary.whiteout(path)
-            elif stat.S_ISLNK(st.st_mode):
-                summary.add(path, Node("symlink", str(Path(entry.path).readlink())))
-            elif stat.S_ISREG(st.st_mode):
-                summary.add(path, Node("file"))
-                if _stored_candidate(entry.path, path):
-                    candidates.append((entry.path, path))
-                    sizes.append(st.st_size)
-            else:
-                summary.add(path, Node("other"))
-        stack.extend(reversed(subfolders))
+    for folder, path, entry in walk(root):
+        if isinstance(entry, OSError):
+            raise UnreadableLayer(f"{folder}: cannot list: {entry.strerror}") from None
+        st = entry.stat(follow_symlinks=False)
+        opaque = _overlay_xattrs(entry.path, name=name, path=path)
+        if stat.S_ISDIR(st.st_mode):
+            summary.add(path, Node("dir"))
+            if opaque:
+                summary.make_opaque(path)
+        elif stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            summary.whiteout(path)
+        elif stat.S_ISLNK(st.st_mode):
+            summary.add(path, Node("symlink", str(Path(entry.path).readlink())))
+        elif stat.S_ISREG(st.st_mode):
+            summary.add(path, Node("file"))
+            if _stored_candidate(entry.path, path):
+                candidates.append((entry.path, path))
+                sizes.append(st.st_size)
+        else:
+            summary.add(path, Node("other"))
     # Files that may hold device code are read once the folder is listed, several at
     # a time where they are many (buildmatrix.image.workers).
     for (_, path), result in zip(
