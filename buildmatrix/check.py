@@ -128,6 +128,7 @@ class CheckResult:
         return {
             "image": self.image.ref,
             "digest": self.image.digest,
+            "index_digest": self.image.index_digest,
             "declared": self.declared,
             "targets": [t.to_json() for t in self.targets],
             "verdict": "pass" if self.passed else "fail",

@@ -87,6 +87,7 @@ def scan_oci_layout(
     unplaced = False  # picked from an index entry without a platform
     single = not is_index(doc)  # one manifest, no index
     offered = index_platforms(doc.get("manifests") or []) if is_index(doc) else ()
+    index_digest = str(desc.get("digest")) if is_index(doc) else None
     while is_index(doc):
         desc = select_platform(doc.get("manifests") or [], platform, name=name)
         unplaced = not isinstance(desc.get("platform"), dict)
@@ -117,7 +118,9 @@ def scan_oci_layout(
         )
     layers = scan_blobs(blobs, progress, keep=keep)
     image = finish(ref=ref.given, digest=desc.get("digest"), config=config, layers=layers)
-    return replace(image, offered=offered) if offered else image
+    if offered:
+        image = replace(image, offered=offered)
+    return replace(image, index_digest=index_digest) if index_digest else image
 
 
 def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:

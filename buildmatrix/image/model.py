@@ -84,6 +84,9 @@ class ScannedImage:
     # The platforms the image offers (os/arch[/variant]): an index's entries, else the
     # config's own platform; () where neither names one (buildmatrix.image.offered).
     offered: tuple[str, ...] = ()
+    # The digest of the index the REF named, the entry above was picked from; None
+    # where the REF named a single manifest or the source keeps no index.
+    index_digest: str | None = None
 
 
 Progress = Callable[[int], None]  # called with bytes read since the last call

@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from buildmatrix.image.platform import descriptor_platform
-
-_ATTESTATION = "vnd.docker.reference.type"
+from buildmatrix.image.platform import descriptor_platform, is_attestation
 
 
 def index_platforms(manifests: Iterable[dict[str, Any]]) -> tuple[str, ...]:
@@ -22,7 +20,7 @@ def index_platforms(manifests: Iterable[dict[str, Any]]) -> tuple[str, ...]:
     each once; entries without a platform and attestation manifests are left out."""
     found: dict[str, None] = {}
     for desc in manifests:
-        if (desc.get("annotations") or {}).get(_ATTESTATION):
+        if is_attestation(desc):
             continue
         p = descriptor_platform(desc)
         if p is None or "unknown" in (p.os, p.architecture) or not p.architecture:

@@ -296,6 +296,7 @@ def scan_registry(
     unplaced = False  # picked from an index entry without a platform
     single = not is_index(doc)  # one manifest, no index
     offered = index_platforms(doc.get("manifests") or []) if is_index(doc) else ()
+    index_digest = digest if is_index(doc) else None
     while is_index(doc):
         check_manifest(doc, name=where)
         desc = select_platform(doc.get("manifests") or [], platform, name=ref.given)
@@ -330,4 +331,6 @@ def scan_registry(
     ]
     layers = scan_blobs(blobs, progress, keep=keep)
     image = finish(ref=ref.given, digest=digest, config=config, layers=layers)
-    return replace(image, offered=offered) if offered else image
+    if offered:
+        image = replace(image, offered=offered)
+    return replace(image, index_digest=index_digest) if index_digest else image
