@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -317,10 +318,16 @@ def _check_variants(
     judge = step_of(check, name="Check every platform's digest from its binaries")
     upload = step_of(check, uses="actions/upload-artifact")
     assert "if" not in upload
-    for n, merge in enumerate(merges):
+
+    def leg(n: int, merge: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         ctx = {"matrix": merge, "runner": _runner(tmp_path, f"check{n}")}
         _artifact_download(download, ctx, artifacts)
-        step = run_step(judge, ctx, cwd, [], env)
+        return ctx, run_step(judge, ctx, cwd, [], env)
+
+    # the legs of a matrix job run side by side, each on its own runner
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        legs = list(pool.map(leg, range(len(merges)), merges))
+    for merge, (ctx, step) in zip(merges, legs, strict=True):
         tag = merge["tags"][0]
         judged = Path(ctx["runner"]["temp"], "checked", "judged").read_text().splitlines()
         # one line per platform, naming the image manifest judged (not the index, not
@@ -339,7 +346,7 @@ def _check_variants(
             assert ref == f"docker://{merge['repository']}@{pushed[merge['key'], platform].index}"
         if merge is failing:
             assert step.returncode == 1, step.stdout + step.stderr
-            assert "no runnable code" in step.stdout or "FAIL" in step.stdout
+            assert "no runnable code" in step.stdout, step.stdout
             continue
         assert step.returncode == 0, tag + step.stdout + step.stderr
         _artifact_upload(upload, ctx, artifacts)
