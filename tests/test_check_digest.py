@@ -131,3 +131,31 @@ def test_an_attestation_without_a_platform_is_not_picked(tmp_path: Path, cli: Cl
     judged = cli("check", f"oci:{layout}:multi", "--platform", "linux/arm64", "--json")
     assert judged.code == 0
     assert judged.json()["index_digest"] == new
+
+
+def test_the_action_outputs_the_digests_it_judged(tmp_path: Path, registry: Registry) -> None:
+    """action.yml's Check step as the runner runs it: ``verdict`` and ``digests`` (the
+    manifest judged) as outputs, for a platform's push by digest."""
+    import yaml
+
+    from tests.conftest import REPO
+    from tests.pipeline import run
+
+    action = yaml.safe_load((REPO / "action.yml").read_text())
+    (check,) = [s for s in action["runs"]["steps"] if s.get("id") == "check"]
+    amd = push_by_digest(registry.host, "digest/action", _image("amd64", "libsass_ptx.so"))
+    output = tmp_path / "output"
+    env = {
+        "IMAGE": f"docker://{registry.host}/digest/action@{amd.index}",
+        "FAMILIES": "",
+        "SMS": "",
+        "DRIVER": "",
+        "REQUIRE_SASS": "false",
+        "RUNNER_TEMP": str(tmp_path),
+        "GITHUB_OUTPUT": str(output),
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+    }
+    step = run(tmp_path, check["run"], env)
+    assert step.returncode == 0, step.stdout + step.stderr
+    assert output.read_text().splitlines() == [f"digests={amd.manifest}", "verdict=pass"]
+    assert action["outputs"]["digests"]["value"] == "${{ steps.check.outputs.digests }}"
