@@ -211,8 +211,9 @@ def _artifact_upload(upload: dict[str, Any], ctx: dict[str, Any], store: Path) -
 
 
 def _artifact_download(download: dict[str, Any], ctx: dict[str, Any], store: Path) -> Path:
-    """actions/download-artifact with ``pattern``: into ``path``, each artifact in a
-    folder of its name, or all in one with ``merge-multiple``."""
+    """actions/download-artifact with ``pattern`` (``src/download-artifact.ts`` at
+    v4.3.0): into ``path``, each artifact in a folder of its name, or all in one with
+    ``merge-multiple``; a pattern that matches nothing downloads nothing, no error."""
     into = Path(expand(download["with"]["path"], ctx))
     into.mkdir(parents=True, exist_ok=True)
     pattern = expand(download["with"]["pattern"], ctx)
