@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from buildmatrix.arch import Arch, ComputeCapability, Suffix, serves_wherever
+from buildmatrix.binary.demangle import demangle
 from buildmatrix.compat import combine, judge_codes
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.verdict import RANK, CodeTarget, Judgement, Unit, Verdict
@@ -27,14 +28,42 @@ class FileJudgement:
     specialised: tuple[str, ...] = ()  # containers left out of the verdict, and why
 
 
-# A kernel named for a GPU architecture: an SM number (sm80, sm_90a, _sm100), a
-# CUTLASS arch tag (cutlass_70_...), or a generation's name. Kernel names of NVIDIA's
-# libraries carry them where a kernel is one GPU's variant (cuBLAS 13's sm_75-only
-# container holds cutlass_70_simt_*, its sm_120-only one *_forwardCompat_*
-# kernels tagged cutlass_80; cuDNN 9's Volta_*).
-_ARCH_NAMED = re.compile(
-    r"(?i)(?:sm_?\d{2,3}[af]?(?!\d)|cutlass_\d{2,3}_|volta|turing|ampere|hopper|blackwell)"
-)
+# A kernel named for a GPU architecture: a whole token of its demangled name is a
+# generation's name, or an SM number (sm80, sm_90a, SM100) or a CUTLASS arch tag
+# (cutlass_70_...) spelled as tokens. Kernel names of NVIDIA's libraries carry them
+# where a kernel is one GPU's variant (cuBLAS 13's sm_75-only container holds
+# cutlass_70_simt_* kernels, its sm_120-only one *_forwardCompat_* kernels tagged
+# cutlass_80; cuDNN 9's Volta_*). Tokens: the identifiers of the demangled name
+# (buildmatrix.binary.demangle), each cut at underscores, at digit runs and at camelCase
+# humps; so voltage_update, capturing, chopper, parallelism64 or prism100 name nothing.
+_GENERATIONS = frozenset({"volta", "turing", "ampere", "hopper", "blackwell"})
+_TAGS = frozenset({"sm", "cutlass"})  # followed by the SM number: sm_90a, cutlass_70_
+_IDENTIFIER = re.compile(r"[A-Za-z0-9_]+")
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def name_tokens(name: str) -> list[list[str]] | None:
+    """The tokens of each identifier of a kernel's demangled name (lower case); None
+    where a mangled name does not demangle (its tokens are unknown)."""
+    text = demangle(name)
+    if text is None:
+        return None
+    return [
+        [w.lower() for seg in ident.split("_") for w in _WORD.findall(seg)]
+        for ident in _IDENTIFIER.findall(text)
+    ]
+
+
+def named_for_architecture(name: str) -> bool:
+    """Whether a whole token of the kernel's name names a GPU architecture."""
+    for words in name_tokens(name) or ():
+        for i, word in enumerate(words):
+            if word in _GENERATIONS:
+                return True
+            number = words[i + 1] if i + 1 < len(words) else ""
+            if word in _TAGS and number.isdigit() and 2 <= len(number) <= 3:
+                return True
+    return False
 
 
 def _named(unit: Unit) -> bool:
@@ -42,7 +71,7 @@ def _named(unit: Unit) -> bool:
     return (
         unit.kernels_known
         and bool(unit.kernels)
-        and all(_ARCH_NAMED.search(k) for k in unit.kernels)
+        and all(named_for_architecture(k) for k in unit.kernels)
     )
 
 
