@@ -44,7 +44,11 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         ),
     ),
     (1, "binary readers", ("buildmatrix.binary",)),
-    (2, "toolkit lookup", ("buildmatrix.forward", "buildmatrix.forward_legacy")),
+    (
+        2,
+        "toolkit lookup",
+        ("buildmatrix.forward", "buildmatrix.forward_legacy", "buildmatrix.ldconfig"),
+    ),
     (3, "image sources", ("buildmatrix.image",)),
     (
         4,

@@ -43,6 +43,9 @@ from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
 from buildmatrix.errors import InputError
 
 NOTE_SECTION = ".note.cuda.fwd_compatibility"
+# Names and SONAMEs the readers record as driver libraries (binary.scan): ldconfig
+# takes libcuda.so.1 by SONAME whatever the file is called (buildmatrix.ldconfig).
+LIBCUDA = "libcuda.so"
 # A path whose name buildmatrix.forward.LIBRARY_GLOB (``libcuda.so.*.*``, where the
 # container toolkit looks) matches; ``*`` may hold dots.
 COMPAT_NAME = re.compile(r"(?:^|/)libcuda\.so\.[^/]*\.[^/]*$")
@@ -74,6 +77,9 @@ class CompatLibrary:
     ``code``: device code in the file itself, judged like any other file's unless the
     file is the compat driver the toolkit finds. ``elf``: False for a file that was
     not read as an ELF library (the loader may not be able to use it).
+    ``soname``, ``ld_skip``, ``ld_unknown``, ``machine``: what ldconfig reads from
+    the file (buildmatrix.binary.dynamic), for which file it loads as libcuda.so.1
+    (buildmatrix.ldconfig).
     """
 
     path: str
@@ -85,6 +91,10 @@ class CompatLibrary:
     problem: str | None = None
     undetermined: str | None = None
     code: FileReport | None = None
+    soname: str | None = None
+    ld_skip: str | None = None
+    ld_unknown: str | None = None
+    machine: str = ""
 
     def describe(self) -> str:
         parts = []

@@ -9,12 +9,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+from typing import Any
 
 _MAX_NAME = 1 << 16  # longer names are not demangled (a kernel name is far shorter)
 
 
 @functools.cache
-def _cxa_demangle() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr] | None:
+def _cxa_demangle() -> tuple[Any, Any] | None:
     name = ctypes.util.find_library("stdc++") or "libstdc++.so.6"
     try:
         lib = ctypes.CDLL(name)

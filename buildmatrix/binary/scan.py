@@ -10,11 +10,13 @@ from pathlib import Path
 
 from buildmatrix.binary.archive import is_archive, members
 from buildmatrix.binary.compat_note import (
+    LIBCUDA,
     NOTE_SECTION,
     CompatLibrary,
     named_compat_driver,
     read_compat_library,
 )
+from buildmatrix.binary.dynamic import read_dso
 from buildmatrix.binary.elf import (
     EM_CUDA,
     ET_DYN,
@@ -139,10 +141,21 @@ def inspect_image_file(
     if len(head) < 4:
         return None
     code = inspect_source(src, path=path, head=head, deep=deep)
-    if named_compat_driver(head, path) or (
-        is_elf(head) and read_elf(src).section(NOTE_SECTION) is not None
+    if not is_elf(head):
+        return code
+    # ldconfig takes libcuda.so.1 by SONAME (buildmatrix.ldconfig): a file named
+    # libcuda.so* or whose DT_SONAME is one is recorded whatever else its name is.
+    dso = read_dso(src)
+    if (
+        named_compat_driver(head, path)
+        or path.rpartition("/")[2].startswith(LIBCUDA)
+        or (dso.soname or "").startswith(LIBCUDA)
+        or read_elf(src).section(NOTE_SECTION) is not None
     ):
-        return read_compat_library(src, path=path, code=code)
+        lib = read_compat_library(src, path=path, code=code)
+        return replace(
+            lib, soname=dso.soname, ld_skip=dso.skip, ld_unknown=dso.unknown, machine=dso.machine
+        )
     return code
 
 
@@ -240,6 +253,7 @@ def scan_tree(
     *,
     on_file: Callable[[str, bool], None] | None = None,
     on_link: Callable[[str, str | None], None] | None = None,
+    on_folder: Callable[[str], None] | None = None,
     compat: bool = False,
     deep: bool = True,
 ) -> Iterator[FileReport | CompatLibrary | ScanProblem]:
@@ -250,8 +264,9 @@ def scan_tree(
 
     ``on_file(path, has_code)`` is called for every regular file (for progress),
     ``on_link(path, target)`` for every symbolic link (target None where it cannot be
-    read). Links are never followed: a link inside the tree points at a file the walk
-    reaches anyway, and a link out of the tree must not be read.
+    read), ``on_folder(path)`` for every folder. Links are never followed: a link
+    inside the tree points at a file the walk reaches anyway, and a link out of the
+    tree must not be read.
     """
     for full, rel, entry in walk(root):
         result: FileReport | CompatLibrary | ScanProblem | None
@@ -261,6 +276,10 @@ def scan_tree(
         if entry.is_symlink():
             if on_link is not None:
                 on_link(rel, _link_target(full))
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            if on_folder is not None:
+                on_folder(rel)
             continue
         if not entry.is_file(follow_symlinks=False):
             continue

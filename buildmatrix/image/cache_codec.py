@@ -94,6 +94,10 @@ def _dump_result(result: Any) -> Any:
             "problem": result.problem,
             "undetermined": result.undetermined,
             "code": _dump_result(result.code),
+            "soname": result.soname,
+            "ld_skip": result.ld_skip,
+            "ld_unknown": result.ld_unknown,
+            "machine": result.machine,
         }
     }
 
@@ -149,6 +153,10 @@ def _load_result(doc: Any) -> Any:
         problem=c["problem"],
         undetermined=c["undetermined"],
         code=code if isinstance(code, FileReport) else None,
+        soname=c["soname"],
+        ld_skip=c["ld_skip"],
+        ld_unknown=c["ld_unknown"],
+        machine=str(c["machine"]),
     )
 
 

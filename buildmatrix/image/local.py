@@ -140,6 +140,7 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     regular: list[str] = []
     links: list[str] = []
     symlinks: dict[str, str] = {}
+    folders: list[str] = []
 
     def on_file(rel: str, _has_code: bool) -> None:
         regular.append(rel)
@@ -150,7 +151,9 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
             symlinks[rel] = target
 
     if path.is_dir():
-        for result in scan_tree(path, compat=True, on_file=on_file, on_link=on_link):
+        for result in scan_tree(
+            path, compat=True, on_file=on_file, on_link=on_link, on_folder=folders.append
+        ):
             if isinstance(result, ScanProblem):
                 problems.append(problem_line(result.path, result.message))
                 unreadable.append(result.path)
@@ -164,7 +167,9 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         if report is not None:
             files.append(replace(report, stored=str(path) if keep else None))
     paths = sorted(regular + links) if path.is_dir() else [f.path for f in files]
-    compat = find_compat(libraries, sorted(regular), symlinks, unreadable, entries=paths)
+    compat = find_compat(
+        libraries, sorted(regular), symlinks, unreadable, entries=paths, folders=folders
+    )
     for lib_path in compat_code(compat, libraries):
         code = libraries[lib_path].code
         if code is not None:

@@ -321,7 +321,9 @@ def finish(
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
             unreadable.append(path)
-    compat = find_compat(compat_libraries, regular, symlinks, unreadable, entries=paths)
+    compat = find_compat(
+        compat_libraries, regular, symlinks, unreadable, entries=paths, folders=list(tree.folders())
+    )
     for path in compat_code(compat, compat_libraries):
         code = compat_libraries[path].code
         if code is not None:

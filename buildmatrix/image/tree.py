@@ -215,6 +215,16 @@ class ImageTree:
                 else:
                     lower.children[name] = entry
 
+    def folders(self) -> Iterator[str]:
+        """Every folder's path (empty ones too), in no particular order."""
+        stack: list[tuple[str, Dir]] = [("", self.root)]
+        while stack:
+            prefix, folder = stack.pop()
+            for name, child in folder.children.items():
+                if isinstance(child, Dir):
+                    yield f"{prefix}{name}"
+                    stack.append((f"{prefix}{name}/", child))
+
     def files(self) -> Iterator[tuple[str, Node]]:
         """Every non-folder entry as (path, node), sorted by path."""
         stack: list[tuple[str, Dir]] = [("", self.root)]
