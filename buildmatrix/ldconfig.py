@@ -145,10 +145,8 @@ class _Entry:
 
 def pick(folder: str, view: FolderView) -> LdPick:
     """Rules 1-6 of the module docstring for ``libcuda.so.1`` in ``folder``."""
-    names = sorted(
-        {posixpath.basename(p) for p in (*view.regular, *view.symlinks, *view.unreadable)
-         if posixpath.dirname(p) == folder}
-    )  # fmt: skip
+    here = (*view.regular, *view.symlinks, *view.unreadable)
+    names = sorted({posixpath.basename(p) for p in here if posixpath.dirname(p) == folder})
     entries: list[_Entry] = []
     for name in names:
         entry = _entry(folder, name, view)
@@ -202,7 +200,10 @@ def _entry(folder: str, name: str, view: FolderView) -> _Entry | str | None:
     if final in view.unreadable:
         return f"/{final} could not be read, so its SONAME is unknown"
     if lib is None:
-        if link and name.startswith(LIBCUDA):
+        # Unrecorded: not ELF where its own name is libcuda's (binary.scan records every
+        # ELF file so named), so ldconfig skips it; else its SONAME is not libcuda's,
+        # but where it has none, a link's own name would stand for it.
+        if link and name.startswith(LIBCUDA) and not posixpath.basename(final).startswith(LIBCUDA):
             return f"the SONAME of /{final}, which /{path} links to, was not read"
         return None  # its SONAME and name are not libcuda's (binary.scan records those)
     if lib.ld_unknown is not None:
@@ -224,16 +225,19 @@ def _elsewhere(folder: str, view: FolderView, entries: list[_Entry]) -> str | No
                 f"/{folder}/{e.name} has SONAME {e.soname}, which the loader's cache lookup "
                 f"takes for {SONAME}"
             )
+
+    def libcuda(p: str) -> bool:
+        return posixpath.basename(p).startswith(LIBCUDA) or p in view.libraries
+
     below = [
-        p for p in (*view.regular, *view.symlinks, *view.unreadable)
-        if p.startswith(folder + "/") and posixpath.dirname(p) != folder
-        and (posixpath.basename(p).startswith(LIBCUDA) or p in view.libraries)
-    ]  # fmt: skip
-    below += [
-        p for p in view.symlinks
-        if posixpath.dirname(p) == folder and (t := view.resolve(p, view.symlinks)) in view.folders
-        and any(q.startswith(f"{t}/") for q in (*view.libraries, *view.unreadable))
-    ]  # fmt: skip
+        p
+        for p in (*view.regular, *view.symlinks, *view.unreadable)
+        if p.startswith(folder + "/") and posixpath.dirname(p) != folder and libcuda(p)
+    ]
+    for p in view.symlinks:  # a subfolder that is a symlink to a folder elsewhere
+        target = view.resolve(p, view.symlinks) if posixpath.dirname(p) == folder else None
+        if target in view.folders:
+            below += [q for q in (*view.libraries, *view.unreadable) if q.startswith(f"{target}/")]
     if below:
         return (
             f"/{below[0]} lies in a subfolder of /{folder}; ldconfig caches glibc-hwcaps and "
