@@ -54,18 +54,17 @@ through the compat library; the CUDA runtime floor and PTX JIT are.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from buildmatrix.binary.compat_note import NOTE_SECTION, CompatLibrary, read_compat_library
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
 from buildmatrix.forward_legacy import LegacySetup, find_legacy
-from buildmatrix.ldconfig import FolderView, LdPick, pick
+from buildmatrix.ldconfig import FolderView, LdPick, pick, searched_first
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
@@ -112,6 +111,8 @@ class CompatSetup:
     undetermined: str | None = None  # buildmatrix cannot tell what the toolkit decides
     legacy: LegacySetup | None = None  # what the legacy runtime finds (forward_legacy)
     loaded: LdPick | None = None  # libcuda.so.1 of the compat folder after ldconfig
+    # A libcuda.so.1 the image's LD_LIBRARY_PATH puts first: (its folder, why).
+    preload: tuple[str | None, str] | None = None
 
 
 def find_compat(
@@ -122,13 +123,15 @@ def find_compat(
     *,
     entries: Collection[str] = (),
     folders: Collection[str] = (),
+    library_path: str = "",
 ) -> CompatSetup | None:
     """The toolkit's lookup on the final view (rules 1-3 of the module docstring):
     ``libraries`` by final path (hard links share the file's), ``regular`` the
     regular files, ``unreadable`` the files that could not be read, ``entries`` every
     non-folder path, ``folders`` every folder (for ldconfig's view of the compat
-    folder, buildmatrix.ldconfig, and the legacy path, buildmatrix.forward_legacy).
-    None when neither path finds a compat library."""
+    folder, buildmatrix.ldconfig, and the legacy path, buildmatrix.forward_legacy),
+    ``library_path`` the image's LD_LIBRARY_PATH. None when neither path finds a
+    compat library and LD_LIBRARY_PATH leads to no libcuda.so.1."""
     view = FolderView(
         entries=frozenset(entries or {*regular, *symlinks}),
         regular=frozenset(regular),
@@ -138,6 +141,17 @@ def find_compat(
         libraries=libraries,
         resolve=resolve,
     )
+    setup = _find(view, unreadable)
+    preload = searched_first(library_path, view) if library_path else None
+    if preload is None:
+        return setup
+    if setup is None:
+        return CompatSetup(library=None, why=preload[1], preload=preload)
+    return replace(setup, preload=preload)
+
+
+def _find(view: FolderView, unreadable: Collection[str]) -> CompatSetup | None:
+    libraries, regular, symlinks = view.libraries, view.regular, view.symlinks
     legacy = find_legacy(view=view, is_driver_name=is_driver_name)
     folder = resolve(COMPAT_DIR, symlinks)
     names = sorted(
@@ -360,17 +374,21 @@ def _decide(lib: CompatLibrary, driver: DriverVersion) -> CompatUse:
 
 def driver_breakpoints(setup: CompatSetup | None) -> set[tuple[int, int, int]]:
     """Every driver version (as a key) at which either toolkit path's choice for this
-    image can change: the compat driver's own version and major, each branch its note
-    lists and the next, and the major of each library the legacy path finds."""
+    image can change: the version and major of the compat driver and of the file
+    ldconfig loads as libcuda.so.1, each branch their notes list and the next, and the
+    major of each library the legacy path finds."""
     found: set[tuple[int, int, int]] = set()
     if setup is None:
         return found
-    if setup.library is not None:
-        name = posixpath.basename(setup.library.path)[len("libcuda.so.") :]
-        with contextlib.suppress(InputError):
-            version = parse_driver_version(name)
+    libs = [setup.library, setup.loaded.library if setup.loaded else None]
+    libs += [p.library for _, p in (setup.legacy.drivers if setup.legacy else ())]
+    for lib in libs:
+        if lib is None:
+            continue
+        version = _driver_version(posixpath.basename(lib.path))
+        if version is not None:
             found |= {version.key, (version.key[0], 0, 0), (version.key[0] + 1, 0, 0)}
-        for branch in setup.library.branches:
+        for branch in lib.branches:
             found |= {(branch, 0, 0), (branch + 1, 0, 0)}
     for path in setup.legacy.libraries if setup.legacy is not None else ():
         major = posixpath.basename(path).partition(".so.")[2]

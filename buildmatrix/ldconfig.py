@@ -289,3 +289,34 @@ def _loaded(folder: str, winner: _Entry, view: FolderView) -> LdPick:
         why = f"the loader takes /{path} ({how}), which was not read as a libcuda"
         return LdPick(folder=folder, path=path, unknown=why)
     return LdPick(folder=folder, path=path, library=lib, why=f"{how}: the loader takes /{path}")
+
+
+def searched_first(value: str, view: FolderView) -> tuple[str | None, str] | None:
+    """A ``libcuda.so.1`` the loader finds through ``LD_LIBRARY_PATH`` (the image's
+    environment), which it searches before its cache (glibc ``elf/dl-load.c``
+    ``_dl_map_object``: ``__rtld_env_path_list`` first; entries split at ``:`` and
+    ``;``, ``_dl_init_paths``): (the folder, why), or None. An entry that is empty or
+    relative (the working folder decides) or holds a dynamic string token (``$ORIGIN``:
+    the program's folder decides) counts where the image holds any ``libcuda.so.1``
+    (folder None)."""
+    anywhere = [p for p in view.entries if posixpath.basename(p) == SONAME]
+    for raw in value.replace(";", ":").split(":"):
+        if not raw.startswith("/") or "$" in raw:
+            if anywhere:
+                why = (
+                    f"LD_LIBRARY_PATH holds '{raw}', which the loader searches before its cache "
+                    f"and which may be the folder of /{anywhere[0]}"
+                )
+                return None, why
+            continue
+        folder = view.resolve(raw, view.symlinks)
+        if folder is None:
+            continue
+        found = view.resolve(f"{folder}/{SONAME}", view.symlinks) if folder else SONAME
+        if found is not None and found in view.entries:
+            why = (
+                f"LD_LIBRARY_PATH names {raw}, where the loader finds /{folder}/{SONAME} "
+                "before its cache, whatever the container toolkit chooses"
+            )
+            return folder, why
+    return None

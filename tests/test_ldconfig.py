@@ -35,6 +35,7 @@ from tests.standins import NOTE_13_1, compat_library
 
 DIR = "usr/local/cuda-13.1/compat"
 OUTSIDE = "opt/x/libcuda.so.600.1.2"
+CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 ROOTED = os.geteuid() == 0 and shutil.which("gcc") is not None and Path("/sbin/ldconfig").exists()
 pytestmark = pytest.mark.skipif(not ROOTED, reason="chroot needs root; gcc builds the stand-ins")
 
@@ -138,15 +139,25 @@ def _make_root(root: Path, kit: dict[str, Path], shape: dict[str, str]) -> None:
             _place(kit, kind, where)
 
 
-def _real(root: Path) -> str | None:
-    """The file glibc's loader maps for libcuda.so.1 after glibc's ldconfig, in ROOT."""
-    subprocess.run(
-        ["chroot", str(root), "/sbin/ldconfig", "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache"],
-        check=True,
-        capture_output=True,
-    )
+def _real(root: Path, *, ldconfig: bool = True, env: dict[str, str] | None = None) -> str | None:
+    """The file glibc's loader maps for libcuda.so.1 after glibc's ldconfig (unless
+    ``ldconfig`` is False: the hook did not name the folder), in ROOT, with ``env``."""
+    if ldconfig:
+        subprocess.run(
+            [
+                "chroot",
+                str(root),
+                "/sbin/ldconfig",
+                "-f",
+                "/etc/ld.so.conf",
+                "-C",
+                "/etc/ld.so.cache",
+            ],
+            check=True,
+            capture_output=True,
+        )
     out = subprocess.run(
-        ["chroot", str(root), "/which"], check=True, capture_output=True, text=True
+        [CHROOT, str(root), "/which"], check=True, capture_output=True, text=True, env=env or {}
     ).stdout.strip()
     return None if out == "none" else out.lstrip("/")
 
@@ -363,6 +374,52 @@ def test_check_fails_where_the_loader_takes_another_libcuda(
     (root / DIR / "libcuda.so.1").unlink(missing_ok=True)
     (root / DIR / "libcuda.so.1").symlink_to("libcuda.so.590.44.01")
     code = main([*args, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc["problems"]
+    assert doc["forward_compat"]["in_use"] is True
+
+
+def test_ld_library_path_puts_the_compat_driver_first_whatever_the_hook_chooses(
+    kit: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a driver newer than the compat one (R600, a branch its note does not list)
+    the hook leaves the node's driver in use; but an image whose LD_LIBRARY_PATH names
+    the compat folder has glibc's loader take the older compat libcuda.so.1 from it
+    first (no ldconfig run at all): fail closed. The same image without that
+    variable passes on the node's driver."""
+    import json
+
+    from buildmatrix.cli import main
+    from tests.images import Image, Symlink, write_docker_archive
+
+    shape = {"libcuda.so.1": "Llibcuda.so.590.44.01", "libcuda.so.590.44.01": "A"}
+    root = tmp_path / "root"
+    _make_root(root, kit, shape)
+    (root / "etc/ld.so.conf.d/00-compat-1.conf").unlink()  # the hook names no folder
+    env = {"LD_LIBRARY_PATH": "/usr/local/cuda/compat"}
+    assert _real(root) is None  # the root holds no other libcuda.so.1
+    assert _real(root, ldconfig=False, env=env) == f"{DIR}/libcuda.so.590.44.01"
+    layer = {
+        "usr/local/cuda": Symlink("cuda-13.1"),
+        f"{DIR}/libcuda.so.590.44.01": kit["A"].read_bytes(),
+        f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
+        "usr/lib/libapp.so": (Path(__file__).parent / "fixtures/bin/libsass_sm80.so").read_bytes(),
+    }
+    for extra, expected in ((env, 1), ({}, 0)):
+        archive = write_docker_archive(
+            tmp_path / f"img{expected}.tar",
+            Image(layers=[layer], env={"CUDA_VERSION": "13.0.0", **extra}),
+        )
+        args = ["check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", "600.10.01"]
+        code = main([*args, "--no-cache", "--json"])
+        doc = json.loads(capsys.readouterr().out)
+        assert code == expected, doc["problems"]
+        assert doc["forward_compat"]["in_use"] is False
+        if expected:
+            assert "LD_LIBRARY_PATH names /usr/local/cuda/compat" in doc["problems"][0]
+    # where the hook puts that same folder in use (R535 is listed), the file is the same
+    args = ["check", f"docker-archive:{tmp_path / 'img1.tar'}", "--sm", "8.0"]
+    code = main([*args, "--driver", "535.104.05", "--no-cache", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0, doc["problems"]
     assert doc["forward_compat"]["in_use"] is True

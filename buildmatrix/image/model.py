@@ -322,7 +322,13 @@ def finish(
             problems.append(problem_line(path, result.message))
             unreadable.append(path)
     compat = find_compat(
-        compat_libraries, regular, symlinks, unreadable, entries=paths, folders=list(tree.folders())
+        compat_libraries,
+        regular,
+        symlinks,
+        unreadable,
+        entries=paths,
+        folders=list(tree.folders()),
+        library_path=config.env.get("LD_LIBRARY_PATH", ""),
     )
     for path in compat_code(compat, compat_libraries):
         code = compat_libraries[path].code
