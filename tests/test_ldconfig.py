@@ -390,7 +390,7 @@ def test_ld_library_path_puts_the_compat_driver_first_whatever_the_hook_chooses(
     import json
 
     from buildmatrix.cli import main
-    from tests.images import Image, Symlink, write_docker_archive
+    from tests.images import Entry, Image, Symlink, write_docker_archive
 
     shape = {"libcuda.so.1": "Llibcuda.so.590.44.01", "libcuda.so.590.44.01": "A"}
     root = tmp_path / "root"
@@ -399,7 +399,7 @@ def test_ld_library_path_puts_the_compat_driver_first_whatever_the_hook_chooses(
     env = {"LD_LIBRARY_PATH": "/usr/local/cuda/compat"}
     assert _real(root) is None  # the root holds no other libcuda.so.1
     assert _real(root, ldconfig=False, env=env) == f"{DIR}/libcuda.so.590.44.01"
-    layer = {
+    layer: dict[str, Entry] = {
         "usr/local/cuda": Symlink("cuda-13.1"),
         f"{DIR}/libcuda.so.590.44.01": kit["A"].read_bytes(),
         f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
