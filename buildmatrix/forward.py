@@ -64,7 +64,7 @@ from buildmatrix.binary.compat_note import NOTE_SECTION, CompatLibrary, read_com
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
 from buildmatrix.forward_legacy import LegacySetup, find_legacy
-from buildmatrix.ldconfig import FolderView, LdPick, pick, searched_first
+from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick, searched_first
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
@@ -124,13 +124,15 @@ def find_compat(
     entries: Collection[str] = (),
     folders: Collection[str] = (),
     library_path: str = "",
+    platform: str | None = None,
 ) -> CompatSetup | None:
     """The toolkit's lookup on the final view (rules 1-3 of the module docstring):
     ``libraries`` by final path (hard links share the file's), ``regular`` the
     regular files, ``unreadable`` the files that could not be read, ``entries`` every
     non-folder path, ``folders`` every folder (for ldconfig's view of the compat
     folder, buildmatrix.ldconfig, and the legacy path, buildmatrix.forward_legacy),
-    ``library_path`` the image's LD_LIBRARY_PATH. None when neither path finds a
+    ``library_path`` the image's LD_LIBRARY_PATH, ``platform`` its os/arch where known.
+    None when neither path finds a
     compat library and LD_LIBRARY_PATH leads to no libcuda.so.1."""
     view = FolderView(
         entries=frozenset(entries or {*regular, *symlinks}),
@@ -140,6 +142,7 @@ def find_compat(
         unreadable=frozenset(unreadable),
         libraries=libraries,
         resolve=resolve,
+        machine=machine_of(platform),
     )
     setup = _find(view, unreadable)
     preload = searched_first(library_path, view) if library_path else None

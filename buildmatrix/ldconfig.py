@@ -120,6 +120,19 @@ class FolderView:
     unreadable: Collection[str]
     libraries: Mapping[str, CompatLibrary]
     resolve: Callable[[str, Mapping[str, str]], str | None]
+    machine: str | None = None  # the image platform's (``machine_of``), where known
+
+
+# The ELF class, byte order and e_machine of each platform's 64-bit libraries, as
+# buildmatrix.binary.dynamic names them (EM_X86_64 62, EM_AARCH64 183, EM_PPC64 21).
+_MACHINES = {"amd64": "ELF64 LSB machine 62", "arm64": "ELF64 LSB machine 183",
+             "ppc64le": "ELF64 LSB machine 21"}  # fmt: skip
+
+
+def machine_of(platform: str | None) -> str | None:
+    """The machine the loader of an ``os/arch[/variant]`` platform takes libraries of."""
+    parts = (platform or "").split("/")
+    return _MACHINES.get(parts[1]) if len(parts) > 1 and parts[0] == "linux" else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,9 +174,11 @@ def pick(folder: str, view: FolderView) -> LdPick:
         return LdPick(
             folder=folder, path=None, why=f"/{folder} holds no library of SONAME {SONAME}"
         )
-    if len({e.machine for e in group}) > 1:
+    machines = {e.machine for e in group} | ({view.machine} if view.machine else set())
+    if len(machines) > 1:  # ldconfig's machine filter depends on the host's glibc
         listed = ", ".join(f"{e.name} ({e.machine})" for e in group)
-        why = f"/{folder} holds {SONAME} for several ELF classes or machines ({listed})"
+        host = f" on a {view.machine} host" if view.machine else ""
+        why = f"/{folder} holds {SONAME} for several ELF classes or machines{host} ({listed})"
         return LdPick(folder=folder, path=None, unknown=why)
     winner = _winner(group)
     if winner is None:

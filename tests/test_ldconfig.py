@@ -423,3 +423,37 @@ def test_ld_library_path_puts_the_compat_driver_first_whatever_the_hook_chooses(
     doc = json.loads(capsys.readouterr().out)
     assert code == 0, doc["problems"]
     assert doc["forward_compat"]["in_use"] is True
+
+
+def test_a_compat_driver_for_another_machine_is_not_taken_for_the_hosts(
+    kit: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An amd64 image whose compat libcuda is an Arm build (e_machine 183: the stand-in
+    with its machine field changed): the hook, which reads no machine, names the folder;
+    glibc's ldconfig on an x86-64 host skips the file ("unknown machine") and the node's
+    own libcuda is loaded. check must not credit the compat driver: it fails closed."""
+    import json
+
+    from buildmatrix.cli import main
+    from tests.images import Entry, Image, Symlink, write_docker_archive
+
+    arm = bytearray(kit["A"].read_bytes())
+    arm[18:20] = (183).to_bytes(2, "little")  # e_machine: EM_AARCH64
+    root = tmp_path / "root"
+    _make_root(root, kit, {})
+    (root / DIR / "libcuda.so.590.44.01").write_bytes(bytes(arm))
+    assert _real(root) is None  # glibc loads no libcuda.so.1 from the folder
+    layer: dict[str, Entry] = {
+        "usr/local/cuda": Symlink("cuda-13.1"),
+        f"{DIR}/libcuda.so.590.44.01": bytes(arm),
+        f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
+        "usr/lib/libapp.so": (Path(__file__).parent / "fixtures/bin/libsass_sm80.so").read_bytes(),
+    }
+    archive = write_docker_archive(
+        tmp_path / "img.tar", Image(layers=[layer], env={"CUDA_VERSION": "13.0.0"})
+    )
+    args = ["check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", "535.104.05"]
+    code = main([*args, "--no-cache", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1, doc["problems"]
+    assert "several ELF classes or machines on a ELF64 LSB machine 62 host" in doc["problems"][0]

@@ -329,6 +329,7 @@ def finish(
         entries=paths,
         folders=list(tree.folders()),
         library_path=config.env.get("LD_LIBRARY_PATH", ""),
+        platform=config.platform,
     )
     for path in compat_code(compat, compat_libraries):
         code = compat_libraries[path].code
