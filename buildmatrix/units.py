@@ -38,31 +38,29 @@ class FileJudgement:
 # humps; so voltage_update, capturing, chopper, parallelism64 or prism100 name nothing.
 _GENERATIONS = frozenset({"volta", "turing", "ampere", "hopper", "blackwell"})
 _TAGS = frozenset({"sm", "cutlass"})  # followed by the SM number: sm_90a, cutlass_70_
-_IDENTIFIER = re.compile(r"[A-Za-z0-9_]+")
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-
-
-def name_tokens(name: str) -> list[list[str]] | None:
-    """The tokens of each identifier of a kernel's demangled name (lower case); None
-    where a mangled name does not demangle (its tokens are unknown)."""
-    text = demangle(name)
-    if text is None:
-        return None
-    return [
-        [w.lower() for seg in ident.split("_") for w in _WORD.findall(seg)]
-        for ident in _IDENTIFIER.findall(text)
-    ]
+_KEYS = (*_GENERATIONS, *_TAGS)
 
 
 def named_for_architecture(name: str) -> bool:
-    """Whether a whole token of the kernel's name names a GPU architecture."""
-    for words in name_tokens(name) or ():
-        for i, word in enumerate(words):
-            if word in _GENERATIONS:
-                return True
-            number = words[i + 1] if i + 1 < len(words) else ""
-            if word in _TAGS and number.isdigit() and 2 <= len(number) <= 3:
-                return True
+    """Whether a whole token of the kernel's demangled name names a GPU architecture
+    (a name that does not demangle names nothing). Tokens are read in one pass; two
+    are of one identifier where only underscores lie between them."""
+    lowered = name.lower()
+    if not any(key in lowered for key in _KEYS):  # every identifier is in the name as is
+        return False
+    text = demangle(name)
+    if text is None:
+        return False
+    previous, end = "", -1
+    for m in _WORD.finditer(text):
+        word = m.group().lower()
+        if word in _GENERATIONS:
+            return True
+        joined = not text[end : m.start()].strip("_")
+        if previous in _TAGS and joined and word.isdigit() and 2 <= len(word) <= 3:
+            return True
+        previous, end = word, m.end()
     return False
 
 
