@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from buildmatrix import schema
 from buildmatrix.binary.compat_note import CompatLibrary
 from buildmatrix.binary.scan import ScanProblem, scan_tree
 from buildmatrix.forward import resolve
@@ -369,6 +370,7 @@ def test_check_fails_where_the_loader_takes_another_libcuda(
     problem = doc["problems"][0]
     assert f"the loader takes /{DIR}/{loaded}" in problem and "fail closed" in problem
     assert doc["forward_compat"]["in_use"] is False
+    schema.validate(doc, "check", source="check --json")  # the documented shape
     # the same image with the compat driver alone passes through it
     (root / DIR / loaded).unlink()
     (root / DIR / "libcuda.so.1").unlink(missing_ok=True)
@@ -417,6 +419,7 @@ def test_ld_library_path_puts_the_compat_driver_first_whatever_the_hook_chooses(
         assert doc["forward_compat"]["in_use"] is False
         if expected:
             assert "LD_LIBRARY_PATH names /usr/local/cuda/compat" in doc["problems"][0]
+            schema.validate(doc, "check", source="check --json")
     # where the hook puts that same folder in use (R535 is listed), the file is the same
     args = ["check", f"docker-archive:{tmp_path / 'img1.tar'}", "--sm", "8.0"]
     code = main([*args, "--driver", "535.104.05", "--no-cache", "--json"])
