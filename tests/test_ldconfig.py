@@ -460,3 +460,20 @@ def test_a_compat_driver_for_another_machine_is_not_taken_for_the_hosts(
     doc = json.loads(capsys.readouterr().out)
     assert code == 1, doc["problems"]
     assert "several ELF classes or machines on a ELF64 LSB machine 62 host" in doc["problems"][0]
+
+
+def test_the_compat_folder_goes_before_the_nodes_driver_folder(
+    kit: dict[str, Path], tmp_path: Path
+) -> None:
+    """What the whole model rests on: with the hook's ``00-compat-*.conf`` beside the
+    ``00-nvcr-*.conf`` and ``zz-nvcr-*.conf`` the update-ldcache hook writes for the
+    node's driver folder (``internal/ldconfig/ldconfig.go``), glibc's loader takes the
+    compat folder's libcuda.so.1; without the compat conf, the node's."""
+    _make_root(tmp_path, kit, {"libcuda.so.590.44.01": "A"})
+    _place(kit, "B", tmp_path / "usr/lib/x86_64-linux-gnu/libcuda.so.535.54.03")
+    conf = tmp_path / "etc/ld.so.conf.d"
+    (conf / "00-nvcr-2.conf").write_text("/usr/lib/x86_64-linux-gnu\n")
+    (conf / "zz-nvcr-3.conf").write_text("/usr/lib/x86_64-linux-gnu\n")
+    assert _real(tmp_path) == f"{DIR}/libcuda.so.590.44.01"
+    (conf / "00-compat-1.conf").unlink()
+    assert _real(tmp_path) == "usr/lib/x86_64-linux-gnu/libcuda.so.535.54.03"
