@@ -132,8 +132,8 @@ def find_compat(
     non-folder path, ``folders`` every folder (for ldconfig's view of the compat
     folder, buildmatrix.ldconfig, and the legacy path, buildmatrix.forward_legacy),
     ``library_path`` the image's LD_LIBRARY_PATH, ``platform`` its os/arch where known.
-    None when neither path finds a
-    compat library and LD_LIBRARY_PATH leads to no libcuda.so.1."""
+    None when neither path finds a compat library and LD_LIBRARY_PATH leads to no
+    libcuda.so.1."""
     view = FolderView(
         entries=frozenset(entries or {*regular, *symlinks}),
         regular=frozenset(regular),
