@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 
 from buildmatrix import schema
 from buildmatrix.binary.compat_note import CompatLibrary
-from buildmatrix.binary.scan import ScanProblem, scan_tree
+from buildmatrix.binary.report import ScanProblem
+from buildmatrix.binary.scan import scan_tree
 from buildmatrix.forward import resolve
-from buildmatrix.image.local import _all_paths, _symlinks
 from buildmatrix.ldconfig import FolderView, libcmp, pick
 from tests.standins import NOTE_13_1, compat_library
 
@@ -167,20 +167,33 @@ def _model(root: Path) -> tuple[str | None, str | None]:
     """buildmatrix's reading of the same root, before ldconfig ran: (path, unknown)."""
     libraries: dict[str, CompatLibrary] = {}
     unreadable: list[str] = []
-    for r in scan_tree(root, compat=True):
+    regular: list[str] = []
+    links: list[str] = []
+    folders: list[str] = []
+    symlinks: dict[str, str] = {}
+
+    def on_link(rel: str, target: str | None) -> None:
+        links.append(rel)
+        if target is not None:
+            symlinks[rel] = target
+
+    walk = scan_tree(
+        root,
+        compat=True,
+        on_file=lambda rel, _code: regular.append(rel),
+        on_link=on_link,
+        on_folder=folders.append,
+    )
+    for r in walk:
         if isinstance(r, CompatLibrary):
             libraries[r.path] = r
         elif isinstance(r, ScanProblem):
             unreadable.append(r.path)
-    paths = _all_paths(root)
-    symlinks = _symlinks(root)
     view = FolderView(
-        entries=frozenset(paths),
-        regular=frozenset(p for p in paths if p not in symlinks and (root / p).is_file()),
+        entries=frozenset(regular + links),
+        regular=frozenset(regular),
         symlinks=symlinks,
-        folders=frozenset(
-            str(p.relative_to(root)) for p in root.rglob("*") if p.is_dir() and not p.is_symlink()
-        ),
+        folders=frozenset(folders),
         unreadable=frozenset(unreadable),
         libraries=libraries,
         resolve=resolve,
