@@ -15,7 +15,7 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix.arch import ComputeCapability, parse_sm
-from buildmatrix.binary.scan import FileReport
+from buildmatrix.binary.report import FileReport
 from buildmatrix.compat import (
     DriverCheck,
     Verdict,
@@ -28,8 +28,8 @@ from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatUse, device_refusal
 from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.model import ScannedImage
-from buildmatrix.node.snapshot import Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
+from buildmatrix.snapshot import Snapshot
 from buildmatrix.units import judge_units
 
 FAMILY_LABEL = "io.buildmatrix.family"
@@ -128,6 +128,7 @@ class CheckResult:
         return {
             "image": self.image.ref,
             "digest": self.image.digest,
+            "index_digest": self.image.index_digest,
             "declared": self.declared,
             "targets": [t.to_json() for t in self.targets],
             "verdict": "pass" if self.passed else "fail",

@@ -104,13 +104,6 @@ class CudaFacts:
                 best = tk.version
         return best
 
-    def ptx_toolkit(self, ptx_isa: Version) -> Toolkit | None:
-        """The first toolkit that emits PTX ISA ``ptx_isa`` (None when unknown)."""
-        for tk in self.toolkits:
-            if tk.ptx_isa == ptx_isa:
-                return tk
-        return None
-
     def runtime_floor(self, cuda_major: int) -> DriverVersion | None:
         """Minimum driver for any runtime of this CUDA major (minor version compatibility)."""
         return self.minor_compat.get(cuda_major)

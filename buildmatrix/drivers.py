@@ -31,8 +31,8 @@ from buildmatrix.compat import Floor as CompatFloor
 from buildmatrix.compat import Verdict, check_driver, driver_floors
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.image.model import ScannedImage
-from buildmatrix.node.snapshot import Gpu, Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
+from buildmatrix.snapshot import Gpu, Snapshot
 
 
 class State(StrEnum):

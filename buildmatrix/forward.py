@@ -29,7 +29,15 @@ The facts, and where they come from (docs/compatibility.md, "Forward compatibili
      note without one lists nothing) and the compat driver must compare newer than
      the host's; a version that does not parse means not used;
   5. where no note was read (none, or unreadable): used iff the host major is lower
-     than the compat driver's.
+     than the compat driver's;
+  6. used means only that the hook names the folder in
+     ``/etc/ld.so.conf.d/00-compat-*.conf`` (``createLdsoconfdFile``): the file the
+     loader then opens as ``libcuda.so.1`` is the one ``ldconfig`` makes of the folder,
+     by SONAME (buildmatrix.ldconfig), which may be another than the one the hook
+     judged (a regular ``libcuda.so.1`` of an older driver, a ``libcuda.so.999`` whose
+     SONAME is ``libcuda.so.1``). The driver version that counts is that file's, read
+     from its name (``libcuda.so.X.Y[.Z]``) and judged by rules 4-5 in turn; where it
+     cannot be read or does not pass them, ``check`` fails closed.
 
   The runtime passes the hook only ``--host-driver-version`` on an NVML host
   (``internal/discover/compat_libs.go``, ``pkg/nvcdi/driver-nvml.go``), so the note's
@@ -46,17 +54,17 @@ through the compat library; the CUDA runtime floor and PTX JIT are.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from buildmatrix.binary.compat_note import NOTE_SECTION, CompatLibrary, read_compat_library
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
 from buildmatrix.forward_legacy import LegacySetup, find_legacy
+from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick, searched_first
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
@@ -65,8 +73,6 @@ __all__ = ["NOTE_SECTION", "CompatLibrary", "read_compat_library"]
 
 COMPAT_DIR = "usr/local/cuda/compat"  # where the container toolkit looks
 LIBRARY_GLOB = "libcuda.so.*.*"
-# A path whose name LIBRARY_GLOB matches (``*`` may hold dots), for the readers.
-COMPAT_NAME = re.compile(r"(?:^|/)libcuda\.so\.[^/]*\.[^/]*$")
 _MAX_LINK_HOPS = 40
 # nvmlBrandType_t values of boards forward compatibility never covers.
 CONSUMER_BRANDS = {
@@ -90,8 +96,10 @@ def is_driver_name(path: str) -> bool:
 def compat_code(setup: CompatSetup | None, libraries: Mapping[str, CompatLibrary]) -> list[str]:
     """The paths whose device code counts although they were read as driver
     libraries: all but the compat driver the toolkit finds (that one is the driver)."""
-    chosen = setup.library.path if setup is not None and setup.library is not None else None
-    return [p for p, lib in libraries.items() if lib.code is not None and p != chosen]
+    chosen = {setup.library.path} if setup is not None and setup.library is not None else set()
+    if setup is not None and setup.loaded is not None and setup.loaded.path is not None:
+        chosen.add(setup.loaded.path)  # the file the loader takes as libcuda.so.1
+    return [p for p, lib in libraries.items() if lib.code is not None and p not in chosen]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +110,9 @@ class CompatSetup:
     why: str  # how it was found, or why nothing is used
     undetermined: str | None = None  # buildmatrix cannot tell what the toolkit decides
     legacy: LegacySetup | None = None  # what the legacy runtime finds (forward_legacy)
+    loaded: LdPick | None = None  # libcuda.so.1 of the compat folder after ldconfig
+    # A libcuda.so.1 the image's LD_LIBRARY_PATH puts first: (its folder, why).
+    preload: tuple[str | None, str] | None = None
 
 
 def find_compat(
@@ -111,20 +122,40 @@ def find_compat(
     unreadable: Collection[str] = (),
     *,
     entries: Collection[str] = (),
+    folders: Collection[str] = (),
+    library_path: str = "",
+    platform: str | None = None,
 ) -> CompatSetup | None:
     """The toolkit's lookup on the final view (rules 1-3 of the module docstring):
     ``libraries`` by final path (hard links share the file's), ``regular`` the
     regular files, ``unreadable`` the files that could not be read, ``entries`` every
-    non-folder path (for the legacy path, buildmatrix.forward_legacy). None when
-    neither path finds a compat library."""
-    legacy = find_legacy(
-        entries=entries or {*regular, *symlinks},
-        regular=regular,
+    non-folder path, ``folders`` every folder (for ldconfig's view of the compat
+    folder, buildmatrix.ldconfig, and the legacy path, buildmatrix.forward_legacy),
+    ``library_path`` the image's LD_LIBRARY_PATH, ``platform`` its os/arch where known.
+    None when neither path finds a compat library and LD_LIBRARY_PATH leads to no
+    libcuda.so.1."""
+    view = FolderView(
+        entries=frozenset(entries or {*regular, *symlinks}),
+        regular=frozenset(regular),
         symlinks=symlinks,
+        folders=frozenset(folders) | _parents(entries or {*regular, *symlinks}),
+        unreadable=frozenset(unreadable),
         libraries=libraries,
         resolve=resolve,
-        is_driver_name=is_driver_name,
+        machine=machine_of(platform),
     )
+    setup = _find(view, unreadable)
+    preload = searched_first(library_path, view) if library_path else None
+    if preload is None:
+        return setup
+    if setup is None:
+        return CompatSetup(library=None, why=preload[1], preload=preload)
+    return replace(setup, preload=preload)
+
+
+def _find(view: FolderView, unreadable: Collection[str]) -> CompatSetup | None:
+    libraries, regular, symlinks = view.libraries, view.regular, view.symlinks
+    legacy = find_legacy(view=view, is_driver_name=is_driver_name)
     folder = resolve(COMPAT_DIR, symlinks)
     names = sorted(
         p
@@ -154,7 +185,27 @@ def find_compat(
         # Not ELF, or a hard link to a file of another name without the note section:
         # the toolkit reads no note in it; whether the loader can use it is unknown.
         library = CompatLibrary(path=name, elf=False)
-    return CompatSetup(library=library, why=where, undetermined=library.undetermined, legacy=legacy)
+    loaded = pick(posixpath.dirname(name), view)
+    return CompatSetup(
+        library=library,
+        why=where,
+        undetermined=library.undetermined,
+        legacy=legacy,
+        loaded=loaded,
+    )
+
+
+def _parents(paths: Collection[str]) -> frozenset[str]:
+    """Every folder that holds one of ``paths``."""
+    found: set[str] = set()
+    for path in paths:
+        p = path
+        while "/" in p:
+            p = p.rpartition("/")[0]
+            if p in found:
+                break
+            found.add(p)
+    return frozenset(found)
 
 
 def resolve(path: str, symlinks: Mapping[str, str]) -> str | None:
@@ -240,16 +291,57 @@ class CompatUse:
 
 
 def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | None:
-    """The container toolkit's decision (rules 4-5 of the module docstring)."""
+    """The container toolkit's decision (rules 4-5 of the module docstring), then the
+    libcuda.so.1 that ldconfig makes of the folder it names (rule 6)."""
     if setup is None or setup.library is None:
         return None
     lib = setup.library
+    decided = _decide(lib, driver)
+    if not decided.in_use or setup.loaded is None:
+        return decided
+    loaded = setup.loaded
+    hook = f"the enable-cuda-compat hook names /{loaded.folder} ({decided.why})"
+    if loaded.unknown is not None:
+        why = f"{hook}, and which libcuda.so.1 the loader then takes is unknown: {loaded.unknown}"
+        return CompatUse(library=lib, in_use=False, why=why, undetermined=why)
+    if loaded.library is None:
+        why = f"{hook}, but {loaded.why}: the node's own libcuda.so.1 is loaded"
+        return CompatUse(library=lib, in_use=False, why=why)
+    if loaded.library.path == lib.path:
+        return decided
+    name = posixpath.basename(loaded.library.path)
+    if _driver_version(name) is None:
+        why = (
+            f"{hook}; {loaded.why}, whose driver version cannot be read from its name "
+            f"({name}), so whether it runs on driver {driver} is unknown"
+        )
+        return CompatUse(library=loaded.library, in_use=False, why=why, undetermined=why)
+    other = _decide(loaded.library, driver)
+    if other.in_use and other.version is not None:
+        why = f"{hook}; {loaded.why}, which is used in turn: {other.why}"
+        return CompatUse(library=loaded.library, in_use=True, why=why, version=other.version)
+    why = (
+        f"{hook}; {loaded.why}, whose driver version the toolkit's rules do not accept "
+        f"on driver {driver} ({other.why})"
+    )
+    return CompatUse(library=loaded.library, in_use=False, why=why, undetermined=why)
+
+
+def _driver_version(name: str) -> DriverVersion | None:
+    """The driver version a ``libcuda.so.X.Y[.Z]`` file name gives (None: none)."""
+    if not name.startswith("libcuda.so."):
+        return None
+    try:
+        return parse_driver_version(name[len("libcuda.so.") :])
+    except InputError:
+        return None
+
+
+def _decide(lib: CompatLibrary, driver: DriverVersion) -> CompatUse:
+    """Rules 4-5 for one library, by its file name's driver version."""
     name = posixpath.basename(lib.path)[len("libcuda.so.") :]
     compat, host = _semver(name), _semver(driver.text)
-    try:
-        version: DriverVersion | None = parse_driver_version(name)
-    except InputError:
-        version = None
+    version = _driver_version(posixpath.basename(lib.path))
 
     def use(in_use: bool, why: str) -> CompatUse:
         why = f"{lib.describe()}: {why}"
@@ -258,6 +350,9 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
                 f"{why}; but /{lib.path} was not read as an ELF library (not ELF, or a hard "
                 "link to a file of another name), so whether the loader uses it is unknown"
             )
+            return CompatUse(library=lib, in_use=False, why=unknown, undetermined=unknown)
+        if in_use and version is None:
+            unknown = f"{why}; but its driver version cannot be read from its name"
             return CompatUse(library=lib, in_use=False, why=unknown, undetermined=unknown)
         return CompatUse(library=lib, in_use=in_use, why=why, version=version)
 
@@ -282,17 +377,21 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
 
 def driver_breakpoints(setup: CompatSetup | None) -> set[tuple[int, int, int]]:
     """Every driver version (as a key) at which either toolkit path's choice for this
-    image can change: the compat driver's own version and major, each branch its note
-    lists and the next, and the major of each library the legacy path finds."""
+    image can change: the version and major of the compat driver and of the file
+    ldconfig loads as libcuda.so.1, each branch their notes list and the next, and the
+    major of each library the legacy path finds."""
     found: set[tuple[int, int, int]] = set()
     if setup is None:
         return found
-    if setup.library is not None:
-        name = posixpath.basename(setup.library.path)[len("libcuda.so.") :]
-        with contextlib.suppress(InputError):
-            version = parse_driver_version(name)
+    libs = [setup.library, setup.loaded.library if setup.loaded else None]
+    libs += [p.library for _, p in (setup.legacy.drivers if setup.legacy else ())]
+    for lib in libs:
+        if lib is None:
+            continue
+        version = _driver_version(posixpath.basename(lib.path))
+        if version is not None:
             found |= {version.key, (version.key[0], 0, 0), (version.key[0] + 1, 0, 0)}
-        for branch in setup.library.branches:
+        for branch in lib.branches:
             found |= {(branch, 0, 0), (branch + 1, 0, 0)}
     for path in setup.legacy.libraries if setup.legacy is not None else ():
         major = posixpath.basename(path).partition(".so.")[2]

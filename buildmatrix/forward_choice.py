@@ -36,6 +36,13 @@ def compat_choice(setup: CompatSetup | None, driver: DriverVersion) -> CompatCho
         hook = replace(hook, why=f"the enable-cuda-compat hook (CDI mode): {hook.why}")
     unknown = setup.undetermined if setup is not None else None
     unknown = unknown or (hook.undetermined if hook is not None else None)
+    if setup is not None and setup.preload is not None:
+        # LD_LIBRARY_PATH wins over the cache: only where it leads to the folder the
+        # hook puts in use, on both paths, is the file the same.
+        folder, why = setup.preload
+        same = hook is not None and hook.in_use and other is None and setup.loaded is not None
+        if not (same and setup.loaded is not None and folder == setup.loaded.folder):
+            unknown = unknown or why
     unknown = unknown or (legacy.undetermined if legacy is not None else None)
     return CompatChoice(hook=hook, legacy=other, undetermined=unknown)
 

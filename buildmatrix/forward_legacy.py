@@ -19,7 +19,8 @@ libnvidia-container's (NVIDIA/libnvidia-container), rule by rule:
    without ``.so.`` is kept);
 3. ``get_compat_library_path``: the libraries left must share one folder, else the
    container does not start; that folder is given to ``ldconfig``
-   (``cuda-compat-mode=ldconfig``), which then takes ``libcuda.so.1`` from it.
+   (``cuda-compat-mode=ldconfig``), which then makes ``libcuda.so.1`` of it by SONAME
+   (buildmatrix.ldconfig): the driver version is that file's, read from its name.
 
 No note is read on this path. Where its choice differs from the hook's,
 ``check`` judges the image both ways (docs/compatibility.md).
@@ -35,9 +36,10 @@ from typing import TYPE_CHECKING
 from buildmatrix.binary.compat_note import CompatLibrary
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
+from buildmatrix.ldconfig import FolderView, LdPick, pick
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Mapping
+    from collections.abc import Callable
 
 CUDART_DIR = "usr/local/cuda"  # libnvidia-container's CUDA_RUNTIME_DIR
 LEGACY_GLOB = "lib*.so.*"
@@ -47,46 +49,33 @@ PATH = "the legacy runtime (libnvidia-container, cuda-compat-mode=ldconfig)"
 @dataclass(frozen=True, kw_only=True)
 class LegacySetup:
     """What libnvidia-container finds: the resolved compat libraries, and for each of
-    their folders the regular ``libcuda.so.*.*`` files ldconfig would see there."""
+    their folders the libcuda.so.1 ldconfig makes of it."""
 
     libraries: tuple[str, ...]
-    drivers: tuple[tuple[str, tuple[CompatLibrary, ...]], ...]
+    drivers: tuple[tuple[str, LdPick], ...]
 
 
-def find_legacy(
-    *,
-    entries: Collection[str],
-    regular: Collection[str],
-    symlinks: Mapping[str, str],
-    libraries: Mapping[str, CompatLibrary],
-    resolve: Callable[[str, Mapping[str, str]], str | None],
-    is_driver_name: Callable[[str], bool],
-) -> LegacySetup | None:
-    """Rule 1 of the module docstring on the final view (``entries``: every
-    non-folder path). None when no compat library is found."""
-    cudart = resolve(CUDART_DIR, symlinks)
-    folder = resolve(f"{cudart}/compat", symlinks) if cudart is not None else None
+def find_legacy(*, view: FolderView, is_driver_name: Callable[[str], bool]) -> LegacySetup | None:
+    """Rule 1 of the module docstring on the final view. None when no compat library
+    is found."""
+    cudart = view.resolve(CUDART_DIR, view.symlinks)
+    folder = view.resolve(f"{cudart}/compat", view.symlinks) if cudart is not None else None
     if folder is None:
         return None
     found: list[str] = []
-    for name in sorted(entries):
+    for name in sorted(view.entries):
         if posixpath.dirname(name) != folder:
             continue
         if not fnmatch.fnmatchcase(posixpath.basename(name), LEGACY_GLOB):
             continue
-        target = resolve(name, symlinks)
+        target = view.resolve(name, view.symlinks)
         if target is not None and target not in found:
             found.append(target)
     if not found:
         return None
-    drivers = []
-    for where in sorted({posixpath.dirname(p) for p in found}):
-        here = [
-            libraries.get(p) or CompatLibrary(path=p, elf=False)
-            for p in sorted(regular)
-            if posixpath.dirname(p) == where and is_driver_name(p)
-        ]
-        drivers.append((where, tuple(here)))
+    drivers = [
+        (where, pick(where, view)) for where in sorted({posixpath.dirname(p) for p in found})
+    ]
     return LegacySetup(libraries=tuple(found), drivers=tuple(drivers))
 
 
@@ -129,22 +118,27 @@ def legacy_use(setup: LegacySetup | None, driver: DriverVersion) -> LegacyUse | 
         )
         return LegacyUse(library=None, version=None, why=why, undetermined=why)
     folder = folders.pop()
-    drivers = dict(setup.drivers).get(folder, ())
-    if not drivers:
-        why = f"{PATH}: /{folder} is put first but holds no libcuda.so.*.*; the node's is used"
-        return LegacyUse(library=None, version=None, why=why)
-    if len(drivers) > 1 or drivers[0].undetermined or not drivers[0].elf:
+    loaded = dict(setup.drivers).get(folder)
+    if loaded is None or loaded.unknown is not None:
         why = (
-            f"{PATH}: /{folder} is put first, and which libcuda ldconfig then takes "
-            f"({', '.join('/' + d.path for d in drivers)}) buildmatrix cannot tell"
+            f"{PATH}: /{folder} is put first, and which libcuda.so.1 ldconfig then makes "
+            f"of it buildmatrix cannot tell: {loaded.unknown if loaded else 'not looked at'}"
         )
         return LegacyUse(library=None, version=None, why=why, undetermined=why)
-    lib = drivers[0]
+    if loaded.library is None:
+        why = f"{PATH}: /{folder} is put first but {loaded.why}; the node's is used"
+        return LegacyUse(library=None, version=None, why=why)
+    lib = loaded.library
+    name = posixpath.basename(lib.path)
     try:
-        version: DriverVersion | None = parse_driver_version(
-            posixpath.basename(lib.path)[len("libcuda.so.") :]
-        )
+        version = parse_driver_version(name[len("libcuda.so.") :])
     except InputError:
         version = None
-    why = f"{PATH}: /{folder} is put first on driver {driver}, so /{lib.path} is used"
+    if not name.startswith("libcuda.so.") or version is None or not lib.elf or lib.undetermined:
+        why = (
+            f"{PATH}: /{folder} is put first on driver {driver}; {loaded.why}, whose driver "
+            "version cannot be read from its name"
+        )
+        return LegacyUse(library=None, version=None, why=why, undetermined=why)
+    why = f"{PATH}: /{folder} is put first on driver {driver}; {loaded.why}"
     return LegacyUse(library=lib, version=version, why=why)

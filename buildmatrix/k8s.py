@@ -33,8 +33,7 @@ from buildmatrix.cuda import CudaFacts
 from buildmatrix.k8s_nfd import FEATURE_FILE, nfd_pod, node_feature_rule
 from buildmatrix.k8s_nodes import SelectorTerm
 from buildmatrix.k8s_policy import policy_objects
-from buildmatrix.labelkeys import GfdKeys
-from buildmatrix.node.apply import TAINT_EFFECT, TAINT_KEY
+from buildmatrix.labelkeys import TAINT_EFFECT, TAINT_KEY, GfdKeys
 from buildmatrix.profiles import ProfileSet
 
 APP = "buildmatrix-smoke"

@@ -36,8 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from buildmatrix.node.apply import TAINT_EFFECT, TAINT_KEY
-from buildmatrix.node.labels import SMOKE
+from buildmatrix.labelkeys import SMOKE, TAINT_EFFECT, TAINT_KEY
 
 NFD_API = "nfd.k8s-sigs.io/v1alpha1"
 FEATURES_D = "/etc/kubernetes/node-feature-discovery/features.d"

@@ -47,9 +47,11 @@ from buildmatrix.labelkeys import (
     MIG_RESOURCE_PREFIX,
     OWNED_KEYS,
     OWNED_PREFIXES,
+    REPORT_ANNOTATION,
+    TAINT_EFFECT,
+    TAINT_KEY,
     GfdKeys,
 )
-from buildmatrix.node.apply import REPORT_ANNOTATION, TAINT_EFFECT, TAINT_KEY
 
 MIN_KUBERNETES = (1, 30)
 NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from buildmatrix.node.apply import TAINT_EFFECT, TAINT_KEY
+from buildmatrix.labelkeys import TAINT_EFFECT, TAINT_KEY
 
 ADMISSION_TOLERATION: dict[str, str] = {
     "key": TAINT_KEY,

@@ -39,6 +39,11 @@ VERIFIED_PREFIX = "verified.buildmatrix.io/"
 COMPUTE_CAPABILITY = "nvidia.com/gpu.compute-capability"
 MEMORY_MB = "nvidia.com/gpu.memory-mb"
 SEED_KEYS = (COMPUTE_CAPABILITY, MEMORY_MB)
+# The admission taint smoke removes from a node that passes (and adds to one that
+# fails), and the annotation that carries a failed node's report (docs/smoke.md).
+TAINT_KEY = "buildmatrix.io/unverified"
+TAINT_EFFECT = "NoSchedule"
+REPORT_ANNOTATION = "buildmatrix.io/smoke-report"
 
 # --- GPU Feature Discovery's keys ------------------------------------------------
 PRODUCT = "nvidia.com/gpu.product"
@@ -46,6 +51,15 @@ COUNT = "nvidia.com/gpu.count"
 MEMORY = "nvidia.com/gpu.memory"
 FAMILY = "nvidia.com/gpu.family"
 GFD_TIMESTAMP = "nvidia.com/gfd.timestamp"
+COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
+COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
+CUDA_DRIVER_MAJOR = "nvidia.com/cuda.driver-version.major"
+CUDA_DRIVER_MINOR = "nvidia.com/cuda.driver-version.minor"
+CUDA_DRIVER_REVISION = "nvidia.com/cuda.driver-version.revision"
+CUDA_DRIVER_FULL = "nvidia.com/cuda.driver-version.full"
+CUDA_RUNTIME_MAJOR = "nvidia.com/cuda.runtime-version.major"
+CUDA_RUNTIME_MINOR = "nvidia.com/cuda.runtime-version.minor"
+CUDA_RUNTIME_FULL = "nvidia.com/cuda.runtime-version.full"
 # The keys of GFD's that buildmatrix can compute from a snapshot and writes where GFD
 # does not run (and the MIG keys below). GFD writes more (gpu.replicas,
 # gpu.sharing-strategy, gpu.mode, gpu.machine, mig.capable, the timestamp…):
@@ -53,17 +67,17 @@ GFD_TIMESTAMP = "nvidia.com/gfd.timestamp"
 GFD_KEYS = (
     PRODUCT,
     FAMILY,
-    "nvidia.com/gpu.compute.major",
-    "nvidia.com/gpu.compute.minor",
+    COMPUTE_MAJOR,
+    COMPUTE_MINOR,
     MEMORY,
     COUNT,
-    "nvidia.com/cuda.driver-version.major",
-    "nvidia.com/cuda.driver-version.minor",
-    "nvidia.com/cuda.driver-version.revision",
-    "nvidia.com/cuda.driver-version.full",
-    "nvidia.com/cuda.runtime-version.major",
-    "nvidia.com/cuda.runtime-version.minor",
-    "nvidia.com/cuda.runtime-version.full",
+    CUDA_DRIVER_MAJOR,
+    CUDA_DRIVER_MINOR,
+    CUDA_DRIVER_REVISION,
+    CUDA_DRIVER_FULL,
+    CUDA_RUNTIME_MAJOR,
+    CUDA_RUNTIME_MINOR,
+    CUDA_RUNTIME_FULL,
 )
 # What buildmatrix owns, as the admission policy (k8s_policy.py) also states it: every
 # key under these prefixes, and these keys.

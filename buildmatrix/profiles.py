@@ -75,6 +75,9 @@ class Profile:
     ptx: bool
     arch_specific: bool
     source: str
+    # The first CUDA release that builds sm_XYa, from the CUDA facts the profile was
+    # loaded with (None where arch_specific is false).
+    arch_specific_from: Version | None = None
     product_floors: Mapping[str, ProductFloor] = field(default_factory=dict, hash=False)
     # CPU architectures of each product's hosts (every product has an entry)
     product_hosts: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
@@ -107,20 +110,17 @@ class Profile:
         mm = Version(major_minor(cuda))
         return self.min_cuda <= mm and (self.max_cuda is None or mm <= self.max_cuda)
 
-    def builds_arch_specific(self, cuda: Version | None, facts: CudaFacts) -> bool:
+    def builds_arch_specific(self, cuda: Version | None) -> bool:
         """Whether ``sm_XYa`` is built: asked for, and the toolkit knows the suffix."""
-        if not self.arch_specific:
+        if not self.arch_specific or self.arch_specific_from is None:
             return False
-        support = facts.arch_support(f"{self.sm}a")
-        if support is None:
-            return False
-        return cuda is None or Version(major_minor(cuda)) >= support.first
+        return cuda is None or Version(major_minor(cuda)) >= self.arch_specific_from
 
     def gencode(self, cuda: Version | None = None) -> tuple[str, ...]:
         """nvcc ``-gencode`` flags; with ``cuda``, only what that toolkit can build."""
         n = self.number
         flags = [f"-gencode=arch=compute_{n},code=sm_{n}"]
-        if self.builds_arch_specific(cuda, load_cuda_facts()):
+        if self.builds_arch_specific(cuda):
             flags.append(f"-gencode=arch=compute_{n}a,code=sm_{n}a")
         if self.ptx:
             flags.append(f"-gencode=arch=compute_{n},code=compute_{n}")
@@ -129,7 +129,7 @@ class Profile:
     def torch_arch_list(self, cuda: Version | None = None) -> tuple[str, ...]:
         """Entries for ``TORCH_CUDA_ARCH_LIST`` (``9.0+PTX``, ``9.0a``)."""
         entries = [f"{self.cc}+PTX" if self.ptx else str(self.cc)]
-        if self.builds_arch_specific(cuda, load_cuda_facts()):
+        if self.builds_arch_specific(cuda):
             entries.append(f"{self.cc}a")
         return tuple(entries)
 
@@ -137,7 +137,7 @@ class Profile:
         """Entries for ``CMAKE_CUDA_ARCHITECTURES`` (``90-real``, ``90a-real``, ``90-virtual``)."""
         n = self.number
         entries = [f"{n}-real"]
-        if self.builds_arch_specific(cuda, load_cuda_facts()):
+        if self.builds_arch_specific(cuda):
             entries.append(f"{n}a-real")
         if self.ptx:
             entries.append(f"{n}-virtual")
@@ -404,7 +404,13 @@ def _profile_from_data(data: Any, path: Path, facts: CudaFacts) -> Profile:
         ptx=bool(data.get("ptx", False)),
         arch_specific=bool(data.get("arch_specific", False)),
         source=source,
+        arch_specific_from=_arch_specific_from(sm, data, facts),
     )
+
+
+def _arch_specific_from(sm: str, data: Any, facts: CudaFacts) -> Version | None:
+    support = facts.arch_support(f"{sm}a") if data.get("arch_specific", False) else None
+    return support.first if support is not None else None
 
 
 def _products(
@@ -466,8 +472,10 @@ def _cross_check(profiles: Sequence[Profile]) -> None:
             seen_product[product] = p
 
 
-def load_profiles(directory: Path) -> ProfileSet:
-    """Load, validate and cross-check every ``*.yaml`` / ``*.yml`` in ``directory``."""
+def load_profiles(directory: Path, *, facts: CudaFacts | None = None) -> ProfileSet:
+    """Load, validate and cross-check every ``*.yaml`` / ``*.yml`` in ``directory``,
+    against ``facts`` (which targets each CUDA release builds; None: the shipped
+    facts, read here, the one place this module reads them)."""
     if not directory.is_dir():
         raise InputError(
             f"profiles folder {directory} does not exist or is not a folder; "
@@ -481,7 +489,8 @@ def load_profiles(directory: Path) -> ProfileSet:
         )
     from buildmatrix.yamlio import load_yaml_file  # PyYAML only when profiles are read
 
-    facts = load_cuda_facts()
+    if facts is None:
+        facts = load_cuda_facts()
     profiles = [_profile_from_data(load_yaml_file(p), p, facts) for p in paths]
     _cross_check(profiles)
     profiles.sort(key=lambda p: p.cc)

@@ -1,6 +1,6 @@
 """The per-translation-unit rule: does a file of several fatbinary containers run?
 
-Pure: units (one per container, buildmatrix.binary.scan.FileReport.units) in, a
+Pure: units (one per container, buildmatrix.binary.report.FileReport.units) in, a
 verdict with its reasons and the containers left out of it (docs/check.md, "Per
 translation unit"). One code entry is judged by buildmatrix.compat.
 """
@@ -15,38 +15,10 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from buildmatrix.arch import Arch, ComputeCapability, Suffix, serves_wherever
+from buildmatrix.binary.demangle import demangle
 from buildmatrix.compat import combine, judge_codes
 from buildmatrix.cuda import CudaFacts, DriverVersion
-from buildmatrix.verdict import RANK, CodeTarget, Judgement, Verdict
-
-
-@dataclass(frozen=True, kw_only=True)
-class Unit:
-    """One translation unit's loadable code (a fatbinary container) and the kernels
-    its cubins define (compressed ones decompressed: buildmatrix.binary.kernels)."""
-
-    codes: tuple[CodeTarget, ...]
-    kernels: tuple[str, ...] = ()
-    index: int = 0  # the container's place in the file
-    # Whether its kernels were read: False where no cubin of it was (PTX only, or a
-    # compressed cubin the scan did not decompress); the rule never exempts on names
-    # it has not read.
-    kernels_known: bool = True
-    # Kept as data and loaded by the program itself (cuModuleLoadData), which picks
-    # one per GPU: found by content (buildmatrix.binary.embedded).
-    embedded: bool = False
-
-    @property
-    def specific(self) -> bool:
-        """Only arch- or family-specific code (``sm_90a``, ``sm_100f``, ...)."""
-        return all(c.arch.suffix is not Suffix.NONE for c in self.codes)
-
-    def describe(self) -> str:
-        archs = ", ".join(sorted({str(c.arch) for c in self.codes}))
-        if not self.kernels:
-            return archs
-        more = f" and {len(self.kernels) - 3} more" if len(self.kernels) > 3 else ""
-        return f"{archs}; kernels {', '.join(self.kernels[:3])}{more}"
+from buildmatrix.verdict import RANK, CodeTarget, Judgement, Unit, Verdict
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,14 +28,40 @@ class FileJudgement:
     specialised: tuple[str, ...] = ()  # containers left out of the verdict, and why
 
 
-# A kernel named for a GPU architecture: an SM number (sm80, sm_90a, _sm100), a
-# CUTLASS arch tag (cutlass_70_...), or a generation's name. Kernel names of NVIDIA's
-# libraries carry them where a kernel is one GPU's variant (cuBLAS 13's sm_75-only
-# container holds cutlass_70_simt_*, its sm_120-only one *_forwardCompat_*
-# kernels tagged cutlass_80; cuDNN 9's Volta_*).
-_ARCH_NAMED = re.compile(
-    r"(?i)(?:sm_?\d{2,3}[af]?(?!\d)|cutlass_\d{2,3}_|volta|turing|ampere|hopper|blackwell)"
-)
+# A kernel named for a GPU architecture: a whole token of its demangled name is a
+# generation's name, or an SM number (sm80, sm_90a, SM100) or a CUTLASS arch tag
+# (cutlass_70_...) spelled as tokens. Kernel names of NVIDIA's libraries carry them
+# where a kernel is one GPU's variant (cuBLAS 13's sm_75-only container holds
+# cutlass_70_simt_* kernels, its sm_120-only one *_forwardCompat_* kernels tagged
+# cutlass_80; cuDNN 9's Volta_*). Tokens: the identifiers of the demangled name
+# (buildmatrix.binary.demangle), each cut at underscores, at digit runs and at camelCase
+# humps; so voltage_update, capturing, chopper, parallelism64 or prism100 name nothing.
+_GENERATIONS = frozenset({"volta", "turing", "ampere", "hopper", "blackwell"})
+_TAGS = frozenset({"sm", "cutlass"})  # followed by the SM number: sm_90a, cutlass_70_
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+_KEYS = (*_GENERATIONS, *_TAGS)
+
+
+def named_for_architecture(name: str) -> bool:
+    """Whether a whole token of the kernel's demangled name names a GPU architecture
+    (a name that does not demangle names nothing). Tokens are read in one pass; two
+    are of one identifier where only underscores lie between them."""
+    lowered = name.lower()
+    if not any(key in lowered for key in _KEYS):  # every identifier is in the name as is
+        return False
+    text = demangle(name)
+    if text is None:
+        return False
+    previous, end = "", -1
+    for m in _WORD.finditer(text):
+        word = m.group().lower()
+        if word in _GENERATIONS:
+            return True
+        joined = not text[end : m.start()].strip("_")
+        if previous in _TAGS and joined and word.isdigit() and 2 <= len(word) <= 3:
+            return True
+        previous, end = word, m.end()
+    return False
 
 
 def _named(unit: Unit) -> bool:
@@ -71,7 +69,7 @@ def _named(unit: Unit) -> bool:
     return (
         unit.kernels_known
         and bool(unit.kernels)
-        and all(_ARCH_NAMED.search(k) for k in unit.kernels)
+        and all(named_for_architecture(k) for k in unit.kernels)
     )
 
 

@@ -1,5 +1,6 @@
 """What every compatibility answer is made of: a verdict and its reasons, for one
-piece of device code (docs/compatibility.md)."""
+piece of device code (docs/compatibility.md), and the code they judge: a target, and
+one translation unit's targets (buildmatrix.units judges those)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from enum import StrEnum
 
 from packaging.version import Version
 
-from buildmatrix.arch import Arch, CodeKind
+from buildmatrix.arch import Arch, CodeKind, Suffix
 from buildmatrix.cuda import major_minor
 
 
@@ -38,3 +39,32 @@ class CodeTarget:
 class Judgement:
     verdict: Verdict
     reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unit:
+    """One translation unit's loadable code (a fatbinary container) and the kernels
+    its cubins define (compressed ones decompressed: buildmatrix.binary.kernels)."""
+
+    codes: tuple[CodeTarget, ...]
+    kernels: tuple[str, ...] = ()
+    index: int = 0  # the container's place in the file
+    # Whether its kernels were read: False where no cubin of it was (PTX only, or a
+    # compressed cubin the scan did not decompress); the rule never exempts on names
+    # it has not read.
+    kernels_known: bool = True
+    # Kept as data and loaded by the program itself (cuModuleLoadData), which picks
+    # one per GPU: found by content (buildmatrix.binary.embedded).
+    embedded: bool = False
+
+    @property
+    def specific(self) -> bool:
+        """Only arch- or family-specific code (``sm_90a``, ``sm_100f``, ...)."""
+        return all(c.arch.suffix is not Suffix.NONE for c in self.codes)
+
+    def describe(self) -> str:
+        archs = ", ".join(sorted({str(c.arch) for c in self.codes}))
+        if not self.kernels:
+            return archs
+        more = f" and {len(self.kernels) - 3} more" if len(self.kernels) > 3 else ""
+        return f"{archs}; kernels {', '.join(self.kernels[:3])}{more}"

@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.pipeline import matrix_outputs, run, run_push_path
 from tests.release import build_wheel, fresh_clone, git, install_env
+from tests.services import Registry
 from tests.test_generate import _tool
-from tests.test_workflow import _run, run_push_path
 
 PAGE = (REPO / "docs" / "adopt.md").read_text()
 BLOCKS = re.findall(r"```yaml\n(.*?)```", PAGE, re.DOTALL)
@@ -87,10 +88,10 @@ def test_the_workflow_steps_run_in_a_repository_of_image_specs(tmp_path: Path) -
     }
     runs = [s["run"] for s in WORKFLOW["jobs"]["matrix"]["steps"] if "run" in s]
     for script in runs:
-        step = _run(user, script, env)
+        step = run(user, script, env)
         assert step.returncode == 0, script + step.stdout + step.stderr
         if script.startswith("pip install"):
-            said = _run(user, "buildmatrix --version", env).stdout
+            said = run(user, "buildmatrix --version", env).stdout
             assert said == f"buildmatrix, version {version}\n"
     lines = output.read_text().splitlines()
     assert [x.split("=", 1)[0] for x in lines] == ["matrix", "merge"]
@@ -103,15 +104,39 @@ def test_the_workflow_steps_run_in_a_repository_of_image_specs(tmp_path: Path) -
     checkout = tmp_path / "build-job"
     subprocess.run(["git", "clone", "-q", str(user), str(checkout)], check=True)
     build_runs = [s["run"] for s in WORKFLOW["jobs"]["build"]["steps"] if "run" in s]
-    for script in build_runs[:2]:  # install, generate; the rest: run_push_path below
+    for script in build_runs[:2]:  # install, generate; the rest: the test below
         assert "check" not in script and "digest" not in script
-        step = _run(checkout, script, env)
+        step = run(checkout, script, env)
         assert step.returncode == 0, script + step.stdout + step.stderr
     for entry in include:
         assert (checkout / entry["dockerfile"]).is_file(), entry["dockerfile"]
         assert (checkout / entry["context"]).is_dir(), entry["context"]
         for tag in entry["tags"]:
             assert tag.startswith(f"{WORKFLOW['env']['REGISTRY']}/example-org/"), tag
-    # build (per platform, on its runner), merge (per tag) and check (per platform), as
-    # the runner runs them, with stand-ins for docker buildx and buildmatrix check
-    run_push_path(WORKFLOW["jobs"], outputs, checkout, tmp_path / "push")
+
+
+@pytest.mark.integration
+def test_the_pipeline_publishes_only_what_passed_its_check(
+    tmp_path: Path, registry: Registry
+) -> None:
+    """build (per platform), check (per variant, by digest, with the pinned release's
+    own ``buildmatrix check``), promote and sign, as the runner runs them, into the
+    tests' registry (tests/test_workflow.py, run_push_path), over two variants: a
+    Hopper one, whose arm64 image the push path makes fail its check, and another."""
+    version = _pinned_version()
+    wheels = tmp_path / "index"
+    build_wheel(fresh_clone(tmp_path, tag=f"v{version}"), wheels)
+    user = _specs_repo(tmp_path / "user")
+    env = {**install_env(tmp_path / "site"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
+    for script in [s["run"] for s in WORKFLOW["jobs"]["build"]["steps"] if "run" in s][:2]:
+        step = run(user, script, {**WORKFLOW["env"], **env})  # install, generate
+        assert step.returncode == 0, script + step.stdout + step.stderr
+    outputs = matrix_outputs(WORKFLOW, user, tmp_path, registry.host, env)
+    merges = json.loads(outputs["merge"])["include"]
+    hopper = next(m for m in merges if m["family"] == "hopper" and "linux/arm64" in m["platforms"])
+    other = next(m for m in merges if m["family"] != "hopper")
+    keys = {hopper["key"], other["key"]}
+    for name in ("matrix", "merge"):
+        include = [e for e in json.loads(outputs[name])["include"] if e["key"] in keys]
+        outputs[name] = json.dumps({"include": include})
+    run_push_path(WORKFLOW["jobs"], outputs, user, tmp_path / "push", env)

@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from buildmatrix.binary.scan import FileReport, inspect_file
+from buildmatrix.binary.report import FileReport
+from buildmatrix.binary.scan import inspect_file
 from buildmatrix.check import Options, cuda_runtime, run_check
 from buildmatrix.compat import Verdict
 from buildmatrix.cuda import load_cuda_facts, parse_driver_version
 from buildmatrix.errors import InputError
 from buildmatrix.image.model import ImageConfig, ScannedImage
-from buildmatrix.node.snapshot import load_snapshot
 from buildmatrix.profiles import load_profiles
+from buildmatrix.snapshot import load_snapshot
 from tests.conftest import SHIPPED_PROFILES
 from tests.fixtures.build import BIN
 

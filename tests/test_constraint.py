@@ -21,13 +21,13 @@ from packaging.version import Version
 
 from buildmatrix.arch import ComputeCapability
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
-from buildmatrix.binary.scan import FileReport
+from buildmatrix.binary.report import FileReport
 from buildmatrix.check import Options, run_check
 from buildmatrix.cuda import load_cuda_facts, parse_driver_version
 from buildmatrix.image.model import ImageConfig, ScannedImage
 from buildmatrix.matrix import Entry, expand_all
-from buildmatrix.node.snapshot import Gpu, Snapshot
 from buildmatrix.profiles import load_profiles
+from buildmatrix.snapshot import Gpu, Snapshot
 from buildmatrix.specs import Cuda, load_specs
 from tests.conftest import REPO, SHIPPED_PROFILES
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from buildmatrix.binary.scan import FileReport, inspect_file
+from buildmatrix.binary.report import FileReport
+from buildmatrix.binary.scan import inspect_file
 from buildmatrix.binary.source import CorruptBinary
 from tests.conftest import CliRunner
 from tests.fixtures.build import BIN

@@ -114,7 +114,9 @@ def test_libraries_in_two_folders_stop_the_container(
         f"{DIR}/libnvidia-ptxjitcompiler.so.1": Symlink(
             "/opt/jit/libnvidia-ptxjitcompiler.so.590.44.01"
         ),
-        "opt/jit/libnvidia-ptxjitcompiler.so.590.44.01": b"\x7fELF-stand-in",
+        # a readable library (an unreadable one in reach of the compat folder would
+        # leave ldconfig's libcuda.so.1 unknown: tests/test_ldconfig.py)
+        "opt/jit/libnvidia-ptxjitcompiler.so.590.44.01": fixture("libsass_ptx.so"),
     }
     code, doc = _check(cli, tmp_path, entries, "--sm", "9.0", "--driver", "535.104.05")
     assert code == 1

@@ -16,7 +16,7 @@ import pytest
 
 from buildmatrix.cli import main
 from buildmatrix.node.probe import probe
-from buildmatrix.node.snapshot import snapshot_from_doc
+from buildmatrix.snapshot import snapshot_from_doc
 from tests.conftest import REPO, SHIPPED_PROFILES
 
 pytestmark = pytest.mark.gpu

@@ -103,12 +103,12 @@ def test_the_admission_policy_lets_the_agent_write_its_mig_keys(cli: CliRunner) 
     import copy
 
     from buildmatrix.cuda import load_cuda_facts
-    from buildmatrix.labelkeys import GfdKeys, is_mig_key
-    from buildmatrix.node.apply import TAINT_EFFECT, TAINT_KEY, plan
+    from buildmatrix.labelkeys import TAINT_EFFECT, TAINT_KEY, GfdKeys, is_mig_key
+    from buildmatrix.node.apply import plan
     from buildmatrix.node.checks import NodeOptions, evaluate
     from buildmatrix.node.labels import node_labels
-    from buildmatrix.node.snapshot import load_snapshot
     from buildmatrix.profiles import load_profiles
+    from buildmatrix.snapshot import load_snapshot
     from tests.admission_policy import UserInfo, denials, request
     from tests.conftest import REPO, SHIPPED_PROFILES
     from tests.kube_standin import apply_patch

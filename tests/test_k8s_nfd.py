@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 import yaml
 
-from buildmatrix.node.apply import TAINT_EFFECT, TAINT_KEY
+from buildmatrix.labelkeys import TAINT_EFFECT, TAINT_KEY
 from tests.conftest import REPO, CliRunner
 from tests.nfd_standin import (
     TAINTS_ANNOTATION,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from buildmatrix.labelkeys import GFD_KEYS, GFD_TIMESTAMP, GfdKeys
-from buildmatrix.node.apply import TAINT_EFFECT, TAINT_KEY, plan
+from buildmatrix.labelkeys import GFD_KEYS, GFD_TIMESTAMP, TAINT_EFFECT, TAINT_KEY, GfdKeys
+from buildmatrix.node.apply import plan
 from tests.admission_policy import UserInfo, denials, request
 from tests.conftest import CliRunner
 from tests.kube_standin import apply_patch

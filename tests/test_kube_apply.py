@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from buildmatrix.k8s import Settings, render
-from buildmatrix.labelkeys import GfdKeys
-from buildmatrix.node.apply import REPORT_ANNOTATION, TAINT_KEY, plan
+from buildmatrix.labelkeys import REPORT_ANNOTATION, TAINT_KEY, GfdKeys
+from buildmatrix.node.apply import plan
 from buildmatrix.profiles import load_profiles
 from tests.admission_policy import UserInfo
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from buildmatrix.binary.scan import FileReport
+from buildmatrix.binary.report import FileReport
 from buildmatrix.errors import InputError
 from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.tree import merge

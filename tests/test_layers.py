@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from buildmatrix.binary.scan import FileReport, ScanProblem
+from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.errors import InputError
 from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.tree import merge

@@ -20,9 +20,9 @@ from buildmatrix.node.labels import (
     node_labels,
 )
 from buildmatrix.node.pools import Pools, PoolSpec, load_pools, pools_from_data
-from buildmatrix.node.snapshot import RemappedRows, Snapshot, load_snapshot
 from buildmatrix.node.values import is_label_key, is_label_value, label_value
 from buildmatrix.profiles import ProfileSet, load_profiles
+from buildmatrix.snapshot import RemappedRows, Snapshot, load_snapshot
 from tests.conftest import REPO, SHIPPED_PROFILES
 
 NODES = REPO / "tests" / "fixtures" / "nodes"

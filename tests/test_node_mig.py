@@ -19,9 +19,9 @@ from buildmatrix.cuda import load_cuda_facts
 from buildmatrix.node.checks import NodeOptions, NodeReport, evaluate
 from buildmatrix.node.labels import node_labels
 from buildmatrix.node.mig import memory_gb, profile_name
-from buildmatrix.node.snapshot import Snapshot, load_snapshot
 from buildmatrix.node.values import is_label_key, is_label_value
 from buildmatrix.profiles import ProfileSet, load_profiles
+from buildmatrix.snapshot import Snapshot, load_snapshot
 from tests.conftest import REPO, SHIPPED_PROFILES
 
 NODES = REPO / "tests" / "fixtures" / "nodes"

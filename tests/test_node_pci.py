@@ -13,10 +13,10 @@ import pytest
 
 from buildmatrix.cuda import load_cuda_facts
 from buildmatrix.node.checks import NodeOptions, evaluate
-from buildmatrix.node.pci import bus_id_key, is_nvidia_gpu, read_gpus
+from buildmatrix.node.pci import is_nvidia_gpu, read_gpus
 from buildmatrix.node.pools import pools_from_data
-from buildmatrix.node.snapshot import load_snapshot
 from buildmatrix.profiles import ProfileSet, load_profiles
+from buildmatrix.snapshot import bus_id_key, load_snapshot
 from tests.conftest import REPO, SHIPPED_PROFILES
 from tests.standins import sysfs_tree
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_tree
+from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.scan import inspect_file, scan_tree
 from tests.binaries import container, elf_with_section, entry
 from tests.conftest import REPO, CliRunner
 from tests.fixtures.build import BIN, FIXTURES, Fixture, expected

@@ -13,7 +13,8 @@ from packaging.version import Version
 from buildmatrix.arch import ComputeCapability, parse_arch
 from buildmatrix.compat import CodeTarget, Verdict
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, parse_driver_version
-from buildmatrix.units import Unit, judge_units
+from buildmatrix.units import judge_units
+from buildmatrix.verdict import Unit
 
 CC = ComputeCapability
 FACTS = load_cuda_facts()

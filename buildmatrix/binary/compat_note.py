@@ -32,17 +32,23 @@ ELF itself is unreadable here, a compressed section), ``undetermined`` says why 
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from buildmatrix.binary.elf import SHT_NOTE, read_elf
+from buildmatrix.binary.elf import SHT_NOTE, is_elf, read_elf
+from buildmatrix.binary.report import FileReport
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
-
-if TYPE_CHECKING:
-    from buildmatrix.binary.scan import FileReport
+from buildmatrix.errors import InputError
 
 NOTE_SECTION = ".note.cuda.fwd_compatibility"
+# Names and SONAMEs the readers record as driver libraries (binary.scan): ldconfig
+# takes libcuda.so.1 by SONAME whatever the file is called (buildmatrix.ldconfig).
+LIBCUDA = "libcuda.so"
+# A path whose name buildmatrix.forward.LIBRARY_GLOB (``libcuda.so.*.*``, where the
+# container toolkit looks) matches; ``*`` may hold dots.
+COMPAT_NAME = re.compile(r"(?:^|/)libcuda\.so\.[^/]*\.[^/]*$")
 NOTE_OWNER = "NVIDIA Corporation"
 SHF_COMPRESSED = 0x800
 # The toolkit reads the section whatever its size. This reader holds it in memory, so
@@ -51,6 +57,12 @@ MAX_NOTE = 256 << 20
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # Go's int on the 64-bit hosts the toolkit runs on
 # The compatElfHeader fields, by the name Go's decoder folds each key to.
 _FIELDS = {"FORMAT": "format", "CUDA VERSION": "cuda", "DRIVER": "driver", "DEVICE": "device"}
+
+
+def named_compat_driver(head: bytes, path: str) -> bool:
+    """Whether a file is an ELF file (``head``: its first bytes) with the name the
+    container toolkit looks for in the compat folder (:data:`COMPAT_NAME`)."""
+    return is_elf(head) and COMPAT_NAME.search(path) is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +77,9 @@ class CompatLibrary:
     ``code``: device code in the file itself, judged like any other file's unless the
     file is the compat driver the toolkit finds. ``elf``: False for a file that was
     not read as an ELF library (the loader may not be able to use it).
+    ``soname``, ``ld_skip``, ``ld_unknown``, ``machine``: what ldconfig reads from
+    the file (buildmatrix.binary.dynamic), for which file it loads as libcuda.so.1
+    (buildmatrix.ldconfig).
     """
 
     path: str
@@ -76,6 +91,10 @@ class CompatLibrary:
     problem: str | None = None
     undetermined: str | None = None
     code: FileReport | None = None
+    soname: str | None = None
+    ld_skip: str | None = None
+    ld_unknown: str | None = None
+    machine: str = ""
 
     def describe(self) -> str:
         parts = []
@@ -122,7 +141,7 @@ def read_compat_library(
         return CompatLibrary(path=path, problem=why, code=code)
     try:
         fields = decode_note(desc)
-    except ValueError as exc:
+    except UndecodableNote as exc:
         return CompatLibrary(path=path, problem=f"its JSON does not decode ({exc})", code=code)
     return CompatLibrary(
         path=path,
@@ -165,38 +184,48 @@ def _trim(data: bytes, start: int, n: int) -> bytes:
 
 
 def decode_note(desc: bytes) -> dict[str, Any]:
-    """The note's JSON as Go's ``json.Unmarshal`` fills ``compatElfHeader``; ValueError
-    where Go's decoder returns an error (the whole note is then ignored)."""
+    """The note's JSON as Go's ``json.Unmarshal`` fills ``compatElfHeader``;
+    :class:`UndecodableNote` where Go's decoder returns an error (the whole note is
+    then ignored)."""
 
     def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
+        raise UndecodableNote(f"{name} is not JSON")
 
     # Go reads invalid UTF-8 inside strings as U+FFFD, and fails on it outside them.
-    doc = json.loads(
-        desc.decode("utf-8", errors="replace"),
-        object_pairs_hook=_Object,
-        parse_constant=no_constant,
-    )
+    try:
+        doc = json.loads(
+            desc.decode("utf-8", errors="replace"),
+            object_pairs_hook=_Object,
+            parse_constant=no_constant,
+        )
+    except json.JSONDecodeError as exc:
+        raise UndecodableNote(str(exc)) from None
     fields: dict[str, Any] = {"format": 0, "cuda": "", "driver": None, "device": None}
     if doc is None:
         return fields  # `null` into a struct: nothing is set, no error
     if not isinstance(doc, _Object):
-        raise ValueError("the note is not a JSON object")
+        raise UndecodableNote("the note is not a JSON object")
     for key, value in doc:
         field = _FIELDS.get(_fold(key))
         if field is None or value is None:
             continue  # unknown keys are ignored; null leaves the field as it is
         if field == "cuda":
             if not isinstance(value, str):
-                raise ValueError(f"'{key}' is not a string")
+                raise UndecodableNote(f"'{key}' is not a string")
             fields[field] = value
         elif field == "format":
             fields[field] = _go_int(value, key)
         else:
             if not isinstance(value, list) or isinstance(value, _Object):
-                raise ValueError(f"'{key}' is not a list of integers")
+                raise UndecodableNote(f"'{key}' is not a list of integers")
             fields[field] = [0 if v is None else _go_int(v, key) for v in value]
     return fields
+
+
+class UndecodableNote(InputError, ValueError):
+    """The note's JSON is one Go's decoder refuses (a ValueError, as Python's JSON
+    decoder's own errors are); read_compat_library records it as the library's
+    problem."""
 
 
 class _Object(list[tuple[str, Any]]):
@@ -206,9 +235,9 @@ class _Object(list[tuple[str, Any]]):
 def _go_int(value: object, key: str) -> int:
     # Go parses the number's literal with strconv.ParseInt: 1.0 and 1e3 are not ints.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"'{key}' holds {value!r}, not an integer")
+        raise UndecodableNote(f"'{key}' holds {value!r}, not an integer")
     if not _INT64[0] <= value <= _INT64[1]:
-        raise ValueError(f"'{key}' holds {value}, which overflows Go's int")
+        raise UndecodableNote(f"'{key}' holds {value}, which overflows Go's int")
     return value
 
 

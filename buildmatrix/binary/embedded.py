@@ -24,6 +24,7 @@ from buildmatrix.binary.elf import (
     SHF_EXECINSTR,
     SHT_PROGBITS,
     ElfInfo,
+    read_elf,
     read_layout,
 )
 from buildmatrix.binary.fatbin import (
@@ -32,6 +33,7 @@ from buildmatrix.binary.fatbin import (
     container_entries,
     container_header,
 )
+from buildmatrix.binary.kernels import cubin_entry
 from buildmatrix.binary.source import ByteSource, CorruptBinary, Searcher, SliceSource
 
 _EHDR = {1: struct.Struct("<16xHHIIIIIHHHHHH"), 2: struct.Struct("<16xHHIQQQIHHHHHH")}
@@ -100,8 +102,6 @@ def _read_blob(
 ) -> tuple[list[FatbinEntry], int]:
     """The entries of the container or cubin at ``hit``, numbered from ``container``,
     and its length; none when the bytes there are not one."""
-    from buildmatrix.binary.scan import inspect_source
-
     if kind == "fatbin":
         header = container_header(src, hit, end)
         if header is None:
@@ -116,13 +116,9 @@ def _read_blob(
     if length is None:
         return [], 0
     where = f"{src.name} (cubin at {hit:#x}, found by its ELF header)"
-    report = inspect_source(SliceSource(src, hit, length, name=where), path=src.name)
-    if report is None:
-        return [], length
-    return [
-        replace(e, container=container + e.container, offset=e.offset + hit, embedded=True)
-        for e in report.entries
-    ], length
+    cubin = SliceSource(src, hit, length, name=where)
+    entry = cubin_entry(cubin, read_elf(cubin))
+    return [replace(entry, container=container, offset=hit, embedded=True)], length
 
 
 class _Hits:

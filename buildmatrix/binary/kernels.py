@@ -34,8 +34,27 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from buildmatrix.arch import Arch, Suffix, serves_wherever
+from buildmatrix.binary.cubin import cubin_arch
+from buildmatrix.binary.elf import ElfInfo
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, cubin_facts, decompressed_cubin
 from buildmatrix.binary.source import ByteSource
+
+
+def cubin_entry(src: ByteSource, info: ElfInfo) -> FatbinEntry:
+    """A CUDA cubin file (an ELF file of machine EM_CUDA) as one SASS entry, with the
+    kernels it defines and the release that built it: a cubin on its own or one found
+    in a library's data (buildmatrix.binary.embedded)."""
+    kernels, toolkit = cubin_facts(src)
+    return FatbinEntry(
+        kind=EntryKind.SASS,
+        arch=cubin_arch(src, info),
+        ptx_isa=None,
+        compressed=False,
+        size=src.size,
+        offset=0,
+        kernels=kernels,
+        toolkit=toolkit,
+    )
 
 
 def _registered_sets(entries: Sequence[FatbinEntry]) -> dict[int, frozenset[Arch]]:

@@ -5,13 +5,18 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from buildmatrix.arch import Arch
 from buildmatrix.binary.archive import is_archive, members
-from buildmatrix.binary.cubin import cubin_arch
+from buildmatrix.binary.compat_note import (
+    LIBCUDA,
+    NOTE_SECTION,
+    CompatLibrary,
+    named_compat_driver,
+    read_compat_library,
+)
+from buildmatrix.binary.dynamic import read_dso
 from buildmatrix.binary.elf import (
     EM_CUDA,
     ET_DYN,
@@ -30,21 +35,15 @@ from buildmatrix.binary.fatbin import (
     EntryKind,
     FatbinEntry,
     container_spans,
-    cubin_facts,
     parse_fatbin,
     wrapped_containers,
 )
-from buildmatrix.binary.kernels import read_compressed
+from buildmatrix.binary.kernels import cubin_entry, read_compressed
 from buildmatrix.binary.ptx import looks_like_ptx, ptx_target
+from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
+from buildmatrix.binary.walk import walk
 from buildmatrix.errors import InputError
-
-if TYPE_CHECKING:
-    from packaging.version import Version
-
-    from buildmatrix.compat import CodeTarget
-    from buildmatrix.forward import CompatLibrary
-    from buildmatrix.units import Unit
 
 # The fatbinary the CUDA runtime registers at load time is .nv_fatbin; relocatable
 # device code (-rdc=true) sits in __nv_relfatbin and is used only where there is no
@@ -57,92 +56,16 @@ _HEAD = 64
 MAX_ARCHIVE_NESTING = 16
 
 
-@dataclass(frozen=True, kw_only=True)
-class FileReport:
-    """The device code of one file. ``path`` is relative to the scanned root."""
-
-    path: str
-    format: str
-    entries: tuple[FatbinEntry, ...]
-    # Where the file's bytes were kept when the scan was asked to keep them (the load
-    # test hands them to the driver); not part of the report.
-    stored: str | None = field(default=None, compare=False)
-
-    def _archs(self, kind: EntryKind) -> list[str]:
-        archs: set[Arch] = {e.arch for e in self.entries if e.kind is kind}
-        return [str(a) for a in sorted(archs, key=lambda a: a.sort_key)]
-
-    @property
-    def sass(self) -> list[str]:
-        return self._archs(EntryKind.SASS)
-
-    @property
-    def ptx(self) -> list[str]:
-        return self._archs(EntryKind.PTX)
-
-    @property
-    def toolkit(self) -> Version | None:
-        """The newest CUDA release that wrote the file's cubins, where their notes say."""
-        return max((e.toolkit for e in self.entries if e.toolkit is not None), default=None)
-
-    def code_targets(self) -> list[CodeTarget]:
-        """Loadable code only (SASS and PTX; LTO IR needs a device link first)."""
-        from buildmatrix.compat import CodeTarget
-
-        return [
-            CodeTarget(arch=e.arch, ptx_isa=e.ptx_isa)
-            for e in self.entries
-            if e.kind is not EntryKind.LTOIR
-        ]
-
-    def units(self) -> list[Unit]:
-        """Loadable code per fatbinary container, one unit per translation unit.
-
-        Left out: containers with only LTO IR (linked at build time) and containers
-        whose cubins provably define no kernel (nvcc's device-link stub: readable
-        cubins without any kernel section, entry symbol or other executable code:
-        buildmatrix.binary.fatbin.cubin_facts), since nothing in them is ever launched.
-        """
-        from buildmatrix.compat import CodeTarget
-        from buildmatrix.units import Unit
-
-        groups: dict[int, list[FatbinEntry]] = {}
-        for e in self.entries:
-            if e.kind is not EntryKind.LTOIR:
-                groups.setdefault(e.container, []).append(e)
-        units = []
-        for index, entries in sorted(groups.items()):
-            # Every cubin read and none defines a kernel (a compressed one not read
-            # may hold kernels: it counts).
-            if all(e.kind is EntryKind.SASS and e.kernels == () for e in entries):
-                continue  # no kernel at all: a link stub
-            kernels = tuple(dict.fromkeys(k for e in entries for k in e.kernels or ()))
-            codes = tuple(CodeTarget(arch=e.arch, ptx_isa=e.ptx_isa) for e in entries)
-            units.append(
-                Unit(
-                    codes=codes,
-                    kernels=kernels,
-                    index=index,
-                    kernels_known=any(e.kernels is not None for e in entries),
-                    embedded=any(e.embedded for e in entries),
-                )
-            )
-        return units
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "format": self.format,
-            "sass": self.sass,
-            "ptx": self.ptx,
-            "entries": [e.to_json() for e in self.entries],
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScanProblem:
-    path: str
-    message: str
+def might_hold_code(head: bytes, path: str) -> bool:
+    """Whether a file whose first bytes are ``head`` (64 are enough) may hold device
+    code: an ELF file, a fatbinary, a static archive or PTX text (the kinds
+    :func:`inspect_source` reads; the image readers skip every other file unread)."""
+    return (
+        is_elf(head)
+        or head[:4] == FATBIN_MAGIC_BYTES
+        or is_archive(head)
+        or looks_like_ptx(head, path)
+    )
 
 
 def inspect_source(
@@ -168,19 +91,7 @@ def inspect_source(
     if is_elf(head):
         info = read_elf(src)
         if info.machine == EM_CUDA:
-            arch = cubin_arch(src, info)
-            kernels, toolkit = cubin_facts(src)
-            entry = FatbinEntry(
-                kind=EntryKind.SASS,
-                arch=arch,
-                ptx_isa=None,
-                compressed=False,
-                size=src.size,
-                offset=0,
-                kernels=kernels,
-                toolkit=toolkit,
-            )
-            return FileReport(path=path, format="cubin", entries=(entry,))
+            return FileReport(path=path, format="cubin", entries=(cubin_entry(src, info),))
         fatbins, rdc = _fatbin_sections(info)
         wrappers = [s for s in info.sections if s.name == WRAPPER_SECTION]
         spans, layout = _registered(src, info, wrappers, rdc, deep=deep)
@@ -227,15 +138,24 @@ def inspect_image_file(
     ``libcuda.so.*.*``, or one with the driver's note section, which a hard link may
     put in the compat folder under that name) is also read for its note
     (buildmatrix.forward: which one the toolkit uses is known on the final view)."""
-    from buildmatrix.forward import COMPAT_NAME, NOTE_SECTION, read_compat_library
-
     if len(head) < 4:
         return None
     code = inspect_source(src, path=path, head=head, deep=deep)
-    if is_elf(head) and (
-        COMPAT_NAME.search(path) or read_elf(src).section(NOTE_SECTION) is not None
+    if not is_elf(head):
+        return code
+    # ldconfig takes libcuda.so.1 by SONAME (buildmatrix.ldconfig): a file named
+    # libcuda.so* or whose DT_SONAME is one is recorded whatever else its name is.
+    dso = read_dso(src)
+    if (
+        named_compat_driver(head, path)
+        or path.rpartition("/")[2].startswith(LIBCUDA)
+        or (dso.soname or "").startswith(LIBCUDA)
+        or read_elf(src).section(NOTE_SECTION) is not None
     ):
-        return read_compat_library(src, path=path, code=code)
+        lib = read_compat_library(src, path=path, code=code)
+        return replace(
+            lib, soname=dso.soname, ld_skip=dso.skip, ld_unknown=dso.unknown, machine=dso.machine
+        )
     return code
 
 
@@ -328,52 +248,40 @@ def inspect_file(path: Path, *, display: str | None = None, deep: bool = True) -
         os.close(fd)
 
 
-def _walk(root: Path) -> Iterator[tuple[str, str, str | None]]:
-    """(absolute path, path relative to root, None) of every regular file, in sorted
-    order, and (folder, relative folder, why) for each folder that cannot be listed:
-    an unlisted folder may hold device code, so it is a problem, never skipped.
-
-    Symbolic links are never followed: a link inside the tree points at a file the
-    walk reaches anyway, and a link out of the tree must not be read.
-    """
-    stack = [(str(root), "")]
-    while stack:
-        folder, rel = stack.pop()
-        try:
-            with os.scandir(folder) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            yield folder, rel or ".", f"cannot list folder: {exc.strerror}"
-            continue
-        subfolders = []
-        for entry in entries:
-            child = f"{rel}/{entry.name}" if rel else entry.name
-            if entry.is_symlink():
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                subfolders.append((entry.path, child))
-            elif entry.is_file(follow_symlinks=False):
-                yield entry.path, child, None
-        stack.extend(reversed(subfolders))
-
-
 def scan_tree(
     root: Path,
     *,
     on_file: Callable[[str, bool], None] | None = None,
+    on_link: Callable[[str, str | None], None] | None = None,
+    on_folder: Callable[[str], None] | None = None,
     compat: bool = False,
     deep: bool = True,
 ) -> Iterator[FileReport | CompatLibrary | ScanProblem]:
-    """Every file with device code under ``root``, plus a problem for each corrupt one;
-    with ``compat`` (an image root), each CUDA forward-compatibility driver
+    """Every file with device code under ``root``, plus a problem for each corrupt one
+    and each folder that cannot be listed (it may hold device code, so it is never
+    skipped); with ``compat`` (an image root), each CUDA forward-compatibility driver
     (``…/compat/libcuda.so.X.Y``) is read for its note instead of its code.
 
-    ``on_file(path, has_code)`` is called for every regular file (for progress).
+    ``on_file(path, has_code)`` is called for every regular file (for progress),
+    ``on_link(path, target)`` for every symbolic link (target None where it cannot be
+    read), ``on_folder(path)`` for every folder. Links are never followed: a link
+    inside the tree points at a file the walk reaches anyway, and a link out of the
+    tree must not be read.
     """
-    for full, rel, unlisted in _walk(root):
+    for full, rel, entry in walk(root):
         result: FileReport | CompatLibrary | ScanProblem | None
-        if unlisted is not None:
-            yield ScanProblem(path=rel, message=unlisted)
+        if isinstance(entry, OSError):
+            yield ScanProblem(path=rel or ".", message=f"cannot list folder: {entry.strerror}")
+            continue
+        if entry.is_symlink():
+            if on_link is not None:
+                on_link(rel, _link_target(full))
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            if on_folder is not None:
+                on_folder(rel)
+            continue
+        if not entry.is_file(follow_symlinks=False):
             continue
         try:
             fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
@@ -401,3 +309,10 @@ def scan_tree(
             on_file(rel, isinstance(result, FileReport))
         if result is not None:
             yield result
+
+
+def _link_target(full: str) -> str | None:
+    try:
+        return str(Path(full).readlink())
+    except OSError:
+        return None

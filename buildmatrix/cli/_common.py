@@ -193,7 +193,9 @@ def gfd_mode(no_gfd_keys: bool, gfd_keys: str | None) -> GfdKeys:
 
 
 def load(profiles_dir: str | None) -> ProfileSet:
-    return load_profiles(Path(resolve_profiles_dir(profiles_dir)))
+    from buildmatrix.cuda import load_cuda_facts
+
+    return load_profiles(Path(resolve_profiles_dir(profiles_dir)), facts=load_cuda_facts())
 
 
 def echo_json(payload: dict[str, Any]) -> None:

@@ -34,6 +34,8 @@ def _markdown(result: object) -> str:
     lines = [f"### buildmatrix check `{result.image.ref}`: {status}", ""]
     if result.image.digest:
         lines += [f"Digest `{result.image.digest}`", ""]
+    if result.image.index_digest:
+        lines += [f"Index `{result.image.index_digest}`", ""]
     lines += ["| target | SM | verdict | driver |", "|---|---|---|---|"]
     for t in result.targets:
         driver = "ok" if t.driver_ok else "**too old**"
@@ -111,6 +113,13 @@ def _markdown(result: object) -> str:
     help="Append a Markdown summary to FILE (e.g. $GITHUB_STEP_SUMMARY).",
 )
 @click.option(
+    "--digest-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Append one line per judged entry to FILE: DIGEST PLATFORM VERDICT REF, DIGEST "
+    "the manifest judged ('-' where the source has none).",
+)
+@click.option(
     "-v",
     "--verbose",
     is_flag=True,
@@ -133,6 +142,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     cache_dir: Path | None,
     no_cache: bool,
     summary: Path | None,
+    digest_file: Path | None,
     profiles_dir: str | None,
     as_json: bool,
     verbose: bool,
@@ -147,7 +157,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     """
     from buildmatrix.check import Options, validate_targets
     from buildmatrix.cuda import load_cuda_facts, parse_driver_version
-    from buildmatrix.node.snapshot import load_snapshot
+    from buildmatrix.snapshot import load_snapshot
 
     profiles = load(profiles_dir)
     drv = parse_driver_version(driver, what="--driver") if driver else None
@@ -184,13 +194,13 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
             judged = _check_one(ref, platform, profiles, opts, facts)
             results.append(_not_pulled(judged, node_platform) if node_platform else judged)
     if summary is not None:
-        try:
-            with summary.open("a", encoding="utf-8") as f:
-                f.writelines(_markdown(r) for pr in results for _, r in pr.results)
-        except OSError as exc:
-            from buildmatrix.errors import InputError
-
-            raise InputError(f"--summary {summary}: cannot write: {exc.strerror}.") from None
+        _append(summary, "--summary", [_markdown(r) for pr in results for _, r in pr.results])
+    if digest_file is not None:
+        _append(
+            digest_file,
+            "--digest-file",
+            [_digest_line(p, r) for pr in results for p, r in pr.results],
+        )
     passed = all(r.passed for r in results)
     if as_json:
         if len(results) == 1:
@@ -216,6 +226,27 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
             + (f"; {cache.hits} layer(s) from the cache" if cache is not None else "")
         )
     return 0 if passed else 1
+
+
+def _append(path: Path, option: str, chunks: list[str]) -> None:
+    try:
+        with path.open("a", encoding="utf-8") as f:
+            f.writelines(chunks)
+    except OSError as exc:
+        from buildmatrix.errors import InputError
+
+        raise InputError(f"{option} {path}: cannot write: {exc.strerror}.") from None
+
+
+def _digest_line(platform: str, result: object) -> str:
+    """``DIGEST PLATFORM VERDICT REF``: the manifest judged for ``platform``, so that
+    what signs or promotes it names the artifact the verdict is about (docs/check.md,
+    "Digests")."""
+    from buildmatrix.check import CheckResult
+
+    assert isinstance(result, CheckResult)
+    verdict = "pass" if result.passed else "fail"
+    return f"{result.image.digest or '-'} {platform} {verdict} {result.image.ref}\n"
 
 
 def _check_one(
@@ -315,6 +346,8 @@ def _print_result(result: object, *, verbose: bool) -> None:
         f"image    {result.image.ref}"
         + (f"  ({result.image.digest})" if result.image.digest else "")
     )
+    if result.image.index_digest:
+        click.echo(f"index    {result.image.index_digest}")
     declared = result.declared
     click.echo(
         f"targets  from {declared['source']}"

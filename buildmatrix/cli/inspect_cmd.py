@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_tree
+from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.scan import inspect_file, scan_tree
 from buildmatrix.cli._common import echo_json, json_option, table
 from buildmatrix.errors import InputError
 

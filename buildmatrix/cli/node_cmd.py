@@ -33,12 +33,13 @@ from buildmatrix.labelkeys import GFD_KEYS, GfdKeys, is_mig_key, writes_gfd_keys
 
 if TYPE_CHECKING:
     from buildmatrix.check import CheckResult
+    from buildmatrix.node.apply import Applied
     from buildmatrix.node.checks import LoadResult, NodeReport
     from buildmatrix.node.labels import VerifiedImage
     from buildmatrix.node.poolimages import ImagePlan
     from buildmatrix.node.pools import Pools
-    from buildmatrix.node.snapshot import Snapshot
     from buildmatrix.profiles import ProfileSet
+    from buildmatrix.snapshot import Snapshot
 
 NFD_TTL = timedelta(hours=24)  # NFD drops the labels if smoke stops re-running
 
@@ -53,7 +54,7 @@ def _live_snapshot(node: str | None, record: Path | None, sysfs: Path) -> Snapsh
     """Probe NVML and the PCI bus; with ``record``, write what they said first
     (before any judging)."""
     from buildmatrix.node.probe import probe
-    from buildmatrix.node.snapshot import snapshot_from_doc
+    from buildmatrix.snapshot import snapshot_from_doc
 
     doc = probe(hostname=node, sysfs=sysfs)
     if record is not None:
@@ -67,7 +68,7 @@ def _live_snapshot(node: str | None, record: Path | None, sysfs: Path) -> Snapsh
 def _snapshot(
     snapshot: Path | None, record: Path | None, node: str | None, sysfs: Path
 ) -> Snapshot:
-    from buildmatrix.node.snapshot import load_snapshot
+    from buildmatrix.snapshot import load_snapshot
 
     if snapshot is not None and record is not None:
         raise InputError(
@@ -176,7 +177,7 @@ def _verified(outcomes: Sequence[_ImageOutcome]) -> list[VerifiedImage]:
 def _unavailable_report(exc: EnvironmentUnavailable, *, node: str | None) -> dict[str, Any]:
     """The report of a node whose GPUs could not be read: every key of a full one
     (docs/smoke.md, --json), the node as --node names it (None without)."""
-    from buildmatrix.node.labels import SMOKE
+    from buildmatrix.labelkeys import SMOKE
 
     check = {"name": "nvml", "ok": False, "message": str(exc), "warning": False}
     return {
@@ -344,7 +345,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
                 labels=doc["labels"],
                 failures=failures,
                 mode=mode,
-            )
+            ).to_json()
         if as_json:
             echo_json(doc)
         else:
@@ -400,7 +401,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
             failures=failures,
             mode=mode,
         )
-        if applied["gfd_keys"] != "written":  # GFD labels the node: its keys are its own
+        if not applied.gfd_keys:  # GFD labels the node: its keys are its own
             labels = {k: v for k, v in labels.items() if k not in GFD_KEYS and not is_mig_key(k)}
     if as_json:
         doc = {
@@ -415,15 +416,12 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
             ],
         }
         if applied is not None:
-            doc["applied"] = applied
+            doc["applied"] = applied.to_json()
         echo_json(doc)
     else:
         _print_report(snap, report, labels, plan=plan)
         if applied is not None:
-            click.echo(
-                f"applied  node {node}: {len(applied['labels_set'])} label(s) set, "
-                f"{len(applied['labels_removed'])} removed, admission taint {applied['taint']}"
-            )
+            click.echo(f"applied  {applied.describe()}")
     if report.passed:
         return 0
     codes = [o.error.exit_code for o in outcomes if o.error is not None]
@@ -469,11 +467,10 @@ def _apply(
     labels: dict[str, str],
     failures: list[str],
     mode: GfdKeys,
-) -> dict[str, Any]:
+) -> Applied:
     from buildmatrix.node.apply import apply
 
-    result = apply(api, node, passed=passed, labels=labels, failures=failures, gfd_keys=mode)
-    return result.to_json()
+    return apply(api, node, passed=passed, labels=labels, failures=failures, gfd_keys=mode)
 
 
 @click.command("labels")

@@ -55,7 +55,15 @@ from buildmatrix.image.tree import LayerSummary
 FORMAT = 2
 DEFAULT_MAX_BYTES = 1 << 30
 # Package sources whose change may change a summary (paths relative to buildmatrix/).
-SCANNER_SOURCES = ("binary/*.py", "image/*.py", "arch.py", "cuda.py", "errors.py", "forward*.py")
+SCANNER_SOURCES = (
+    "binary/*.py",
+    "image/*.py",
+    "arch.py",
+    "cuda.py",
+    "errors.py",
+    "forward*.py",
+    "ldconfig.py",
+)
 _ACTIVE: contextvars.ContextVar[LayerCache | None] = contextvars.ContextVar(
     "buildmatrix_layer_cache", default=None
 )

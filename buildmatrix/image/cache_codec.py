@@ -18,7 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from buildmatrix.arch import Arch, parse_arch
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
-from buildmatrix.binary.scan import FileReport, ScanProblem
+from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.errors import BuildmatrixError
 from buildmatrix.forward import CompatLibrary
 from buildmatrix.image.tree import WHITED_OUT, Dir, Entry, LayerSummary, Leaf, Node
@@ -94,6 +94,10 @@ def _dump_result(result: Any) -> Any:
             "problem": result.problem,
             "undetermined": result.undetermined,
             "code": _dump_result(result.code),
+            "soname": result.soname,
+            "ld_skip": result.ld_skip,
+            "ld_unknown": result.ld_unknown,
+            "machine": result.machine,
         }
     }
 
@@ -149,6 +153,10 @@ def _load_result(doc: Any) -> Any:
         problem=c["problem"],
         undetermined=c["undetermined"],
         code=code if isinstance(code, FileReport) else None,
+        soname=c["soname"],
+        ld_skip=c["ld_skip"],
+        ld_unknown=c["ld_unknown"],
+        machine=str(c["machine"]),
     )
 
 

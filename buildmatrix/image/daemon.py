@@ -9,6 +9,7 @@ summaries are merged once the manifest is known.
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -135,7 +136,6 @@ def storage_folders(
     diff_ids, chained as the engine's layer store names them), each checked to be
     one the engine's overlay2 driver reports for this image."""
     import hashlib
-    import os
 
     driver = (attrs.get("GraphDriver") or {}).get("Name")
     if driver != "overlay2":

@@ -41,6 +41,7 @@ from buildmatrix.image.model import (
     scan_blobs,
 )
 from buildmatrix.image.offered import offered_platforms, runnable
+from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.platform import (
     DEFAULT_PLATFORM,
     config_platform,
@@ -50,7 +51,7 @@ from buildmatrix.image.platform import (
 )
 from buildmatrix.image.ref import ImageRef
 from buildmatrix.image.savetar import SavedMember, SaveTree, member_of
-from buildmatrix.image.tarheaders import StrictTarInfo, TarHeaderError
+from buildmatrix.image.tarheaders import StrictTarInfo
 from buildmatrix.image.tarstream import check_end
 
 

@@ -6,12 +6,14 @@ layers' candidates are read by worker processes (buildmatrix.image.workers)."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, cast
 
-from buildmatrix.binary.scan import ScanProblem, inspect_image_file
+from buildmatrix.binary.report import ScanProblem
+from buildmatrix.binary.scan import inspect_image_file, might_hold_code
 from buildmatrix.binary.source import CorruptBinary, FileSource, SliceSource
 from buildmatrix.errors import InputError
 from buildmatrix.image.digests import RegionHash
@@ -25,8 +27,8 @@ from buildmatrix.image.layers import (
     summarise,
     unreadable,
 )
-from buildmatrix.image.spool import might_hold_code
-from buildmatrix.image.tarheaders import StrictTarInfo, TarHeaderError
+from buildmatrix.image.paxheaders import TarHeaderError
+from buildmatrix.image.tarheaders import StrictTarInfo
 from buildmatrix.image.tarstream import GZIP_MAGIC, TAR_BUFSIZE, ZSTD_MAGIC
 from buildmatrix.image.tree import LayerSummary, Result
 from buildmatrix.image.workers import run_all
@@ -43,8 +45,6 @@ def scan_layer_at(
     (:func:`layers.check_diff_id`), hashed on a thread beside the reading
     (buildmatrix.image.digests): from the start where this process reads the
     candidates, else once the workers that read them are forked."""
-    import os
-
     fd = os.open(file, os.O_RDONLY)
     hashing = None
     try:
@@ -142,8 +142,6 @@ def _job(
 
 def _inspect_archived(job: tuple[str, int, int, str]) -> Result:
     """A worker's :func:`_inspect_in_archive`: it opens the archive itself."""
-    import os
-
     fd = os.open(job[0], os.O_RDONLY)
     try:
         return _inspect_in_archive(job, FileSource(fd, name=job[0]))
@@ -179,8 +177,6 @@ class _Window(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        import os
-
         n = max(0, min(len(buffer), self._size - self._pos))
         got = os.preadv(self._fd, [memoryview(buffer)[:n]], self._offset + self._pos) if n else 0
         self._pos += got

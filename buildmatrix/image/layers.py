@@ -17,9 +17,10 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import IO, cast
 
+from buildmatrix.binary.scan import might_hold_code
 from buildmatrix.errors import InputError
-from buildmatrix.image.spool import inspect_member, might_hold_code
-from buildmatrix.image.tarheaders import TarHeaderError
+from buildmatrix.image.paxheaders import TarHeaderError
+from buildmatrix.image.spool import inspect_member
 from buildmatrix.image.tarstream import (
     DiffIdMismatch,
     check_end,

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
-from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_file, scan_tree
+from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.scan import inspect_file, scan_tree
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
 from buildmatrix.image.manifests import choose, memo
@@ -84,6 +84,7 @@ def scan_oci_layout(
     doc = check_manifest(_json_blob(layout, top, name=name), name=name)
     fetch = memo(lambda d, _what: _json_blob(layout, d, name=name))
     offered = offered_platforms(top, doc, fetch=fetch, name=name) if is_index(doc) else ()
+    index_digest = str(top.get("digest")) if is_index(doc) else None
     picked, also = choose(top, doc, platform, fetch=fetch, name=name)
     desc, doc = picked.desc, picked.manifest
     config_desc = doc.get("config") or {}
@@ -112,7 +113,8 @@ def scan_oci_layout(
         )
     layers = scan_blobs(blobs, progress, keep=keep)
     image = finish(ref=ref.given, digest=desc.get("digest"), config=config, layers=layers)
-    return replace(image, offered=offered or image.offered, also=also)
+    image = replace(image, offered=offered or image.offered, also=also)
+    return replace(image, index_digest=index_digest) if index_digest else image
 
 
 def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
@@ -127,8 +129,25 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     problems: list[str] = []
     libraries: dict[str, CompatLibrary] = {}
     unreadable: list[str] = []
+    # The regular files and the links (with their targets) that the scan's one walk
+    # finds on its way.
+    regular: list[str] = []
+    links: list[str] = []
+    symlinks: dict[str, str] = {}
+    folders: list[str] = []
+
+    def on_file(rel: str, _has_code: bool) -> None:
+        regular.append(rel)
+
+    def on_link(rel: str, target: str | None) -> None:
+        links.append(rel)
+        if target is not None:
+            symlinks[rel] = target
+
     if path.is_dir():
-        for result in scan_tree(path, compat=True):
+        for result in scan_tree(
+            path, compat=True, on_file=on_file, on_link=on_link, on_folder=folders.append
+        ):
             if isinstance(result, ScanProblem):
                 problems.append(problem_line(result.path, result.message))
                 unreadable.append(result.path)
@@ -141,10 +160,10 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         report = inspect_file(path, display=path.name)
         if report is not None:
             files.append(replace(report, stored=str(path) if keep else None))
-    paths = [f.path for f in files] if not path.is_dir() else _all_paths(path)
-    symlinks = _symlinks(path) if path.is_dir() else {}
-    regular = [p for p in paths if p not in symlinks and (path / p).is_file()]
-    compat = find_compat(libraries, regular, symlinks, unreadable, entries=paths)
+    paths = sorted(regular + links) if path.is_dir() else [f.path for f in files]
+    compat = find_compat(
+        libraries, sorted(regular), symlinks, unreadable, entries=paths, folders=folders
+    )
     for lib_path in compat_code(compat, libraries):
         code = libraries[lib_path].code
         if code is not None:
@@ -161,19 +180,3 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         symlinks=symlinks,
         compat=compat,
     )
-
-
-def _all_paths(root: Path) -> list[str]:
-    return sorted(
-        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()
-    )
-
-
-def _symlinks(root: Path) -> dict[str, str]:
-    """Every symlink under ``root`` (not followed) and its target as written."""
-    found = {}
-    for p in root.rglob("*"):
-        if p.is_symlink():
-            with contextlib.suppress(OSError):
-                found[str(p.relative_to(root))] = str(p.readlink())
-    return found

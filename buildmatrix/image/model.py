@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from buildmatrix.binary.scan import FileReport, ScanProblem
+from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, CompatSetup, compat_code, find_compat
 from buildmatrix.image.digests import BesideHasher
@@ -87,6 +87,9 @@ class ScannedImage:
     # Requests that pick what another containerd generation runs for the platform
     # asked (os.features: buildmatrix.image.manifests.choose); each is judged too.
     also: tuple[str, ...] = ()
+    # The digest of the index the REF named, the entry above was picked from; None
+    # where the REF named a single manifest or the source keeps no index.
+    index_digest: str | None = None
 
 
 Progress = Callable[[int], None]  # called with bytes read since the last call
@@ -321,7 +324,16 @@ def finish(
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
             unreadable.append(path)
-    compat = find_compat(compat_libraries, regular, symlinks, unreadable, entries=paths)
+    compat = find_compat(
+        compat_libraries,
+        regular,
+        symlinks,
+        unreadable,
+        entries=paths,
+        folders=list(tree.folders()),
+        library_path=config.env.get("LD_LIBRARY_PATH", ""),
+        platform=config.platform,
+    )
     for path in compat_code(compat, compat_libraries):
         code = compat_libraries[path].code
         if code is not None:

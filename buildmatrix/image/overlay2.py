@@ -3,12 +3,15 @@ directly (docs/check.md, "The local engine's storage"), into the same tree a lay
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
-from buildmatrix.binary.scan import ScanProblem, inspect_image_file
+from buildmatrix.binary.report import ScanProblem
+from buildmatrix.binary.scan import inspect_image_file, might_hold_code
 from buildmatrix.binary.source import CorruptBinary, FileSource
-from buildmatrix.errors import InputError
-from buildmatrix.image.spool import might_hold_code
+from buildmatrix.binary.walk import walk
+from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.tree import LayerSummary, Node, Result
 from buildmatrix.image.workers import run_all
 
@@ -24,8 +27,9 @@ _MOUNT_DEPENDENT = "user.overlay.opaque"
 _OVERLAY = ("trusted.overlay.", "user.overlay.")
 
 
-class UnreadableLayer(Exception):
-    """A layer folder that cannot be read as the engine would export it."""
+class UnreadableLayer(EnvironmentUnavailable):
+    """A layer folder that cannot be read as the engine would export it (the engine's
+    source then reads the image from a ``docker save`` stream instead)."""
 
 
 def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
@@ -34,41 +38,29 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
     ``trusted.overlay.opaque`` attribute ``y``; files are inspected in place. Raises
     :class:`UnreadableLayer` where what the folder means depends on the mount, and
     InputError where it carries overlay redirects or metacopy."""
-    import os
-    import stat
-
     summary = LayerSummary(name=name)
     candidates: list[tuple[str, str]] = []  # (full path, path in the layer)
     sizes: list[int] = []
-    stack = [(str(root), "")]
-    while stack:  # iterative: layers may nest folders thousands deep
-        folder, rel = stack.pop()
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError as exc:
-            raise UnreadableLayer(f"{folder}: cannot list: {exc.strerror}") from None
-        subfolders = []
-        for entry in entries:
-            path = f"{rel}{entry.name}"
-            st = entry.stat(follow_symlinks=False)
-            opaque = _overlay_xattrs(entry.path, name=name, path=path)
-            if stat.S_ISDIR(st.st_mode):
-                summary.add(path, Node("dir"))
-                if opaque:
-                    summary.make_opaque(path)
-                subfolders.append((entry.path, f"{path}/"))
-            elif stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                summary.whiteout(path)
-            elif stat.S_ISLNK(st.st_mode):
-                summary.add(path, Node("symlink", str(Path(entry.path).readlink())))
-            elif stat.S_ISREG(st.st_mode):
-                summary.add(path, Node("file"))
-                if _stored_candidate(entry.path, path):
-                    candidates.append((entry.path, path))
-                    sizes.append(st.st_size)
-            else:
-                summary.add(path, Node("other"))
-        stack.extend(reversed(subfolders))
+    for folder, path, entry in walk(root):
+        if isinstance(entry, OSError):
+            raise UnreadableLayer(f"{folder}: cannot list: {entry.strerror}") from None
+        st = entry.stat(follow_symlinks=False)
+        opaque = _overlay_xattrs(entry.path, name=name, path=path)
+        if stat.S_ISDIR(st.st_mode):
+            summary.add(path, Node("dir"))
+            if opaque:
+                summary.make_opaque(path)
+        elif stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            summary.whiteout(path)
+        elif stat.S_ISLNK(st.st_mode):
+            summary.add(path, Node("symlink", str(Path(entry.path).readlink())))
+        elif stat.S_ISREG(st.st_mode):
+            summary.add(path, Node("file"))
+            if _stored_candidate(entry.path, path):
+                candidates.append((entry.path, path))
+                sizes.append(st.st_size)
+        else:
+            summary.add(path, Node("other"))
     # Files that may hold device code are read once the folder is listed, several at
     # a time where they are many (buildmatrix.image.workers).
     for (_, path), result in zip(
@@ -81,8 +73,6 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
 def _overlay_xattrs(full: str, *, name: str, path: str) -> bool:
     """Whether the entry is an opaque folder; refuses redirects, metacopy and other
     overlay xattrs (InputError), leaves mount-dependent ones to the export."""
-    import os
-
     try:
         found = [a for a in os.listxattr(full, follow_symlinks=False) if a.startswith(_OVERLAY)]
     except OSError:
@@ -106,8 +96,6 @@ def _overlay_xattrs(full: str, *, name: str, path: str) -> bool:
 
 
 def _open_stored(full: str) -> int:
-    import os
-
     try:
         return os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
@@ -116,8 +104,6 @@ def _open_stored(full: str) -> int:
 
 def _stored_candidate(full: str, path: str) -> bool:
     """Whether a file of a layer folder may hold device code (by its first bytes)."""
-    import os
-
     fd = _open_stored(full)
     try:
         head = os.pread(fd, 64, 0)
@@ -130,8 +116,6 @@ def _stored_candidate(full: str, path: str) -> bool:
 
 def _inspect_stored(job: tuple[str, str]) -> Result:
     """The device code of a file of a layer folder (full path, path in the layer)."""
-    import os
-
     full, path = job
     fd = _open_stored(full)
     try:

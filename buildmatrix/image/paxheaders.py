@@ -35,7 +35,27 @@ import re
 import tarfile
 from typing import Any, NoReturn, cast
 
-from buildmatrix.image.tarheaders import StrictTarInfo, TarHeaderError
+from buildmatrix.errors import InputError
+
+
+class TarHeaderError(InputError):
+    """A tar header two readers could read differently (kept apart from tarfile's own
+    HeaderError, which tarfile turns into a silent end of the archive). The layer
+    readers catch it and refuse the layer or archive naming it
+    (buildmatrix.image.layers.read_as_layer)."""
+
+
+class ExtendedTarInfo(tarfile.TarInfo):
+    """tarfile's TarInfo with what the strict reader (buildmatrix.image.tarheaders.
+    StrictTarInfo) records about a member for the checks here."""
+
+    # The extension headers read before this member, outermost first; where its
+    # data starts and its size as its own header gives them (before PAX records).
+    extensions: tuple[bytes, ...] = ()
+    stored: tuple[int, int] = (0, 0)
+    header_name = ""
+    raw_type = b""
+
 
 _KIND = {
     tarfile.XHDTYPE: "PAX extended (x)",
@@ -97,7 +117,7 @@ def parse_records(data: bytes, member: tarfile.TarInfo) -> dict[bytes, bytes]:
     return records
 
 
-def check_member(member: StrictTarInfo, kind: bytes, size: int, reads: list[bytes]) -> None:
+def check_member(member: ExtendedTarInfo, kind: bytes, size: int, reads: list[bytes]) -> None:
     """Refuse ``member`` unless, with the extension header of ``kind`` (``size``
     bytes, read as ``reads``) and those after it, Go's reader reads it as tarfile
     did; records what came before it in ``member.extensions``."""
@@ -149,7 +169,7 @@ def _check_values(member: tarfile.TarInfo, records: dict[bytes, bytes]) -> None:
             )
 
 
-def _check_sparse(member: StrictTarInfo, records: dict[bytes, bytes], reads: list[bytes]) -> None:
+def _check_sparse(member: ExtendedTarInfo, records: dict[bytes, bytes], reads: list[bytes]) -> None:
     """GNU sparse records: only whole 1.0 and 0.1 forms, read alike by both."""
     sparse = {k[len(_SPARSE) :]: v for k, v in records.items() if k.startswith(_SPARSE)}
     if not sparse:
@@ -207,7 +227,7 @@ def _sparse_map(
     return list(zip(values[::2], values[1::2], strict=True))
 
 
-def _check_map(member: StrictTarInfo, entries: list[tuple[int, int]]) -> None:
+def _check_map(member: ExtendedTarInfo, entries: list[tuple[int, int]]) -> None:
     """``validateSparseEntries`` (reader.go), and the data the map names must be the
     data stored (Go's sparse reader fails with errMissData or errUnrefData)."""
     end = 0

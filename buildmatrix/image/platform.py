@@ -217,15 +217,25 @@ def config_platform(doc: dict[str, Any]) -> Platform:
     )
 
 
+def is_attestation(desc: dict[str, Any]) -> bool:
+    """An attestation manifest (SBOM, provenance) that buildx puts into an index beside
+    the image it is about, with platform ``unknown/unknown`` and the annotation
+    ``vnd.docker.reference.type: attestation-manifest`` (docker/buildx
+    ``docs/reference/buildx_history_inspect_attachment.md``): no image a node runs."""
+    annotations = desc.get("annotations") or {}
+    return annotations.get("vnd.docker.reference.type") == "attestation-manifest"
+
+
 def select_platform(
     manifests: Iterable[dict[str, Any]], platform: str, *, name: str, legacy: bool = False
 ) -> dict[str, Any]:
     """The index entry containerd pulls for ``platform`` (``images.Manifest``): of
     the entries ``Only(platform)`` matches, the most preferred, ties in index order;
     an entry without a platform comes last (its config must match:
-    :func:`require_config_platform`). ``legacy``: as containerd 1.6 to 2.2 match."""
+    :func:`require_config_platform`). Attestation manifests are never picked, even
+    where one names no platform. ``legacy``: as containerd 1.6 to 2.2 match."""
     requested = parse_platform(platform)
-    entries = list(manifests)
+    entries = [d for d in manifests if not is_attestation(d)]
     ranked = []
     for i, desc in enumerate(entries):
         have = descriptor_platform(desc)

@@ -298,6 +298,7 @@ def scan_registry(
     fetch = memo(partial(_fetch, client))
     top = {"digest": digest}
     offered = offered_platforms(top, doc, fetch=fetch, name=ref.given) if is_index(doc) else ()
+    index_digest = digest if is_index(doc) else None
     picked, also = choose(top, doc, platform, fetch=fetch, name=ref.given)
     doc, digest = picked.manifest, str(picked.desc.get("digest") or digest)
     unplaced, single = picked.unplaced, picked.single
@@ -330,7 +331,8 @@ def scan_registry(
     ]
     layers = scan_blobs(blobs, progress, keep=keep)
     image = finish(ref=ref.given, digest=digest, config=config, layers=layers)
-    return replace(image, offered=offered or image.offered, also=also)
+    image = replace(image, offered=offered or image.offered, also=also)
+    return replace(image, index_digest=index_digest) if index_digest else image
 
 
 def _fetch(client: RegistryClient, desc: Mapping[str, Any], what: str) -> dict[str, Any]:

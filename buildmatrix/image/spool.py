@@ -8,13 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from buildmatrix.binary.archive import is_archive
-from buildmatrix.binary.elf import is_elf
-from buildmatrix.binary.fatbin import FATBIN_MAGIC_BYTES
-from buildmatrix.binary.ptx import looks_like_ptx
-from buildmatrix.binary.scan import FileReport, ScanProblem, inspect_image_file
+from buildmatrix.binary.compat_note import named_compat_driver
+from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.scan import inspect_image_file
 from buildmatrix.binary.source import BytesSource, CorruptBinary, FileSource
-from buildmatrix.forward import COMPAT_NAME
 from buildmatrix.image.tarstream import CHUNK
 from buildmatrix.image.tree import Result
 
@@ -23,24 +20,13 @@ from buildmatrix.image.tree import Result
 SPOOL_LIMIT = 64 << 20
 
 
-def might_hold_code(head: bytes, path: str) -> bool:
-    """Whether a file whose first bytes are ``head`` (64 are enough) may hold device
-    code: an ELF file, a fatbinary, a static archive or PTX text."""
-    return (
-        is_elf(head)
-        or head[:4] == FATBIN_MAGIC_BYTES
-        or is_archive(head)
-        or looks_like_ptx(head, path)
-    )
-
-
 def inspect_member(data: IO[bytes], size: int, path: str, head: bytes, keep: Path | None) -> Result:
     """Inspect a member; with ``keep``, files with device code stay there (load test).
 
     A CUDA forward-compatibility driver (``…/compat/libcuda.so.X.Y``) is read for its
     note instead: it is the driver, not code of the image's own.
     """
-    if is_elf(head) and COMPAT_NAME.search(path):
+    if named_compat_driver(head, path):
         keep = None  # the driver is not loaded by the load test
     try:
         if size <= SPOOL_LIMIT and keep is None:

@@ -17,11 +17,12 @@ import re
 import tarfile
 from typing import IO, Any, Self
 
-
-class TarHeaderError(Exception):
-    """A tar header two readers could read differently (kept apart from tarfile's own
-    HeaderError, which tarfile turns into a silent end of the archive)."""
-
+from buildmatrix.image.paxheaders import (
+    ExtendedTarInfo,
+    TarHeaderError,
+    check_member,
+    refuse_alone,
+)
 
 # Numeric fields of a header (POSIX ustar): mode, uid, gid, size, mtime, chksum,
 # devmajor, devminor. Go's archive/tar (Docker, containerd) trims spaces and NULs on
@@ -44,17 +45,10 @@ _USTAR, _GNU, _V7 = b"ustar\x0000", b"ustar  \x00", b"\0" * 8
 _TYPES = frozenset(b"\x0001234567xgLK")  # "g" and "7": refused with the member named
 
 
-class StrictTarInfo(tarfile.TarInfo):
+class StrictTarInfo(ExtendedTarInfo):
     """tarfile's TarInfo, but every header block is first checked strictly, and each
     member with the extension headers that precede it (:meth:`_proc_member`, the
     hook tarfile's source names for subclasses)."""
-
-    # The extension headers read before this member, outermost first; where its
-    # data starts and its size as its own header gives them (before PAX records).
-    extensions: tuple[bytes, ...] = ()
-    stored: tuple[int, int] = (0, 0)
-    header_name = ""
-    raw_type = b""
 
     @classmethod
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
@@ -67,8 +61,6 @@ class StrictTarInfo(tarfile.TarInfo):
     def _proc_member(self, tarfile: Any) -> Any:
         if self.type not in EXTENSIONS:  # the member itself
             if self.type in REFUSED:
-                from buildmatrix.image.paxheaders import refuse_alone
-
                 refuse_alone(self)
             member = super()._proc_member(tarfile)  # type: ignore[misc]
             member.stored = (member.offset_data, member.size)
@@ -78,8 +70,6 @@ class StrictTarInfo(tarfile.TarInfo):
             raise TarHeaderError(
                 f"an extension header of {self.size} bytes, over Go's {MAX_SPECIAL}"
             )
-        from buildmatrix.image.paxheaders import check_member
-
         recorder = Recorder(tarfile.fileobj)
         tarfile.fileobj = recorder
         try:

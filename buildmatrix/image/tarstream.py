@@ -8,7 +8,8 @@ import tarfile
 from typing import IO, Any, cast
 
 from buildmatrix.image.digests import BesideHasher
-from buildmatrix.image.tarheaders import StrictTarInfo, TarHeaderError
+from buildmatrix.image.paxheaders import TarHeaderError
+from buildmatrix.image.tarheaders import StrictTarInfo
 
 # Tar streams are read with tarfile's seekable reader over a forward-only stream
 # (ForwardReader): headers come from a buffer of this size, file data is read straight

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NoReturn
 
-from buildmatrix.binary.scan import FileReport, ScanProblem
+from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary
 
@@ -214,6 +214,16 @@ class ImageTree:
                     stack.append((below, entry))
                 else:
                     lower.children[name] = entry
+
+    def folders(self) -> Iterator[str]:
+        """Every folder's path (empty ones too), in no particular order."""
+        stack: list[tuple[str, Dir]] = [("", self.root)]
+        while stack:
+            prefix, folder = stack.pop()
+            for name, child in folder.children.items():
+                if isinstance(child, Dir):
+                    yield f"{prefix}{name}"
+                    stack.append((f"{prefix}{name}/", child))
 
     def files(self) -> Iterator[tuple[str, Node]]:
         """Every non-folder entry as (path, node), sorted by path."""

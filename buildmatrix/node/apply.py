@@ -24,17 +24,22 @@ times at most (as Kubernetes' own taint helpers do: ``PatchNodeTaints``).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.labelkeys import GfdKeys, owned, writes_gfd_keys
+from buildmatrix.labelkeys import (
+    REPORT_ANNOTATION,
+    TAINT_EFFECT,
+    TAINT_KEY,
+    GfdKeys,
+    owned,
+    writes_gfd_keys,
+)
 
-TAINT_KEY = "buildmatrix.io/unverified"
-TAINT_EFFECT = "NoSchedule"
-REPORT_ANNOTATION = "buildmatrix.io/smoke-report"
 MAX_REPORT = 4096  # bytes of the annotation; an object's annotations share 256 KiB
 MAX_ATTEMPTS = 5
 SMP = "application/strategic-merge-patch+json"
@@ -196,8 +201,8 @@ class NodeApi:
         return doc
 
 
-class Conflict(Exception):
-    """409: the node changed since it was read."""
+class Conflict(EnvironmentUnavailable):
+    """409: the node changed since it was read (:func:`apply` reads it again)."""
 
 
 def _raw() -> dict[str, Any]:
@@ -205,8 +210,6 @@ def _raw() -> dict[str, Any]:
 
 
 def _in_cluster() -> bool:
-    import os
-
     return "KUBERNETES_SERVICE_HOST" in os.environ
 
 

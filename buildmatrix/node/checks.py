@@ -19,8 +19,8 @@ from buildmatrix.compat import check_driver as compat_check_driver
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.node import mig
 from buildmatrix.node.pools import Pools
-from buildmatrix.node.snapshot import Gpu, Snapshot
 from buildmatrix.profiles import Profile, ProfileSet
+from buildmatrix.snapshot import Gpu, Snapshot
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +74,6 @@ class LoadResult:
 class NodeOptions:
     expect_gpus: int | None = None
     allow_mixed: bool = False
-    require_sass: bool = False
     pools: Pools | None = None  # its pools.<pool>.gpus is a count the node must show
     mig_strategy: str = "none"  # GPU Feature Discovery's --mig-strategy
 

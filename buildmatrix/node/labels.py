@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from buildmatrix.arch import ComputeCapability, gfd_family
 from buildmatrix.labelkeys import (
     COMPUTE_CAPABILITY,
+    COMPUTE_MAJOR,
+    COMPUTE_MINOR,
     COUNT,
+    CUDA_DRIVER_FULL,
+    CUDA_DRIVER_MAJOR,
+    CUDA_DRIVER_MINOR,
+    CUDA_DRIVER_REVISION,
+    CUDA_RUNTIME_FULL,
+    CUDA_RUNTIME_MAJOR,
+    CUDA_RUNTIME_MINOR,
     DRIVER_FLOOR,
     DRIVER_MAJOR,
     DRIVER_MINOR,
@@ -41,8 +50,8 @@ from buildmatrix.labelkeys import (
 from buildmatrix.node.checks import NodeReport
 from buildmatrix.node.mig import gfd_name
 from buildmatrix.node.pools import Pools
-from buildmatrix.node.snapshot import MigDevice, Snapshot
 from buildmatrix.node.values import label_value
+from buildmatrix.snapshot import MigDevice, Snapshot
 
 __all__ = [
     "DRIVER_FLOOR",
@@ -150,17 +159,17 @@ def _driver_labels(snapshot: Snapshot) -> dict[str, str]:
     text = str(snapshot.driver)
     parts = text.split(".")
     labels = {
-        "nvidia.com/cuda.driver-version.major": parts[0],
-        "nvidia.com/cuda.driver-version.minor": parts[1],
-        "nvidia.com/cuda.driver-version.revision": parts[2] if len(parts) > 2 else "",
-        "nvidia.com/cuda.driver-version.full": text,
+        CUDA_DRIVER_MAJOR: parts[0],
+        CUDA_DRIVER_MINOR: parts[1],
+        CUDA_DRIVER_REVISION: parts[2] if len(parts) > 2 else "",
+        CUDA_DRIVER_FULL: text,
     }
     if snapshot.cuda_driver_version:
         major, _, minor = snapshot.cuda_driver_version.partition(".")
         labels |= {
-            "nvidia.com/cuda.runtime-version.major": major,
-            "nvidia.com/cuda.runtime-version.minor": minor,
-            "nvidia.com/cuda.runtime-version.full": snapshot.cuda_driver_version,
+            CUDA_RUNTIME_MAJOR: major,
+            CUDA_RUNTIME_MINOR: minor,
+            CUDA_RUNTIME_FULL: snapshot.cuda_driver_version,
         }
     return labels
 
@@ -207,8 +216,8 @@ def node_labels(
             labels[MEMORY] = str(memory)
         if model.cc.major != 0:  # GFD: no architecture labels for CC major 0
             labels[FAMILY] = gfd_family_label(model.cc)
-            labels["nvidia.com/gpu.compute.major"] = str(model.cc.major)
-            labels["nvidia.com/gpu.compute.minor"] = str(model.cc.minor)
+            labels[COMPUTE_MAJOR] = str(model.cc.major)
+            labels[COMPUTE_MINOR] = str(model.cc.minor)
         labels |= _driver_labels(snapshot)
     labels[COMPUTE_CAPABILITY] = str(model.cc)
     if memory:

@@ -23,18 +23,20 @@ from dataclasses import dataclass, field, replace
 from buildmatrix.arch import ComputeCapability
 from buildmatrix.binary.elf import read_elf
 from buildmatrix.binary.fatbin import container_spans, parse_fatbin
-from buildmatrix.binary.scan import FileReport
+from buildmatrix.binary.report import FileReport
 from buildmatrix.binary.source import CorruptBinary, FileSource, read_exact
 from buildmatrix.compat import Verdict, judge_codes
 from buildmatrix.cuda import CudaFacts
+from buildmatrix.errors import EnvironmentUnavailable
 from buildmatrix.node.checks import LoadResult
 
 _CC_MAJOR, _CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
 _MAX_MODULE = 1 << 30  # no real module is near 1 GiB; refuse to buffer more
 
 
-class CudaUnavailable(Exception):
-    """libcuda cannot be loaded or initialised here."""
+class CudaUnavailable(EnvironmentUnavailable):
+    """libcuda cannot be loaded or initialised here (:func:`load_test` reports it as
+    the result of each model)."""
 
 
 @dataclass(frozen=True, kw_only=True)

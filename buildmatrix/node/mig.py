@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from buildmatrix.node.snapshot import Gpu
+from buildmatrix.snapshot import Gpu
 
 # NVML_GPU_INSTANCE_PROFILE_* (nvml.h) -> (slices, attribute suffix), as
 # go-nvlib's NewMigProfile maps them.

@@ -21,41 +21,13 @@ read fake trees); the rest is pure.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
+
+from buildmatrix.snapshot import PciGpu, bus_id_key
 
 NVIDIA_VENDOR = 0x10DE
 GPU_CLASSES = (0x0300, 0x0302)  # class >> 8: VGA-compatible, 3D controller
-
-_BUS_ID = re.compile(
-    r"(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
-    r"(?P<device>[0-9a-fA-F]{1,2})\.(?P<function>[0-7])"
-)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PciGpu:
-    """One NVIDIA GPU function the kernel enumerated."""
-
-    bus_id: str  # as sysfs names it: 0000:3b:00.0
-    device: str  # PCI device ID, 0x2330
-    pci_class: str  # 0x030200
-
-    def to_json(self) -> dict[str, str]:
-        return {"bus_id": self.bus_id, "device": self.device, "class": self.pci_class}
-
-
-def bus_id_key(text: str) -> str | None:
-    """One spelling for a PCI address: ``0000:3b:00.0`` (sysfs) and NVML's
-    ``00000000:3B:00.0`` (nvmlPciInfo_t.busId: 8-digit domain, upper case) both give
-    ``0000:3b:00.0``. None when the text is no PCI address."""
-    m = _BUS_ID.fullmatch(text.strip())
-    if m is None:
-        return None
-    domain = int(m["domain"] or "0", 16)
-    return f"{domain:04x}:{int(m['bus'], 16):02x}:{int(m['device'], 16):02x}.{m['function']}"
 
 
 def is_nvidia_gpu(vendor: int, pci_class: int) -> bool:

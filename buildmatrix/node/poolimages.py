@@ -19,8 +19,8 @@ from buildmatrix.errors import InputError
 from buildmatrix.node.checks import NodeCheck, least_capable, models_of
 from buildmatrix.node.labels import gfd_family_label
 from buildmatrix.node.pools import Pools
-from buildmatrix.node.snapshot import Snapshot
 from buildmatrix.profiles import ProfileSet
+from buildmatrix.snapshot import Snapshot
 
 # The machine names uname gives -> the architecture an image index names (Go's GOARCH,
 # which the OCI image-spec's image-index.md "platform.architecture" takes).

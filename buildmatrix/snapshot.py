@@ -14,6 +14,7 @@ of ``errors``, and an error fails the node.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,34 @@ from buildmatrix import schema
 from buildmatrix.arch import ComputeCapability, parse_cc
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
-from buildmatrix.node.pci import PciGpu, bus_id_key
+
+_BUS_ID = re.compile(
+    r"(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
+    r"(?P<device>[0-9a-fA-F]{1,2})\.(?P<function>[0-7])"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PciGpu:
+    """One NVIDIA GPU function the kernel enumerated (read from sysfs by node/pci.py)."""
+
+    bus_id: str  # as sysfs names it: 0000:3b:00.0
+    device: str  # PCI device ID, 0x2330
+    pci_class: str  # 0x030200
+
+    def to_json(self) -> dict[str, str]:
+        return {"bus_id": self.bus_id, "device": self.device, "class": self.pci_class}
+
+
+def bus_id_key(text: str) -> str | None:
+    """One spelling for a PCI address: ``0000:3b:00.0`` (sysfs) and NVML's
+    ``00000000:3B:00.0`` (nvmlPciInfo_t.busId: 8-digit domain, upper case) both give
+    ``0000:3b:00.0``. None when the text is no PCI address."""
+    m = _BUS_ID.fullmatch(text.strip())
+    if m is None:
+        return None
+    domain = int(m["domain"] or "0", 16)
+    return f"{domain:04x}:{int(m['bus'], 16):02x}:{int(m['device'], 16):02x}.{m['function']}"
 
 
 @dataclass(frozen=True, kw_only=True)

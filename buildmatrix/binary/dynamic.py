@@ -1,0 +1,116 @@
+"""What ``ldconfig`` reads from a library: its ELF type, class and machine, and its
+``DT_SONAME``, the way glibc's ``elf/readlib.c`` ``process_file`` and
+``elf/readelflib.c`` ``process_elf_file`` (glibc 2.36) read them:
+
+- files under the size of an ELF header, not ELF, or not ``ET_DYN`` are skipped;
+- the dynamic segment is the **last** ``PT_DYNAMIC`` program header's (each one
+  overwrites the last); a file with none, or with ``p_filesz`` 0, is skipped;
+- ``DT_STRTAB`` (the first) is turned into a file offset by the first ``PT_LOAD``
+  segment that holds its address (else taken as an offset); without it the file
+  is skipped;
+- ``DT_SONAME`` is a string in that table. ldconfig stops at the first entry after
+  which it knows both the SONAME and the libc flavour (from ``PT_INTERP`` or a
+  known ``DT_NEEDED``), so with several ``DT_SONAME`` entries which one it keeps
+  depends on its table of known libraries: such a file is marked unknown.
+
+Where this reader cannot follow (a table past the end of the file, a big-endian
+file, which an x86-64 or Arm host's ldconfig reads in its own byte order), the file
+is marked ``unknown`` and buildmatrix.ldconfig fails closed.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from buildmatrix.binary.elf import ET_DYN
+from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
+
+PT_LOAD, PT_DYNAMIC = 1, 2
+DT_NULL, DT_STRTAB, DT_SONAME = 0, 5, 14
+_MAX_SONAME = 4096
+_MAX_PHNUM = 1 << 16
+_MAX_DYNAMIC = 1 << 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class DsoInfo:
+    """``soname``: DT_SONAME (None: none); ``skip``: why ldconfig skips the file;
+    ``unknown``: why what ldconfig reads cannot be told; ``machine``: class, byte
+    order and e_machine, for telling files of different hosts apart."""
+
+    soname: str | None = None
+    skip: str | None = None
+    unknown: str | None = None
+    machine: str = ""
+
+
+def read_dso(src: ByteSource) -> DsoInfo:
+    """What ldconfig reads from ``src`` (an ELF file)."""
+    try:
+        return _read(src)
+    except CorruptBinary as exc:
+        return DsoInfo(unknown=str(exc))
+
+
+def _read(src: ByteSource) -> DsoInfo:
+    ident = read_exact(src, 0, 16, what="ELF identification")
+    bits = {1: 32, 2: 64}.get(ident[4])
+    if bits is None or ident[5] not in (1, 2):
+        return DsoInfo(skip="its ELF class or byte order is unknown")
+    order = "<" if ident[5] == 1 else ">"
+    hdr = struct.Struct(order + ("HHIIIIIHHHHHH" if bits == 32 else "HHIQQQIHHHHHH"))
+    if src.size < 16 + hdr.size:
+        return DsoInfo(skip="it is smaller than an ELF header")
+    e_type, e_machine, _v, _entry, phoff, *_rest = hdr.unpack(
+        read_exact(src, 16, hdr.size, what="ELF header")
+    )
+    phnum = _rest[4]
+    machine = f"ELF{bits} {'LSB' if order == '<' else 'MSB'} machine {e_machine}"
+    if order == ">":
+        return DsoInfo(unknown="a big-endian ELF file", machine=machine)
+    if e_type != ET_DYN:
+        return DsoInfo(skip=f"it is not a shared object (ELF type {e_type})", machine=machine)
+    phdr = struct.Struct(order + ("IIIIIIII" if bits == 32 else "IIQQQQQQ"))
+    if phnum > _MAX_PHNUM:  # ldconfig steps by sizeof(Phdr), whatever e_phentsize says
+        return DsoInfo(unknown="its program header table is malformed", machine=machine)
+    table = read_exact(src, phoff, phnum * phdr.size, what="ELF program header table")
+    loads: list[tuple[int, int, int]] = []
+    dynamic = (0, 0)
+    for i in range(phnum):
+        v = phdr.unpack_from(table, i * phdr.size)
+        p_type, p_offset, p_vaddr, p_filesz = (
+            (v[0], v[1], v[2], v[4]) if bits == 32 else (v[0], v[2], v[3], v[5])
+        )
+        if p_type == PT_DYNAMIC:
+            dynamic = (p_offset, p_filesz)
+        elif p_type == PT_LOAD:
+            loads.append((p_offset, p_vaddr, p_filesz))
+    if dynamic[1] == 0:
+        return DsoInfo(skip="it has no dynamic segment", machine=machine)
+    dyn = struct.Struct(order + ("iI" if bits == 32 else "qQ"))
+    entries: list[tuple[int, int]] = []
+    at = dynamic[0]
+    while len(entries) < _MAX_DYNAMIC:
+        tag, val = dyn.unpack(read_exact(src, at, dyn.size, what="dynamic section"))
+        if tag == DT_NULL:
+            break
+        entries.append((tag, val))
+        at += dyn.size
+    else:
+        return DsoInfo(unknown="its dynamic section has no end in reach", machine=machine)
+    strtab = next((val for tag, val in entries if tag == DT_STRTAB), None)
+    if strtab is None:
+        return DsoInfo(skip="its dynamic section has no DT_STRTAB", machine=machine)
+    base = next((vaddr - off for off, vaddr, size in loads if 0 <= strtab - vaddr < size), 0)
+    sonames = [val for tag, val in entries if tag == DT_SONAME]
+    if len(sonames) > 1:
+        return DsoInfo(unknown="it has several DT_SONAME entries", machine=machine)
+    if not sonames:
+        return DsoInfo(machine=machine)
+    start = strtab - base + sonames[0]
+    raw = read_exact(src, start, min(_MAX_SONAME, src.size - start), what="DT_SONAME")
+    if b"\0" not in raw:
+        return DsoInfo(unknown="its DT_SONAME string does not end in the file", machine=machine)
+    name = raw[: raw.index(b"\0")].decode("utf-8", "surrogateescape")
+    return DsoInfo(soname=name, machine=machine)
