@@ -312,6 +312,7 @@ def scan_containerd(
     doc = check_manifest(content.json(top, what="the image's manifest"), name=name)
     fetch = memo(lambda d, what: content.json(d, what=what))
     offered = offered_platforms(top, doc, fetch=fetch, name=name) if is_index(doc) else ()
+    index_digest = record.digest if is_index(doc) else None
     picked, also = choose(top, doc, platform, fetch=fetch, name=name)
     desc, doc, unplaced, single = picked.desc, picked.manifest, picked.unplaced, picked.single
     if doc.get("schemaVersion") != 2 or "layers" not in doc:
@@ -343,4 +344,5 @@ def scan_containerd(
         )
     layers = scan_blobs(blobs, progress, keep=keep)
     image = finish(ref=ref.given, digest=str(desc.get("digest")), config=config, layers=layers)
-    return replace(image, offered=offered or image.offered, also=also)
+    image = replace(image, offered=offered or image.offered, also=also)
+    return replace(image, index_digest=index_digest) if index_digest else image
