@@ -21,12 +21,21 @@ the verdict without it. Hence:
   source of every module that shapes a summary (``SCANNER_SOURCES``: the binary
   readers, the image and layer readers, this cache and its codec, the arch and
   cuda-compat name rules): any change to the scanner starts a new cache.
-- **Only blobs whose digest was verified** (OCI layouts, registries); the engine's
-  ``docker save`` stream and legacy archives are not cached. A blob read from a
-  local file (an OCI layout) is trusted from the cache only while that file is the
-  one that was verified: its device, inode, size, mtime and ctime are kept beside
-  the entry; a file not seen so, or changed since, has its digest checked again by
-  hashing it (and is read again where it no longer matches).
+- **Only blobs whose digest was verified** (OCI layouts, registries, containerd's
+  content store); the engine's ``docker save`` stream and ``docker-archive:`` files
+  are not cached. A blob read from a local file (an OCI layout's, a content store's)
+  is trusted from the cache only while that file is the one that was verified: its
+  device, inode, size, mtime and ctime are kept beside the entry; a file not seen
+  so, or changed since, has its digest checked again by hashing it (and is read
+  again where it no longer matches).
+- **Only blobs proven to be the entry's layer.** An entry is kept under the layer's
+  diff_id, but a manifest may pair any blob with any diff_id. So each blob digest a
+  read verified to decompress to that diff_id is recorded beside the entry (a
+  *binding*, one small file per pair, tamper-evident as entries are), and an entry
+  is served for a blob only through its binding: another blob, even one whose own
+  digest verifies, is read (and refused where it is not that layer, as without the
+  cache). A blob whose digest is the diff_id (an uncompressed layer) is its own
+  binding.
 - Each entry holds the SHA-256 of its own content, checked on every read: an entry
   that does not match (a torn write, a disk error, a hand edit) is deleted and the
   layer read again. Entries are written to a temporary name and renamed.
@@ -52,7 +61,7 @@ from pathlib import Path
 from buildmatrix.image.cache_codec import decode, encode
 from buildmatrix.image.tree import LayerSummary
 
-FORMAT = 2
+FORMAT = 3  # 3: entries are served only through a blob's binding
 DEFAULT_MAX_BYTES = 1 << 30
 # Package sources whose change may change a summary (paths relative to buildmatrix/).
 SCANNER_SOURCES = (
@@ -142,6 +151,7 @@ class LayerCache:
         self.discarded = 0
         self.ignored = 0  # entries refused: not this user's, or their blob changed
         self.hashed = 0  # local blobs whose digest was checked by hashing the file
+        self.unbound = 0  # misses: the entry is there, but not known to be this blob's
         # Why the folder is not used (the CLI warns); None: it is.
         self.disabled = (
             "the installed buildmatrix has no sources to fingerprint"
@@ -153,6 +163,8 @@ class LayerCache:
         self._memory: dict[str, LayerSummary] = {}
         # Local blob files whose digest a read in this process verified, as stamped.
         self._verified: set[tuple[str, Stamp]] = set()
+        # (diff_id, blob digest) pairs known to hold: the blob decompresses to the layer.
+        self._bound: set[tuple[str, str]] = set()
         self._written = False
 
     def _path(self, digest: str) -> Path | None:
@@ -165,14 +177,24 @@ class LayerCache:
         key = hashlib.sha256(f"{digest}\0{seen[0]}\0{seen[1]}".encode()).hexdigest()
         return self.root / "verified" / f"{key}.json"
 
+    def _bound_path(self, digest: str, blob: str) -> Path:
+        key = hashlib.sha256(f"{digest}\0{blob}".encode()).hexdigest()
+        return self.root / "bound" / f"{key}.json"
+
     def get(
         self, digest: str, *, local: Path | None = None, blob: str | None = None
     ) -> LayerSummary | None:
-        """The summary kept under ``digest`` (a layer's diff_id, or its blob's digest);
-        with ``local`` (the file the blob is read from), only while that file (by device
-        and inode, so hard links share it) is unchanged since a read verified that it
-        has the digest ``blob`` (default: ``digest``)."""
-        if local is not None and not self._still_verified(blob or digest, local):
+        """The summary kept under ``digest`` (a layer's diff_id, or its blob's digest)
+        for the blob ``blob`` (default: ``digest``): only if a read verified that this
+        blob is that layer (its binding), and with ``local`` (the file the blob is read
+        from), only while that file (by device and inode, so hard links share it) is
+        unchanged since a read verified that it has the digest ``blob``."""
+        blob = blob or digest
+        if not self._is_bound(digest, blob):
+            self.unbound += 1
+            self.misses += 1
+            return None
+        if local is not None and not self._still_verified(blob, local):
             self.ignored += 1
             self.misses += 1
             return None
@@ -208,6 +230,19 @@ class LayerCache:
                 return None
             return f.read()
 
+    def _is_bound(self, digest: str, blob: str) -> bool:
+        """Whether a read verified that the blob ``blob`` decompresses to the layer
+        ``digest``: in this process, or as a binding file this user wrote."""
+        if blob == digest or (digest, blob) in self._bound:
+            return True
+        path = self._bound_path(digest, blob)
+        if self.disabled or self._read_own(path) != _binding(digest, blob):
+            return False
+        self._bound.add((digest, blob))
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used, as its entry
+        return True
+
     def _still_verified(self, digest: str, local: Path) -> bool:
         """Whether ``local`` holds the blob ``digest``: known from a stamp kept when a
         read verified it, else by hashing the file now (far cheaper than reading the
@@ -240,11 +275,17 @@ class LayerCache:
         seen: Stamp | None = None,
         blob: str | None = None,
     ) -> None:
-        """Keep ``summary`` under ``digest`` (a diff_id or blob digest), which a read
-        just verified; with ``local``, ``seen`` is that file's stamp from before the
-        read (kept only if the file is still so after it), recorded as the file that
-        has the digest ``blob`` (default: ``digest``)."""
+        """Keep ``summary`` under ``digest`` (a diff_id or blob digest), which a read of
+        the blob ``blob`` (default: ``digest``) just verified: that blob is bound to
+        the entry. With ``local``, ``seen`` is that file's stamp from before the read
+        (kept only if the file is still so after it), recorded as the file that has
+        the digest ``blob``."""
         self._memory[digest] = summary
+        if blob is not None and blob != digest and (digest, blob) not in self._bound:
+            # A fact about the two digests, whatever becomes of the file read.
+            self._bound.add((digest, blob))
+            if not self.disabled:
+                self._write(self._bound_path(digest, blob), _binding(digest, blob))
         if local is not None and (seen is None or stamp(local) != seen):
             return  # changed while it was read: verify it again next time
         path = self._path(digest)
@@ -298,6 +339,12 @@ class LayerCache:
             with contextlib.suppress(OSError):
                 p.unlink()
                 total -= size
+
+
+def _binding(digest: str, blob: str) -> bytes:
+    """A binding file's bytes: the pair it records, so a file under another pair's
+    name (or a damaged one) proves nothing."""
+    return json.dumps({"diff_id": digest, "blob": blob}).encode()
 
 
 def _has_digest(path: Path, digest: str) -> bool:
