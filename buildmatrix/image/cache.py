@@ -177,7 +177,9 @@ class LayerCache:
         key = hashlib.sha256(f"{digest}\0{seen[0]}\0{seen[1]}".encode()).hexdigest()
         return self.root / "verified" / f"{key}.json"
 
-    def _bound_path(self, digest: str, blob: str) -> Path:
+    def binding_path(self, digest: str, blob: str) -> Path:
+        """Where the record that the blob ``blob`` decompresses to the layer ``digest``
+        is kept (its content names both: see ``_binding``)."""
         key = hashlib.sha256(f"{digest}\0{blob}".encode()).hexdigest()
         return self.root / "bound" / f"{key}.json"
 
@@ -235,7 +237,7 @@ class LayerCache:
         ``digest``: in this process, or as a binding file this user wrote."""
         if blob == digest or (digest, blob) in self._bound:
             return True
-        path = self._bound_path(digest, blob)
+        path = self.binding_path(digest, blob)
         if self.disabled or self._read_own(path) != _binding(digest, blob):
             return False
         self._bound.add((digest, blob))
@@ -285,7 +287,7 @@ class LayerCache:
             # A fact about the two digests, whatever becomes of the file read.
             self._bound.add((digest, blob))
             if not self.disabled:
-                self._write(self._bound_path(digest, blob), _binding(digest, blob))
+                self._write(self.binding_path(digest, blob), _binding(digest, blob))
         if local is not None and (seen is None or stamp(local) != seen):
             return  # changed while it was read: verify it again next time
         path = self._path(digest)
