@@ -264,10 +264,10 @@ def scan_blobs(
 
     With a layer cache in use (buildmatrix.image.cache) a blob whose digest is known
     and cached is not read at all, and each one read and verified is cached. Entries
-    are keyed by the layer's diff_id where the config names one: the summary of the
-    content that digest names, which is what an engine runs (the one it holds, or
-    this blob once it verified it) — a blob cached under its own digest could be
-    claimed for another diff_id by another image's config.
+    are keyed by the layer's diff_id where the config names one, and served only for
+    a blob that a read proved to decompress to it (the cache's bindings): another
+    blob under a cached diff_id is read, and refused where it is not that layer, as
+    without the cache (docs/check.md, "Several images, and the layer cache").
     """
     from buildmatrix.image.cache import active, stamp
 
