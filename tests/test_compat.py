@@ -109,14 +109,18 @@ def test_sass_rules(number: int, suffix: str, target: ComputeCapability) -> None
 )
 def test_ptx_rules(number: int, suffix: str) -> None:
     arch = Arch(CC.from_number(number), CodeKind.PTX, Suffix(suffix))
-    checked = 0
+    seen: dict[tuple[ComputeCapability, str], set[Verdict]] = {}
     for target, isa, driver in itertools.product(TARGET_CCS, ISAS, PTX_DRIVERS):
         code = CodeTarget(arch=arch, ptx_isa=Version(isa))
         got = judge_code(code, target, driver=driver, facts=FACTS)
         want = expected_ptx((number, suffix), isa, target, driver)
         assert got.verdict is want, (str(arch), isa, str(target), str(driver), got.reasons)
-        checked += 1
-    assert checked == len(TARGET_CCS) * len(ISAS) * len(PTX_DRIVERS)
+        seen.setdefault((target, isa), set()).add(got.verdict)
+    # The sweep crosses the driver rule for every ISA: on the code's own GPU, some driver
+    # JITs it and some cannot be shown to (below the ISA's floor, or a release without one).
+    own = CC(*divmod(number, 10))
+    undecided = [isa for isa in ISAS if seen[(own, isa)] != {Verdict.JIT, Verdict.NONE}]
+    assert not undecided, f"{arch}: the driver decides no verdict for PTX ISA {undecided}"
 
 
 @pytest.mark.parametrize(

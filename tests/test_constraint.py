@@ -175,7 +175,7 @@ def test_domain_is_wide() -> None:
 def test_constraint_admits_exactly_what_check_passes(entry: Entry) -> None:
     constraint = entry.nvidia_require_arch
     image = _image(entry)
-    compared = 0
+    outcomes: set[bool] = set()
     for cc in CCS:
         gpu = Gpu(index=0, name=f"GPU {cc}", cc=cc, memory_total_mib=None)
         for driver in DRIVERS:
@@ -194,8 +194,10 @@ def test_constraint_admits_exactly_what_check_passes(entry: Entry) -> None:
                 f"constraint {'admits' if want else 'refuses'} ({constraint}) but check "
                 f"{'passes' if result.passed else 'fails'}: {result.problems}"
             )
-            compared += 1
-    assert compared == len(CCS) * len(DRIVERS)
+            outcomes.add(want)
+    # Both sides of the constraint are compared: a variant whose constraint admitted
+    # every pair (or none) would make this test agree with any check.
+    assert outcomes == {True, False}, f"{entry.image_ref}: the constraint decides nothing"
 
 
 def test_min_driver_label_is_the_lowest_admitted_driver() -> None:
@@ -209,7 +211,8 @@ def test_min_driver_label_is_the_lowest_admitted_driver() -> None:
             ),
             key=_version,
         )
-        assert _version(entry.min_driver) <= _version(lowest)
+        # DRIVERS holds every floor, so the lowest admitted one is the label's value exactly.
+        assert _version(entry.min_driver) == _version(lowest), (entry.image_ref, lowest)
 
 
 def test_shipped_cuda13_variants_need_r580() -> None:
