@@ -16,6 +16,25 @@ from buildmatrix.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_PROFILES = REPO / "arch-profiles"
+# The user's cache folder as the session found it: each test gets a private
+# $XDG_CACHE_HOME (below), but downloads that never change (a CUDA release's wheels)
+# are kept here across tests and runs, where CI's cache step finds them.
+USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+# What a test needs, read from the fixtures it uses (directly or through others):
+# the marker each fixture adds. Markers for needs that no fixture names (nvcc, the
+# package index) are set in the test modules. pyproject.toml registers them all;
+# docs/development.md says how to select by them.
+FIXTURE_MARKERS = {
+    "docker_host": ("docker", "integration"),
+    "overlay2_host": ("docker", "integration"),
+    "registry": ("registry", "integration"),
+    "auth_registry": ("registry", "integration"),
+    "token_registry": ("registry", "integration"),
+    "containerd_socket": ("containerd", "integration"),
+    "containerd": ("containerd", "integration"),
+    "gotar": ("go", "integration"),
+}
 
 
 @dataclass(frozen=True)
@@ -45,7 +64,11 @@ def _private_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """check's default layer cache goes under $XDG_CACHE_HOME: never the user's, and a
-    fresh one per test (a test that damages a blob must not be served from the cache)."""
+    fresh one per test (a test that damages a blob must not be served from the cache).
+    pip's cache, which would follow it, stays the user's: what pip downloads for a test
+    (NVIDIA's wheels, the build backend) is fetched once, not once per test."""
+    if "PIP_CACHE_DIR" not in os.environ:
+        monkeypatch.setenv("PIP_CACHE_DIR", str(USER_CACHE / "pip"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
 
 
@@ -104,3 +127,40 @@ def gotar(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
     )
     return out / "gotar"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--serial-phase",
+        action="store_true",
+        help="run only the tests marked serial (scripts/test runs them after the parallel phase)",
+    )
+
+
+def _external_engine() -> bool:
+    """Whether the tests are given an engine (one for all pytest-xdist workers)."""
+    return bool(os.environ.get("BUILDMATRIX_TEST_DOCKER_HOST") or os.environ.get("DOCKER_HOST"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Add the markers of FIXTURE_MARKERS; then keep the serial tests out of a parallel
+    run (pytest -n N) and only them under --serial-phase. A test is serial when marked
+    so, and every Docker test is when the engine is given from outside: workers that
+    start their own engines share nothing, but one given engine's tags would be shared."""
+    shared_engine = _external_engine()
+    for item in items:
+        for name in getattr(item, "fixturenames", ()):
+            for marker in FIXTURE_MARKERS.get(name, ()):
+                item.add_marker(marker)
+        if shared_engine and item.get_closest_marker("docker"):
+            item.add_marker("serial")
+    parallel = hasattr(config, "workerinput") or config.getoption("numprocesses", None)
+    serial_phase = config.getoption("serial_phase")
+    if not parallel and not serial_phase:
+        return
+    keep = [i for i in items if bool(i.get_closest_marker("serial")) == serial_phase]
+    dropped = [i for i in items if bool(i.get_closest_marker("serial")) != serial_phase]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep

@@ -12,10 +12,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -165,27 +168,62 @@ class Registry:
 
 def start_registry(root: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], str]:
     """Start docker-registry on a free loopback port with its storage under ``root``;
-    ``extra`` is appended to its YAML config (auth). Returns the process and host:port."""
+    ``extra`` is appended to its YAML config (auth). Returns the process and host:port.
+
+    Safe beside other test processes (pytest-xdist workers, other checkouts): the port
+    is the kernel's pick, and the registry counts as up only once the answer on that
+    port carries this instance's own response header (the registry adds its
+    ``http.headers`` to every response before it checks authorization, so 401s carry
+    them too: distribution's registry/handlers/app.go, ``App.dispatcher``). A registry
+    that lost its port to another process exits, and is started again on a new one."""
     binary = shutil.which("docker-registry")
     if binary is None:
         raise FileNotFoundError("docker-registry is not installed (Debian package)")
+    for _attempt in range(3):
+        proc, host = _registry_once(binary, root, extra)
+        if proc.poll() is None:
+            return proc, host
+    raise RuntimeError(f"docker-registry did not start; see {root}/registry.log")
+
+
+def _registry_once(binary: str, root: Path, extra: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
+    instance = secrets.token_hex(8)
     config = root / "config.yml"
     config.write_text(
         "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
         f"    rootdirectory: {root}/data\n  delete:\n    enabled: true\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n{extra}"
+        f"http:\n  addr: 127.0.0.1:{port}\n  headers:\n    {_INSTANCE}: [{instance}]\n{extra}"
     )
-    log = (root / "registry.log").open("wb")
+    log = (root / "registry.log").open("ab")
     proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    log.close()
     host = f"127.0.0.1:{port}"
 
     def up() -> bool:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
+        if proc.poll() is not None:
+            return True  # exited (port taken): the caller starts another
+        return _answering_instance(host) == instance
 
-    _wait(up, "docker-registry")
+    try:
+        _wait(up, "docker-registry")
+    except RuntimeError:
+        proc.terminate()
+        proc.wait(timeout=30)
+        raise
     return proc, host
+
+
+_INSTANCE = "X-Buildmatrix-Test-Instance"
+
+
+def _answering_instance(host: str) -> str | None:
+    """The instance header of whatever answers ``GET /v2/`` on ``host``."""
+    try:
+        with urllib.request.urlopen(f"http://{host}/v2/", timeout=2) as response:
+            return response.headers.get(_INSTANCE)  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as exc:  # 401 from a registry with auth
+        return exc.headers.get(_INSTANCE)
 
 
 @pytest.fixture(scope="session")

@@ -57,6 +57,7 @@ def test_the_image_python_is_read_from_the_dockerfile() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.index
 def test_every_runtime_dependency_has_an_aarch64_wheel(tmp_path: Path) -> None:
     python = image_python()
     platforms = [a for m in GLIBC_MINOR for a in ("--platform", f"manylinux_2_{m}_aarch64")]

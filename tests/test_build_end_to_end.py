@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import REPO, CliRunner
 from tests.fixtures.build import have_nvcc, shared_library_command
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.nvcc]
 
 SPEC = REPO / "tests" / "fixtures" / "images" / "e2e-kernels"
 
@@ -141,6 +141,7 @@ def _cudart(folder: Path) -> Path:
     return out
 
 
+@pytest.mark.index  # NVIDIA's runtime wheel
 def test_a_variant_on_a_cuda_runtime_base_needs_its_driver(
     docker_host: str, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

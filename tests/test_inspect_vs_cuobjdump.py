@@ -25,7 +25,7 @@ from tests.fixtures.build import (
     have_nvcc,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.nvcc]
 
 CUOBJDUMP = find_cuobjdump()
 CUOBJDUMP_READS = {"shared", "exe", "object", "cubin", "fatbin", "archive", "aarch64"}

@@ -20,7 +20,7 @@ import pytest
 from buildmatrix.binary.scan import inspect_file
 from tests.test_torch_wheels import download
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.index]
 
 WHEELS = {
     "nvidia-cublas": ("13.1.1.3", ["libcublas.so.13", "libcublasLt.so.13"]),

@@ -67,6 +67,7 @@ def _steps(job: str) -> list[dict[str, str]]:
 
 
 @pytest.mark.integration  # python -m build fetches the build backend from the package index
+@pytest.mark.index
 def test_the_release_workflow_builds_and_tests_the_artifacts_of_a_tag(tmp_path: Path) -> None:
     """The dist job's run steps on a clone tagged with the version action.yml pins, then
     the test job's step that runs the sdist's tests on the installed wheel (here only

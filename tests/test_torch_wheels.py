@@ -20,7 +20,7 @@ from buildmatrix.binary.fatbin import EntryKind
 from buildmatrix.binary.scan import inspect_file
 from tests.cuobjdump import cuobjdump_lists, find_cuobjdump
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.index]
 
 WHEELS = {"torch": "2.14.1", "torchvision": "0.29.1"}
 LIBRARIES = {

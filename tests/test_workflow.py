@@ -82,6 +82,7 @@ def _git(repo: Path, *args: str) -> None:
 # pre-commit builds buildmatrix into its own environment, fetching the build backend
 # from the package index: an external component, so it runs with the integration tests.
 @pytest.mark.integration
+@pytest.mark.index
 def test_pre_commit_hooks_with_the_real_pre_commit(tmp_path: Path) -> None:
     """.pre-commit-hooks.yaml as a user's repository runs it: pre-commit installs
     buildmatrix from this checkout into its own environment (try-repo) and runs the
@@ -132,6 +133,7 @@ def test_pre_commit_hooks_with_the_real_pre_commit(tmp_path: Path) -> None:
 
 # downloads NVIDIA's CUDA wheels from the package index
 @pytest.mark.integration
+@pytest.mark.index
 def test_ci_installs_nvcc_from_the_pip_wheels(tmp_path: Path) -> None:
     """ci.yml's toolkit step, run as the runner would (RUNNER_TEMP, GITHUB_PATH,
     GITHUB_ENV): the nvcc it puts first on PATH builds a fixture as the suite does
