@@ -166,6 +166,7 @@ def _ptxas_accepts(tmp_path: Path, text: bytes, sm: str) -> bool:
 _Mutate = Callable[[bytes], bytes]
 
 
+@pytest.mark.nvcc  # plain_ptx is built here
 @pytest.mark.parametrize(
     ("mutate", "what"),
     [
@@ -194,6 +195,7 @@ def test_a_ptx_text_for_another_target_fails_the_check(
     assert what in problems
 
 
+@pytest.mark.nvcc
 def test_plain_ptx_as_nvcc_wrote_it_passes_by_jit(
     cli: CliRunner, tmp_path: Path, plain_ptx: bytes
 ) -> None:
@@ -201,6 +203,7 @@ def test_plain_ptx_as_nvcc_wrote_it_passes_by_jit(
     assert code == 0, problems
 
 
+@pytest.mark.nvcc
 def test_a_newer_ptx_version_in_the_text_is_kept(
     cli: CliRunner, tmp_path: Path, plain_ptx: bytes
 ) -> None:
