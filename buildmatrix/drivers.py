@@ -11,7 +11,7 @@ plus each model's own product floor; between two such versions every rule
 (compat.driver_floors, compat._judge_ptx, forward.compat_use) gives the same answer.
 A pool without images still needs its GPUs' hardware floors, taken as ``check``
 takes them (compat.driver_floors), which are also the ones ``smoke`` applies
-(node/checks.py ``node_floors``). Which models a pool has: node/poolmodels.py.
+(node/driver_check.py ``node_floors``). Which models a pool has: node/poolmodels.py.
 
 The floor of a (model, image) pair is the lowest driver from which ``check`` passes
 on every newer one. A forward-compatibility image may also pass on an older branch

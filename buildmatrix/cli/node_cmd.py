@@ -34,10 +34,11 @@ from buildmatrix.labelkeys import GFD_KEYS, GfdKeys, is_mig_key, writes_gfd_keys
 if TYPE_CHECKING:
     from buildmatrix.check import CheckResult
     from buildmatrix.node.apply import Applied
-    from buildmatrix.node.checks import LoadResult, NodeReport
+    from buildmatrix.node.checks import NodeReport
     from buildmatrix.node.labels import VerifiedImage
     from buildmatrix.node.poolimages import ImagePlan
     from buildmatrix.node.pools import Pools
+    from buildmatrix.node.results import LoadResult
     from buildmatrix.profiles import ProfileSet
     from buildmatrix.snapshot import Snapshot
 

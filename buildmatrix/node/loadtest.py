@@ -28,7 +28,7 @@ from buildmatrix.binary.source import CorruptBinary, FileSource, read_exact
 from buildmatrix.compat import Verdict, judge_codes
 from buildmatrix.cuda import CudaFacts
 from buildmatrix.errors import EnvironmentUnavailable
-from buildmatrix.node.checks import LoadResult
+from buildmatrix.node.results import LoadResult
 
 _CC_MAJOR, _CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
 _MAX_MODULE = 1 << 30  # no real module is near 1 GiB; refuse to buffer more

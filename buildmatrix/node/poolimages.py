@@ -2,7 +2,7 @@
 the pool the node falls in (the pools file's ``pools.<name>.images``). Pure.
 
 The pool is the one the labels give the node (``gpu-pool``): the pool of the model
-the labels describe, the least capable one (node/checks.py ``least_capable``), by
+the labels describe, the least capable one (node/gpu_models.py ``least_capable``), by
 its product, else its family (node/pools.py ``Pools.pool_for``). So a node is
 checked against exactly the images of the pool it is admitted to.
 
@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from buildmatrix.errors import InputError
-from buildmatrix.node.checks import NodeCheck, least_capable, models_of
+from buildmatrix.node.gpu_models import least_capable, models_of
 from buildmatrix.node.labels import gfd_family_label
 from buildmatrix.node.pools import Pools
+from buildmatrix.node.results import NodeCheck
 from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import Snapshot
 
