@@ -164,10 +164,13 @@ class ApiStandIn:
                 if node is None:
                     self._status(404, "NotFound", f'nodes "{name}" not found')
                     return
-                self._send(200, node)
+                # The other controller writes once this GET has been answered: run before
+                # the answer is sent (the client has the copy above), so that no PATCH the
+                # answer lets the client send can come first.
                 hook, standin.between_get_and_patch = standin.between_get_and_patch, None
                 if hook is not None:
                     hook(standin, name)
+                self._send(200, node)
 
             def do_PATCH(self) -> None:
                 name = self._name()
