@@ -21,6 +21,7 @@ from buildmatrix.errors import InputError
 
 MAX_FEATURE_FILE = 64 << 10  # NFD ignores larger files
 NODEFEATURE_API = "nfd.k8s-sigs.io/v1alpha1"
+NFD_TTL = timedelta(hours=24)  # NFD drops the labels if smoke stops re-running
 
 
 def feature_file(labels: Mapping[str, str], *, now: datetime, ttl: timedelta) -> str:

@@ -1,0 +1,251 @@
+"""``smoke``: admit a GPU node, from its GPUs to the verdict written where asked.
+
+One flow (docs/smoke.md): the references are checked before any work, the node is
+read (a recorded snapshot, or NVML), the images it must run are checked on it
+(node/image_fit.py), the node checks decide (node/checks.py), the labels follow
+(node/labels.py), and the verdict goes to an NFD feature file (node/nfd.py) and onto
+the Node object (node/apply.py) where asked. :func:`admit` returns everything smoke
+reports as one :class:`Admission`; the CLI only prints it. Nothing here prints.
+
+Fails closed: a node whose GPUs cannot be read is a failed admission (its report
+printed, its failure mark written) with the exit code of the environment error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from buildmatrix.cuda import CudaFacts
+from buildmatrix.errors import EnvironmentUnavailable, InputError
+from buildmatrix.image.containerd import Store
+from buildmatrix.image.ref import parse_ref
+from buildmatrix.labelkeys import GFD_KEYS, SMOKE, GfdKeys, is_mig_key, writes_gfd_keys
+from buildmatrix.node.apply import Applied, NodeApi, apply
+from buildmatrix.node.checks import NodeOptions, NodeReport, evaluate
+from buildmatrix.node.gpu_models import Model
+from buildmatrix.node.image_fit import (
+    ImageChecks,
+    ImageOutcome,
+    check_images,
+    images_platform,
+    verified_images,
+)
+from buildmatrix.node.labels import node_labels
+from buildmatrix.node.nfd import NFD_TTL, feature_file, write_atomically
+from buildmatrix.node.node_snapshot import read_snapshot
+from buildmatrix.node.poolimages import ImagePlan, nothing_to_load, plan_images, require_images
+from buildmatrix.node.pools import Pools
+from buildmatrix.node.results import LoadResult, NodeCheck
+from buildmatrix.profiles import ProfileSet
+from buildmatrix.snapshot import Snapshot
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdmitOptions:
+    """smoke's options, as the command line gives them (docs/smoke.md)."""
+
+    images: tuple[str, ...] = ()  # --image, in the order given
+    snapshot: Path | None = None  # a recorded node; None: this node's GPUs (NVML)
+    record: Path | None = None  # where to write what NVML said
+    node: str | None = None  # the Node's name (--node, $NODE_NAME)
+    sysfs: Path = Path("/sys")
+    expect_gpus: int | None = None
+    allow_mixed: bool = False
+    gfd_keys: GfdKeys = GfdKeys.AUTO
+    mig_strategy: str = "none"  # GPU Feature Discovery's --mig-strategy
+    require_sass: bool = False
+    load_test: bool = False
+    nfd_file: Path | None = None
+    apply: bool = False  # write the verdict onto the Node through the API
+    kubeconfig: Path | None = None
+    prefer_containerd: bool = False
+    platform: str | None = None  # --platform where given (node/image_fit.images_platform)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """What smoke found and did: every field its text and JSON reports show."""
+
+    node: str | None  # --node, else the snapshot's host name
+    checks: tuple[NodeCheck, ...]  # in report order
+    labels: Mapping[str, str]  # as written; GFD's keys left out where GFD owns them
+    loads: tuple[LoadResult, ...]  # --load-test, per image and GPU model
+    applied: Applied | None  # --apply: what changed on the Node
+    exit_code: int  # 0 pass, 1 fail, 2 an image was bad input, 3 NVML unavailable
+    # Why NVML could not be read; set exactly when snapshot is None.
+    unavailable: str | None = None
+    snapshot: Snapshot | None = None
+    models: tuple[Model, ...] = ()
+    plan: ImagePlan = field(default_factory=lambda: ImagePlan(pool=None, given=(), from_pool=()))
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+
+def admit(
+    options: AdmitOptions,
+    *,
+    profiles: ProfileSet,
+    pools: Pools | None,
+    facts: CudaFacts,
+    containerd: Store | None = None,
+) -> Admission:
+    """Admit (or reject) the node ``options`` describe.
+
+    Bad input (a malformed reference, --load-test with no image anywhere, --apply
+    without a node name) is refused before NVML or any image is read; unusable
+    credentials for --apply likewise. ``containerd``: where ``containerd:`` references
+    are read (default: the environment's, as ``ctr`` takes it).
+    """
+    for ref in options.images:
+        parse_ref(ref)  # a malformed reference is bad input, before any NVML or I/O
+    if options.load_test:
+        require_images(options.images, pools)
+    api = _node_api(options.node, options.kubeconfig) if options.apply else None
+    try:
+        snap = read_snapshot(
+            snapshot=options.snapshot, record=options.record, node=options.node, sysfs=options.sysfs
+        )
+    except EnvironmentUnavailable as exc:
+        return _unreadable(exc, options, api)
+    plan = plan_images(options.images, snapshot=snap, profiles=profiles, pools=pools)
+    how = ImageChecks(
+        require_sass=options.require_sass,
+        load_test=options.load_test,
+        platform=images_platform(
+            options.platform, live=options.snapshot is None, recorded=snap.platform
+        ),
+        prefer_containerd=options.prefer_containerd,
+        containerd=containerd or Store.from_env(),
+    )
+    outcomes = check_images(plan.refs, snap, profiles, facts, how)
+    report = _judge(snap, profiles, facts, options, pools=pools, outcomes=outcomes)
+    empty = nothing_to_load(plan, pools) if options.load_test else None
+    if empty is not None:  # a load test of no image is bad input, and never a pass
+        report = replace(report, checks=(*report.checks, empty))
+    labels = node_labels(
+        snap,
+        report,
+        pools=pools,
+        gfd_keys=writes_gfd_keys(options.gfd_keys, None),
+        verified=verified_images(outcomes),
+        mig_strategy=options.mig_strategy,
+    )
+    return _conclude(options, api, snap, report, labels, plan=plan, outcomes=outcomes, empty=empty)
+
+
+def _judge(
+    snap: Snapshot,
+    profiles: ProfileSet,
+    facts: CudaFacts,
+    options: AdmitOptions,
+    *,
+    pools: Pools | None,
+    outcomes: list[ImageOutcome],
+) -> NodeReport:
+    """The node checks, with what the images showed."""
+    node_options = NodeOptions(
+        expect_gpus=options.expect_gpus,
+        allow_mixed=options.allow_mixed,
+        pools=pools,
+        mig_strategy=options.mig_strategy,
+    )
+    return evaluate(
+        snap,
+        profiles,
+        facts,
+        options=node_options,
+        images=[o.result for o in outcomes if o.result is not None],
+        unreadable=[(o.ref, str(o.error)) for o in outcomes if o.error is not None],
+        loads=[x for o in outcomes for x in o.loads],
+    )
+
+
+def _conclude(
+    options: AdmitOptions,
+    api: NodeApi | None,
+    snap: Snapshot,
+    report: NodeReport,
+    labels: dict[str, str],
+    *,
+    plan: ImagePlan,
+    outcomes: list[ImageOutcome],
+    empty: NodeCheck | None,
+) -> Admission:
+    """The verdict written where asked (NFD file, Node object), and the admission."""
+    if options.nfd_file is not None:
+        _write_nfd(options.nfd_file, labels)
+    applied = None
+    if api is not None and options.node is not None:
+        failures = [f"{c.name}: {c.message}" for c in report.checks if not c.ok]
+        applied = apply(
+            api,
+            options.node,
+            passed=report.passed,
+            labels=labels,
+            failures=failures,
+            gfd_keys=options.gfd_keys,
+        )
+        if not applied.gfd_keys:  # GFD labels the node: its keys are its own
+            labels = {k: v for k, v in labels.items() if k not in GFD_KEYS and not is_mig_key(k)}
+    codes = [o.error.exit_code for o in outcomes if o.error is not None]
+    bad_input = [InputError.exit_code] if empty is not None else []
+    return Admission(
+        node=options.node or snap.hostname,
+        checks=report.checks,
+        labels=labels,
+        loads=tuple(x for o in outcomes for x in o.loads),
+        applied=applied,
+        exit_code=0 if report.passed else max([1, *codes, *bad_input]),
+        snapshot=snap,
+        models=report.models,
+        plan=plan,
+    )
+
+
+def _unreadable(
+    exc: EnvironmentUnavailable, options: AdmitOptions, api: NodeApi | None
+) -> Admission:
+    """The admission of a node whose GPUs could not be read: failed, with every field
+    of a full one (docs/smoke.md, --json), the node as --node names it (None without)."""
+    labels = {SMOKE: "failed"}
+    if options.nfd_file is not None:
+        _write_nfd(options.nfd_file, labels)
+    applied = None
+    if api is not None and options.node is not None:
+        applied = apply(
+            api,
+            options.node,
+            passed=False,
+            labels=labels,
+            failures=[f"nvml: {exc}"],
+            gfd_keys=options.gfd_keys,
+        )
+    return Admission(
+        node=options.node,
+        checks=(NodeCheck(name="nvml", ok=False, message=str(exc)),),
+        labels=labels,
+        loads=(),
+        applied=applied,
+        exit_code=exc.exit_code,
+        unavailable=str(exc),
+    )
+
+
+def _node_api(node: str | None, kubeconfig: Path | None) -> NodeApi:
+    """The API client for --apply, made before any NVML or image work: a missing node
+    name or unusable credentials is found before the node is judged."""
+    if not node:
+        raise InputError(
+            "--apply needs the Node's name: pass --node NAME or set NODE_NAME (a "
+            "DaemonSet sets it from spec.nodeName)."
+        )
+    return NodeApi(kubeconfig)
+
+
+def _write_nfd(path: Path, labels: Mapping[str, str]) -> None:
+    write_atomically(path, feature_file(labels, now=datetime.now(UTC), ttl=NFD_TTL))
