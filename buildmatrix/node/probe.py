@@ -120,6 +120,20 @@ def _gpu(r: _Reader, i: int) -> dict[str, Any] | None:
     _put(gpu, "mig_mode_pending", mig_mode, lambda m: bool(m[1]))
     if gpu.get("mig_mode"):
         gpu["mig_devices"] = _mig_devices(r, i, handle, total)
+    _put_memory_health(r, i, handle, gpu)
+    persistence = r.call(
+        "nvmlDeviceGetPersistenceMode", lambda: n.nvmlDeviceGetPersistenceMode(handle), i
+    )
+    _put(gpu, "persistence_mode", persistence, bool)
+    brand = r.call("nvmlDeviceGetBrand", lambda: n.nvmlDeviceGetBrand(handle), i)
+    _put(gpu, "brand", brand, int)
+    return gpu
+
+
+def _put_memory_health(r: _Reader, i: int, handle: Any, gpu: dict[str, Any]) -> None:
+    """The GPU memory's health: uncorrected ECC errors since the driver loaded, retired
+    pages pending, remapped rows (each null where NVML says NOT_SUPPORTED)."""
+    n = r.nvml
     ecc = r.call(
         "nvmlDeviceGetTotalEccErrors",
         lambda: n.nvmlDeviceGetTotalEccErrors(
@@ -146,13 +160,6 @@ def _gpu(r: _Reader, i: int) -> dict[str, Any] | None:
             "failure": bool(v[3]),
         },
     )
-    persistence = r.call(
-        "nvmlDeviceGetPersistenceMode", lambda: n.nvmlDeviceGetPersistenceMode(handle), i
-    )
-    _put(gpu, "persistence_mode", persistence, bool)
-    brand = r.call("nvmlDeviceGetBrand", lambda: n.nvmlDeviceGetBrand(handle), i)
-    _put(gpu, "brand", brand, int)
-    return gpu
 
 
 def _gi_profiles(r: _Reader, i: int, parent: Any) -> dict[int, int]:
