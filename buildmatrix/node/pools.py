@@ -57,12 +57,10 @@ class Pools:
         return self.products.get(product) or self.families.get(family) or self.default
 
 
-def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
-    if data is None:
-        raise InputError(f"{source}: the pools file is empty; map families or products to pools.")
-    schema.validate(data, "pools", source=source)
-    families: dict[str, str] = dict(data.get("families") or {})
-    products: dict[str, str] = dict(data.get("products") or {})
+def _check_mapped(
+    families: dict[str, str], products: dict[str, str], profiles: ProfileSet, *, source: str
+) -> None:
+    """Every family and product the file maps is one a profile knows."""
     known_families = [f.value for f in profiles.families]
     for name in families:
         if name not in known_families:
@@ -82,6 +80,15 @@ def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
                 f"{hint} Write it as NVML names it "
                 "(nvidia-smi --query-gpu=name), or add it to its profile's products."
             )
+
+
+def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
+    if data is None:
+        raise InputError(f"{source}: the pools file is empty; map families or products to pools.")
+    schema.validate(data, "pools", source=source)
+    families: dict[str, str] = dict(data.get("families") or {})
+    products: dict[str, str] = dict(data.get("products") or {})
+    _check_mapped(families, products, profiles, source=source)
     pools = [*families.values(), *products.values()]
     if data.get("default") is not None:
         pools.append(data["default"])
