@@ -1,7 +1,9 @@
 """One error hierarchy; each class carries the exit code of the CLI contract.
 
 Inner code only raises; ``cli.main`` catches once, prints the message and exits
-with ``exit_code`` (the exit codes of README.md, section Commands).
+with ``exit_code`` (the exit codes of README.md, section Commands). A check that ran
+and said no (incompatible image, rejected node, out-of-date files) is no error: its
+command prints what failed and returns 1.
 """
 
 from __future__ import annotations
@@ -14,12 +16,6 @@ class BuildmatrixError(Exception):
     """Base class. ``str(err)`` is the one-paragraph message shown to the user."""
 
     exit_code: int = 2
-
-
-class CheckFailed(BuildmatrixError):
-    """A check ran and said no: incompatible image, rejected node, drift."""
-
-    exit_code = 1
 
 
 class InputError(BuildmatrixError):

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import click
 
 from buildmatrix import __version__
+from buildmatrix.cli._common import echo_error
 from buildmatrix.cli.check_cmd import check
 from buildmatrix.cli.drivers_cmd import drivers, k8s_drivers
 from buildmatrix.cli.generate_cmd import generate, matrix
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = cli.main(args=args, prog_name="buildmatrix", standalone_mode=False)
     except BuildmatrixError as exc:
-        click.echo(f"buildmatrix: error: {exc}", err=True)
+        echo_error(str(exc))
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code

@@ -198,6 +198,11 @@ def load(profiles_dir: str | None) -> ProfileSet:
     return load_profiles(Path(resolve_profiles_dir(profiles_dir)), facts=load_cuda_facts())
 
 
+def echo_error(message: str) -> None:
+    """A one-paragraph error or failed check on stderr, as every command words it."""
+    click.echo(f"buildmatrix: error: {message}", err=True)
+
+
 def echo_json(payload: dict[str, Any]) -> None:
     """Print a JSON document; every one carries ``"version": 1``.
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from buildmatrix.cli._common import JSON_VERSION, load, profiles_option
-from buildmatrix.errors import CheckFailed, InputError
+from buildmatrix.cli._common import JSON_VERSION, echo_error, load, profiles_option
+from buildmatrix.errors import InputError
 
 
 def images_option(func: Any) -> Any:
@@ -187,17 +187,22 @@ def generate(  # noqa: PLR0917 - one parameter per option, as click passes them
         _explain(matrix)
     bases = load_bases(Path(images_dir))
     expected = _rendered(matrix, Path(images_dir), bases)
+    failed = None
     if check_only:
-        _drift(Path(out_dir), expected)
+        failed = _drift(Path(out_dir), expected)
     else:
         _write(Path(out_dir), expected, matrix.dropped, explain=explain)
-    if check_pins:
-        _check_pins(bases, list(expected.values()))
+    if check_pins and failed is None:
+        failed = _check_pins(bases, list(expected.values()))
+    if failed is not None:  # a check that said no: exit 1, as every command's
+        echo_error(failed)
+        return 1
     return 0
 
 
-def _drift(out: Path, expected: dict[Path, str]) -> None:
-    """``generate --check``: exit 1 listing missing, changed and stale files."""
+def _drift(out: Path, expected: dict[Path, str]) -> str | None:
+    """``generate --check``: why the files differ (missing, changed and stale ones
+    listed), or None when they are up to date."""
     stale = _stale(out, expected)
     missing = [p for p in expected if not p.is_file()]
     changed = [
@@ -209,10 +214,9 @@ def _drift(out: Path, expected: dict[Path, str]) -> None:
             + [f"  changed  {p}" for p in changed]
             + [f"  stale    {p}" for p in stale]
         )
-        raise CheckFailed(
-            "generated files are out of date; run `buildmatrix generate`:\n" + "\n".join(lines)
-        )
+        return "generated files are out of date; run `buildmatrix generate`:\n" + "\n".join(lines)
     click.echo(f"{len(expected)} Dockerfiles in {out} are up to date")
+    return None
 
 
 def _write(out: Path, expected: dict[Path, str], dropped: list[Any], *, explain: bool) -> None:
@@ -236,9 +240,10 @@ def _write(out: Path, expected: dict[Path, str], dropped: list[Any], *, explain:
     )
 
 
-def _check_pins(bases: Any, texts: list[str]) -> None:
+def _check_pins(bases: Any, texts: list[str]) -> str | None:
     """``--check-pins``: each pin a generated Dockerfile uses against what its tag
-    names now (the only network step of generate); exit 1 naming the stale ones."""
+    names now (the only network step of generate); why it fails, naming the stale
+    ones, or None."""
     from dataclasses import replace
 
     from buildmatrix.bases import unused_pins
@@ -252,12 +257,13 @@ def _check_pins(bases: Any, texts: list[str]) -> None:
     states = pin_states(replace(bases, pins=used))
     stale = [s for s in states if s.stale]
     if stale:
-        raise CheckFailed(
+        return (
             f"{where}: {len(stale)} pinned base digest{'s are' if len(stale) > 1 else ' is'} "
             "stale; update the pins (and run `buildmatrix generate`):\n"
             + "\n".join(f"  stale    {s}" for s in stale)
         )
     click.echo(f"{len(states)} pinned base digests in {where} are current")
+    return None
 
 
 @click.command("matrix")
