@@ -60,6 +60,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.forward_choice",
             "buildmatrix.constraint",
             "buildmatrix.check",
+            "buildmatrix.check_refs",
             "buildmatrix.selector",
             "buildmatrix.affinity",
             "buildmatrix.drivers",

@@ -1,9 +1,12 @@
-"""``buildmatrix check REF``: can this image run on these GPUs and this driver?"""
+"""``buildmatrix check REF``: can this image run on these GPUs and this driver?
+
+The checking is buildmatrix/check_refs.py; this command parses options, calls it and
+prints (text, --format json, the --summary and --digest-file lines)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,16 +23,13 @@ from buildmatrix.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from buildmatrix.check import Options
-    from buildmatrix.cuda import CudaFacts
-    from buildmatrix.multiplatform import PlatformResults
-    from buildmatrix.profiles import ProfileSet
-
-
-def _markdown(result: object) -> str:
     from buildmatrix.check import CheckResult
+    from buildmatrix.check_refs import CheckRun
+    from buildmatrix.image.cache import LayerCache
+    from buildmatrix.multiplatform import PlatformResults
 
-    assert isinstance(result, CheckResult)
+
+def _markdown(result: CheckResult) -> str:
     status = "PASS" if result.passed else "FAIL"
     lines = [f"### buildmatrix check `{result.image.ref}`: {status}", ""]
     if result.image.digest:
@@ -128,6 +128,8 @@ def _markdown(result: object) -> str:
 )
 @profiles_option
 @json_option
+# Over 60 lines only by its signature (one parameter per option) and help text: the
+# work is check_refs, the printing the functions below.
 def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     refs: tuple[str, ...],
     families: tuple[str, ...],
@@ -173,7 +175,38 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
         allow_empty=allow_empty,
         strict=strict,
     )
-    from buildmatrix.image.cache import LayerCache, default_folder, use
+    from buildmatrix.check_refs import check_refs
+
+    cache = _layer_cache(cache_dir, no_cache=no_cache)
+    run = check_refs(
+        refs,
+        profiles=profiles,
+        options=opts,
+        facts=load_cuda_facts(),
+        platform=platform,
+        cache=cache,
+        containerd=containerd_store(),
+        progress=ByteProgress,
+    )
+    if summary is not None:
+        _append(summary, "--summary", [_markdown(r) for pr in run.results for _, r in pr.results])
+    if digest_file is not None:
+        _append(
+            digest_file,
+            "--digest-file",
+            [_digest_line(p, r) for pr in run.results for p, r in pr.results],
+        )
+    if as_json:
+        _echo_run_json(run, cache)
+    else:
+        _print_run(run, cache, verbose=verbose)
+    return 0 if run.passed else 1
+
+
+def _layer_cache(cache_dir: Path | None, *, no_cache: bool) -> LayerCache | None:
+    """The layer cache --cache names (default folder without), None with --no-cache;
+    one another user could write is not used, with a warning."""
+    from buildmatrix.image.cache import LayerCache, default_folder
 
     cache = None if no_cache else LayerCache(cache_dir or default_folder())
     if cache is not None and cache.disabled:
@@ -184,36 +217,25 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
             f"(chown $(id -u) DIR; chmod 700 DIR), or pass --cache with such a folder.",
             err=True,
         )
-    facts = load_cuda_facts()
-    node_platform = None
-    if platform is None and snap is not None and snap.platform is not None:
-        platform = node_platform = snap.platform  # the entry the node pulls, only that
-    results = []
-    with use(cache):
-        for ref in refs:
-            judged = _check_one(ref, platform, profiles, opts, facts)
-            results.append(_not_pulled(judged, node_platform) if node_platform else judged)
-    if summary is not None:
-        _append(summary, "--summary", [_markdown(r) for pr in results for _, r in pr.results])
-    if digest_file is not None:
-        _append(
-            digest_file,
-            "--digest-file",
-            [_digest_line(p, r) for pr in results for p, r in pr.results],
-        )
-    passed = all(r.passed for r in results)
-    if as_json:
-        if len(results) == 1:
-            echo_json(results[0].to_json())
-        else:
-            echo_json(
-                {
-                    "verdict": "pass" if passed else "fail",
-                    "images": [r.to_json() for r in results],
-                    "cache": _cache_json(cache),
-                }
-            )
-        return 0 if passed else 1
+    return cache
+
+
+def _echo_run_json(run: CheckRun, cache: LayerCache | None) -> None:
+    """One image: its object (docs/check.md, --json); several: the images' list."""
+    if len(run.results) == 1:
+        echo_json(run.results[0].to_json())
+        return
+    echo_json(
+        {
+            "verdict": "pass" if run.passed else "fail",
+            "images": [r.to_json() for r in run.results],
+            "cache": _cache_json(cache),
+        }
+    )
+
+
+def _print_run(run: CheckRun, cache: LayerCache | None, *, verbose: bool) -> None:
+    results, passed = run.results, run.passed
     for i, judged in enumerate(results):
         if i:
             click.echo("")
@@ -225,7 +247,6 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
             + ("all pass" if passed else f"{len(failed)} fail ({', '.join(failed)})")
             + (f"; {cache.hits} layer(s) from the cache" if cache is not None else "")
         )
-    return 0 if passed else 1
 
 
 def _append(path: Path, option: str, chunks: list[str]) -> None:
@@ -238,81 +259,16 @@ def _append(path: Path, option: str, chunks: list[str]) -> None:
         raise InputError(f"{option} {path}: cannot write: {exc.strerror}.") from None
 
 
-def _digest_line(platform: str, result: object) -> str:
+def _digest_line(platform: str, result: CheckResult) -> str:
     """``DIGEST PLATFORM VERDICT REF``: the manifest judged for ``platform``, so that
     what signs or promotes it names the artifact the verdict is about (docs/check.md,
     "Digests")."""
-    from buildmatrix.check import CheckResult
-
-    assert isinstance(result, CheckResult)
     verdict = "pass" if result.passed else "fail"
     return f"{result.image.digest or '-'} {platform} {verdict} {result.image.ref}\n"
 
 
-def _check_one(
-    ref: str, platform: str | None, profiles: ProfileSet, opts: Options, facts: CudaFacts
-) -> PlatformResults:
-    """Check one REF: the entry ``--platform`` names, else the default platform's
-    entry and every other the image offers behind which a target GPU can sit
-    (buildmatrix.multiplatform)."""
-    from buildmatrix.check import run_check
-    from buildmatrix.image.open import scan_image
-    from buildmatrix.image.platform import DEFAULT_PLATFORM
-    from buildmatrix.multiplatform import PlatformResults, behind, serves, to_judge
-
-    def judge(p: str) -> tuple[str, Any, Any]:
-        progress = ByteProgress()
-        try:
-            image = scan_image(ref, platform=p, progress=progress, containerd=containerd_store())
-        finally:
-            progress.done()
-        # an entry by the platform asked for or picked from an index; a lone image
-        # judged by default by its config's own platform
-        lone = len(image.offered) <= 1 and platform is None
-        name = (image.config.platform or p) if lone else p
-        return name, image, run_check(image, profiles, opts, facts)
-
-    first, image, result = judge(platform or DEFAULT_PLATFORM)
-    judged = [(first, result)]
-    also = list(image.also)  # what another containerd generation runs instead
-    if platform is None:
-        platforms = behind([t.target for t in result.targets], profiles)
-        more = to_judge(image.offered, first, platforms)
-        if more and not serves(first, platforms):
-            judged, also = [], []  # judged for its targets only: no target GPU sits behind it
-        for p in more:
-            name, other_image, other = judge(p)
-            judged.append((name, other))
-            also += other_image.also
-    for request in dict.fromkeys(also):
-        _, _, other = judge(request)
-        judged.append((request, other))
-    return PlatformResults(results=tuple(judged))
-
-
-def _not_pulled(judged: PlatformResults, node: str) -> PlatformResults:
-    """A single-platform image of another CPU than the snapshot's node is a failure:
-    the node's runtime finds nothing to pull (containerd ``images.Manifest`` matches
-    a lone manifest's config platform too)."""
-    from dataclasses import replace
-
-    from buildmatrix.multiplatform import PlatformResults, serves
-
-    platform, result = judged.results[0]
-    offered = result.image.offered
-    if len(offered) != 1 or serves(offered[0], [node]):
-        return judged
-    why = (
-        f"the image is for {offered[0]} only; the node ({node}, the snapshot's cpu) "
-        "would find no image to pull"
-    )
-    return PlatformResults(results=((platform, replace(result, problems=[*result.problems, why])),))
-
-
-def _cache_json(cache: object) -> dict[str, object] | None:
-    from buildmatrix.image.cache import LayerCache
-
-    if not isinstance(cache, LayerCache):
+def _cache_json(cache: LayerCache | None) -> dict[str, object] | None:
+    if cache is None:
         return None
     return {
         "folder": str(cache.root),
@@ -336,42 +292,10 @@ def _print_platforms(judged: PlatformResults, *, verbose: bool) -> None:
     click.echo("PASS" if judged.passed else "FAIL (every platform's entry must pass)")
 
 
-def _print_result(result: object, *, verbose: bool) -> None:
+def _print_result(result: CheckResult, *, verbose: bool) -> None:
     from buildmatrix.causes import group_by_cause
-    from buildmatrix.check import CheckResult, runtime_note
 
-    assert isinstance(result, CheckResult)
-    runtime = result.cuda_runtime
-    click.echo(
-        f"image    {result.image.ref}"
-        + (f"  ({result.image.digest})" if result.image.digest else "")
-    )
-    if result.image.index_digest:
-        click.echo(f"index    {result.image.index_digest}")
-    declared = result.declared
-    click.echo(
-        f"targets  from {declared['source']}"
-        + (f" (io.buildmatrix.family={declared['family']})" if declared["family"] else "")
-    )
-    click.echo(
-        f"runtime  CUDA {runtime[0]} ({runtime[1]})"
-        if runtime
-        else "runtime  no CUDA runtime found"
-    )
-    note = runtime_note(list(result.runtime_sources))
-    if note:
-        click.echo(f"runtime  note: {note}")
-    if result.image.read_from:
-        click.echo(f"read     {result.image.read_from}")
-    click.echo(f"driver   {result.driver}" if result.driver else "driver   not given")
-    forward = result.to_json()["forward_compat"]
-    if forward is not None:
-        state = "in use" if forward["in_use"] else "not used"
-        click.echo(f"compat   {state}: {forward['why']}")
-        legacy = forward.get("legacy")
-        if legacy is not None:
-            state = "in use" if legacy["in_use"] else "not used"
-            click.echo(f"compat   {state}: {legacy['why']}")
+    _print_about(result)
     click.echo(
         f"files    {len(result.files)} with device code"
         + (f", {len(result.ignored)} ignored" if result.ignored else "")
@@ -417,3 +341,40 @@ def _print_result(result: object, *, verbose: bool) -> None:
     targets = [(t.target.name, t.sm, str(t.target.cc)) for t in result.targets]
     for problem in result.problems if verbose else group_by_cause(result.problems, targets):
         click.echo(f"  - {problem}")
+
+
+def _print_about(result: CheckResult) -> None:
+    """What was judged: the image, its targets, CUDA runtime, driver, compat libraries."""
+    from buildmatrix.check import runtime_note
+
+    runtime = result.cuda_runtime
+    click.echo(
+        f"image    {result.image.ref}"
+        + (f"  ({result.image.digest})" if result.image.digest else "")
+    )
+    if result.image.index_digest:
+        click.echo(f"index    {result.image.index_digest}")
+    declared = result.declared
+    click.echo(
+        f"targets  from {declared['source']}"
+        + (f" (io.buildmatrix.family={declared['family']})" if declared["family"] else "")
+    )
+    click.echo(
+        f"runtime  CUDA {runtime[0]} ({runtime[1]})"
+        if runtime
+        else "runtime  no CUDA runtime found"
+    )
+    note = runtime_note(list(result.runtime_sources))
+    if note:
+        click.echo(f"runtime  note: {note}")
+    if result.image.read_from:
+        click.echo(f"read     {result.image.read_from}")
+    click.echo(f"driver   {result.driver}" if result.driver else "driver   not given")
+    forward = result.to_json()["forward_compat"]
+    if forward is not None:
+        state = "in use" if forward["in_use"] else "not used"
+        click.echo(f"compat   {state}: {forward['why']}")
+        legacy = forward.get("legacy")
+        if legacy is not None:
+            state = "in use" if legacy["in_use"] else "not used"
+            click.echo(f"compat   {state}: {legacy['why']}")
