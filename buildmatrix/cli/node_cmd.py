@@ -177,6 +177,8 @@ def _print_admission(admission: Admission) -> None:
 @timeout_option
 @profiles_option
 @json_option
+# Over 60 lines only by its signature (one parameter per option) and help text: the
+# work is node/admit.py, the printing _smoke_json and _print_admission.
 def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     snapshot: Path | None,
     record: Path | None,
