@@ -67,6 +67,19 @@ def is_dso(name: str) -> bool:
     )
 
 
+_PRELINK = b".#prelink#"
+
+
+def is_prelink_temporary(name: str) -> bool:
+    """glibc ``elf/ldconfig.c`` ``search_dir``: a name ending in ``.#prelink#``, or in
+    ``.#prelink#.`` and exactly six more bytes (``.#prelink#.XXXXXX``), is a prelink
+    temporary and skipped; nothing else is."""
+    raw = name.encode("utf-8", "surrogateescape")
+    return raw.endswith(_PRELINK) or (
+        len(raw) >= len(_PRELINK) + 7 and raw[-7 - len(_PRELINK) : -6] == _PRELINK + b"."
+    )
+
+
 def _int32(value: int) -> int:
     value %= _INT
     return value - _INT if value >= _INT >> 1 else value
@@ -195,7 +208,7 @@ def _entry(folder: str, name: str, view: FolderView) -> _Entry | str | None:
     """One directory entry as ldconfig counts it (None: not counted, str: unknown)."""
     path = f"{folder}/{name}"
     link = path in view.symlinks
-    if name.endswith(".#prelink#") or ".#prelink#." in name[-17:]:
+    if is_prelink_temporary(name):
         return None
     final = view.resolve(path, view.symlinks) if link else path
     if (
