@@ -63,8 +63,9 @@ from typing import TYPE_CHECKING
 from buildmatrix.binary.compat_note import NOTE_SECTION, CompatLibrary, read_compat_library
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
-from buildmatrix.forward_legacy import LegacySetup, find_legacy
+from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick, searched_first
+from buildmatrix.ldshadow import image_libcuda
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
@@ -145,6 +146,14 @@ def find_compat(
         machine=machine_of(platform),
     )
     setup = _find(view, unreadable)
+    cudart = resolve(CUDART_DIR, symlinks)
+    modelled = {resolve(COMPAT_DIR, symlinks), resolve(f"{cudart}/compat", symlinks)}
+    if (shadow := image_libcuda(view, modelled)) is not None:
+        # The node's driver is not known to be the one loaded: fail closed.
+        if setup is None:
+            setup = CompatSetup(library=None, why=shadow, undetermined=shadow)
+        else:
+            setup = replace(setup, undetermined=setup.undetermined or shadow)
     preload = searched_first(library_path, view) if library_path else None
     if preload is None:
         return setup

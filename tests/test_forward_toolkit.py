@@ -313,16 +313,21 @@ def test_the_compat_folder_is_found_whatever_its_name(
 
 
 def test_a_hard_link_is_a_regular_file(cli: CliRunner, tmp_path: Path, build: Any) -> None:
-    """``globFiles``: a hard link is a regular file; its note is the file's."""
-    entries = {
-        "opt/blob.so": build(NOTE_13_1),
-        f"{DIR}/{LIB}": Hardlink("opt/blob.so"),
-    }
+    """``globFiles``: a hard link is a regular file; its note is the file's. The
+    file's other name lies in another CUDA compat folder, which no stock loader
+    configuration names (buildmatrix.ldshadow); under any other name it is a libcuda
+    (by SONAME) the loader may take, and the check fails closed naming it."""
+    other = "usr/local/cuda-12.8/compat/blob.so"
+    entries = {other: build(NOTE_13_1), f"{DIR}/{LIB}": Hardlink(other)}
     code, doc = _check(cli, tmp_path, _image(entries), *_geforce_580(tmp_path))
     assert code == 1
     assert "cudaErrorCompatNotSupportedOnDevice" in _problems(doc)
     code, doc = _check(cli, tmp_path, _image(entries), *R535)
     assert code == 0, _problems(doc)
+    entries = {"opt/blob.so": build(NOTE_13_1), f"{DIR}/{LIB}": Hardlink("opt/blob.so")}
+    code, doc = _check(cli, tmp_path, _image(entries), *R535)
+    assert code == 1
+    assert "the image holds /opt/blob.so" in _problems(doc)
 
 
 def test_a_note_section_of_another_type_is_no_note(

@@ -47,7 +47,12 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (
         2,
         "toolkit lookup",
-        ("buildmatrix.forward", "buildmatrix.forward_legacy", "buildmatrix.ldconfig"),
+        (
+            "buildmatrix.forward",
+            "buildmatrix.forward_legacy",
+            "buildmatrix.ldconfig",
+            "buildmatrix.ldshadow",
+        ),
     ),
     (3, "image sources", ("buildmatrix.image",)),
     (

@@ -212,6 +212,11 @@ NAMES = [
     "libcudart.so.13",
     "tls",  # a hwcap platform's name: ldconfig counts a symlink so named
     "glibc-hwcaps/x86-64-v2/libcuda.so.1",
+    # prelink temporaries (search_dir skips ".#prelink#" and ".#prelink#.XXXXXX" only)
+    "libcuda.so.999.#prelink#",
+    "libcuda.so.999.#prelink#.abcdef",
+    "libcuda.so.999.#prelink#.x",
+    "libzz.so.#prelink#.abcdefg",
 ]
 KINDS = ["A", "B", "N", "Z", "T", "O", "D", *(f"L{n}" for n in NAMES[:6])]
 # Reasons buildmatrix may give for not knowing; each names a case the docstring lists.
@@ -490,3 +495,126 @@ def test_the_compat_folder_goes_before_the_nodes_driver_folder(
     assert _real(tmp_path) == f"{DIR}/libcuda.so.590.44.01"
     (conf / "00-compat-1.conf").unlink()
     assert _real(tmp_path) == "usr/lib/x86_64-linux-gnu/libcuda.so.535.54.03"
+
+
+NODE = "usr/lib/x86_64-linux-gnu"  # where the runtime mounts the node's driver (ldshadow)
+
+
+def _with_node_driver(root: Path, kit: dict[str, Path]) -> None:
+    """The node's driver as the runtime adds it (a STAND-IN, kit "B"), and the
+    multiarch folder named as Debian's stock ``x86_64-linux-gnu.conf`` names it."""
+    _place(kit, "B", root / NODE / "libcuda.so.580.65.06")
+    if not (root / NODE / "libcuda.so.1").exists():
+        (root / NODE / "libcuda.so.1").symlink_to("libcuda.so.580.65.06")
+    (root / "etc/ld.so.conf.d/x86_64-linux-gnu.conf").write_text(f"/{NODE}\n")
+
+
+# An image's own libcuda (kit "A": SONAME libcuda.so.1) where glibc's loader takes it
+# before the node's driver (the review's shapes); "stub" is where it does not.
+IMAGE_SHAPES = {
+    # Debian/Ubuntu's stock libc.conf names /usr/local/lib, and sorts first
+    "local-lib": {"usr/local/lib/libcuda.so.550.54.15": "A", "@libc.conf": "/usr/local/lib"},
+    # the node's driver folder itself: the newer name wins the SONAME
+    "newer-name": {f"{NODE}/libcuda.so.999": "A"},
+    # a regular libcuda.so.1 stays ("is not a symbolic link")
+    "regular-soname": {f"{NODE}/libcuda.so.1": "A"},
+    # /etc/ld.so.preload maps it before anything else, from a folder no conf names
+    "preload": {"opt/old/libcuda.so.550.54.15": "A", "@preload": "/opt/old/libcuda.so.550.54.15"},
+}
+STUB = "usr/local/cuda-13.1/targets/x86_64-linux/lib"
+
+
+def _image_root(root: Path, kit: dict[str, Path], shape: dict[str, str]) -> None:
+    _make_root(root, kit, {})
+    (root / "etc/ld.so.conf.d/00-compat-1.conf").unlink()  # no compat driver: no hook
+    for where, what in shape.items():
+        if where == "@libc.conf":
+            (root / "etc/ld.so.conf.d/libc.conf").write_text(what + "\n")
+        elif where == "@preload":
+            (root / "etc/ld.so.preload").write_text(what + "\n")
+        elif where == "@cuda.conf":
+            (root / "etc/ld.so.conf.d/988_cuda-13.conf").write_text(what + "\n")
+        else:
+            _place(kit, what, root / where)
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_SHAPES))
+def test_an_image_libcuda_the_loader_takes_fails_closed(
+    kit: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """glibc's ldconfig and loader, with the node's driver added as the runtime adds
+    it, load the image's own libcuda: check on driver 580.65.06 must not judge the
+    image on the node's driver; it fails closed, naming the file. Without that file
+    the same image passes."""
+    import json
+
+    from buildmatrix.cli import main
+
+    shape = IMAGE_SHAPES[name]
+    mine = next(k for k in shape if not k.startswith("@"))
+    oracle, image = tmp_path / "oracle", tmp_path / "image"
+    _image_root(oracle, kit, shape)
+    _with_node_driver(oracle, kit)
+    assert _real(oracle) == mine  # glibc maps the image's file, not the node's
+    _image_root(image, kit, shape)  # the image as it ships
+    shutil.copy(Path(__file__).parent / "fixtures/bin/libsass_sm80.so", image / "libapp.so")
+    args = ["check", f"dir:{image}", "--sm", "8.0", "--driver", "580.65.06", "--no-cache"]
+    code = main([*args, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1, doc
+    named = "/etc/ld.so.preload" if name == "preload" else f"/{mine}"
+    assert any(named in p and "fail closed" in p for p in doc["problems"]), doc["problems"]
+    schema.validate(doc, "check", source="check --json")
+    (image / mine).unlink()
+    (image / "etc/ld.so.preload").unlink(missing_ok=True)
+    code = main([*args, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc["problems"]
+
+
+def test_the_cuda_toolkits_stub_is_not_taken_for_the_driver(
+    kit: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CUDA images ship the link-time stub ``targets/<arch>/lib/stubs/libcuda.so``
+    (SONAME libcuda.so.1) and name ``targets/<arch>/lib`` in a ``988_cuda-*.conf``;
+    ldconfig does not descend into ``stubs``, so glibc loads the node's driver, and
+    check passes on it."""
+    import json
+
+    from buildmatrix.cli import main
+
+    shape = {f"{STUB}/stubs/libcuda.so": "A", "@cuda.conf": f"/{STUB}"}
+    oracle, image = tmp_path / "oracle", tmp_path / "image"
+    _image_root(oracle, kit, shape)
+    _with_node_driver(oracle, kit)
+    assert _real(oracle) == f"{NODE}/libcuda.so.580.65.06"
+    _image_root(image, kit, shape)
+    shutil.copy(Path(__file__).parent / "fixtures/bin/libsass_sm80.so", image / "libapp.so")
+    args = ["check", f"dir:{image}", "--sm", "8.0", "--driver", "580.65.06", "--no-cache"]
+    code = main([*args, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc["problems"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "libcuda.so.999.#prelink#",
+        "libcuda.so.999.#prelink#.",
+        *(f"libcuda.so.999.#prelink#.{'x' * n}" for n in (1, 5, 6, 7, 12)),
+        "libcuda.so.999.#prelink#.abcdef.so",
+        "libzz.so.#prelink#.x",  # the review's name
+        ".#prelink#.abcdef",
+        "libcuda.so.#prelink#x.abcdef",
+    ],
+)
+def test_only_glibcs_prelink_names_are_skipped(
+    kit: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """``search_dir`` skips a name ending in ``.#prelink#`` or in ``.#prelink#.``
+    and six more characters, and no other: a libcuda of SONAME libcuda.so.1 under
+    each name, beside nothing else, is loaded by glibc exactly where the model says."""
+    _make_root(tmp_path, kit, {name: "A"})
+    path, unknown = _model(tmp_path)
+    assert unknown is None
+    assert path == _real(tmp_path), name

@@ -72,6 +72,7 @@ SCANNER_SOURCES = (
     "errors.py",
     "forward*.py",
     "ldconfig.py",
+    "ldshadow.py",
     "verdict.py",
 )
 _ACTIVE: contextvars.ContextVar[LayerCache | None] = contextvars.ContextVar(

@@ -1,0 +1,97 @@
+"""Whether a file of the image itself may be loaded as ``libcuda.so.1`` in place of the
+node's driver, outside the folders buildmatrix models (the compat folder,
+buildmatrix.ldconfig; ``LD_LIBRARY_PATH``, ``ldconfig.searched_first``).
+
+The node's driver is mounted into the image's own library folder (legacy runtime:
+NVIDIA/libnvidia-container ``src/nvc_mount.c`` ``nvc_driver_mount``, ``mount_files``
+into ``cnt->cfg.libs_dir``, set in ``src/nvc_container.c``; the multiarch
+``/usr/lib/x86_64-linux-gnu`` on Debian and Ubuntu roots; CDI mounts keep the host
+driver's own path), then ``ldconfig`` is run in the image root on the image's own
+``/etc/ld.so.conf`` (buildmatrix.ldconfig). What the loader opens for
+``libcuda.so.1`` then depends on files of the image that this rule does not read:
+
+- ``/etc/ld.so.preload``: glibc ``elf/rtld.c`` ``dl_main`` loads every object it
+  names before the program's own dependencies, whatever the cache says;
+- the folders ldconfig scans, in order: those named by ``/etc/ld.so.conf`` and the
+  files its ``include`` globs match (``elf/ldconfig.c`` ``parse_conf``,
+  ``parse_conf_include``; Debian/Ubuntu's stock ``libc.conf`` names
+  ``/usr/local/lib``, and sorts before ``x86_64-linux-gnu.conf``), then the trusted
+  folders (``SYSTEM_DIRS``: ``/lib``, ``/usr/lib``, and the ``lib64`` or multiarch
+  ones of the host's build); per SONAME the first folder's wins, and in one folder
+  the newer name (``search_dir``), and a regular ``libcuda.so.1`` there is never
+  replaced by a link (``create_links``: "is not a symbolic link").
+
+So the node's driver is the one loaded only where no file of the image can take
+``libcuda.so.1``'s place: ``check`` fails closed where the image holds
+``/etc/ld.so.preload``, or a libcuda (by file name or by ``DT_SONAME``, as
+buildmatrix.binary.scan records them) anywhere but in a CUDA compat folder
+(``/usr/local/cuda[-X.Y]/compat``, which no stock configuration names: the
+container toolkit's hook names it, buildmatrix.forward) or a ``stubs`` folder
+(the CUDA toolkit's link-time stubs, ``targets/<arch>/lib/stubs``, which no stock
+configuration names either). A stub copied elsewhere, or a driver left in the
+image, fails, even where no configuration names its folder: the configuration files
+are not read (docs/compatibility.md, "Not read").
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import TYPE_CHECKING
+
+from buildmatrix.binary.compat_note import LIBCUDA
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from buildmatrix.ldconfig import FolderView
+
+PRELOAD = "etc/ld.so.preload"
+_COMPAT = re.compile(r"usr/local/cuda(-[0-9]+(\.[0-9]+)*)?/compat")
+
+
+def _libcuda(path: str, view: FolderView) -> bool:
+    """A file the loader may take for ``libcuda.so.1``: named ``libcuda.so*``, or of
+    such a SONAME, or one whose SONAME could not be read."""
+    if posixpath.basename(path).startswith(LIBCUDA):
+        return True
+    lib = view.libraries.get(path)
+    if lib is None:
+        return False
+    return lib.ld_unknown is not None or (lib.soname or "").startswith(LIBCUDA)
+
+
+def _exempt(path: str, modelled: Collection[str | None]) -> bool:
+    folder = posixpath.dirname(path)
+    return (
+        folder in modelled
+        or _COMPAT.fullmatch(folder) is not None
+        or posixpath.basename(folder) == "stubs"
+    )
+
+
+def image_libcuda(view: FolderView, modelled: Collection[str | None]) -> str | None:
+    """Why a file of the image may be loaded as ``libcuda.so.1`` instead of the node's
+    driver (None: none can). ``modelled``: the compat folders buildmatrix.ldconfig
+    models, as final paths."""
+    preload = view.resolve(PRELOAD, view.symlinks)
+    if PRELOAD in view.entries or preload in view.entries:
+        return (
+            f"the image holds /{PRELOAD}, whose libraries glibc's loader maps before any "
+            "other (elf/rtld.c), so the node's libcuda.so.1 may not be the one loaded"
+        )
+    found = sorted(
+        p
+        for p in {*view.entries, *view.libraries, *view.unreadable}
+        if _libcuda(p, view) and not _exempt(p, modelled)
+    )
+    if not found:
+        return None
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return (
+        f"the image holds /{found[0]}{more}, a libcuda outside the CUDA compat and stubs "
+        "folders: ldconfig may put it ahead of the node's driver (a folder its "
+        "/etc/ld.so.conf names, the folder the driver is mounted into, or a regular "
+        "libcuda.so.1 that ldconfig does not replace), and buildmatrix does not read "
+        "the loader's configuration"
+    )
