@@ -20,6 +20,7 @@ what a base-0 reading of the file already gives. Addresses are load-base 0, as
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import dataclass
 
 from buildmatrix.binary.elf import Layout
@@ -122,16 +123,24 @@ def pointer_values(
     for offset, size in relocs.tables:
         for start in range(offset, offset + size - _RELA.size + 1, _CHUNK):
             window = read_exact(src, start, min(_CHUNK, offset + size - start), what="relocations")
-            for i, (r_offset, info, addend) in enumerate(
-                _RELA.iter_unpack(window[: len(window) // 24 * 24])
-            ):
-                if r_offset in near:
-                    at = start + i * _RELA.size
-                    found.setdefault(near[r_offset], {})[at] = (r_offset, info, addend)
+            whole = window[: len(window) // _RELA.size * _RELA.size]
+            # Only the r_offset of each entry (its first u64) is compared in Python; the
+            # few entries that hit a slot are unpacked whole.
+            for i in [i for i, r_offset in enumerate(_r_offsets(whole)) if r_offset in near]:
+                r_offset, info, addend = _RELA.unpack_from(whole, i * _RELA.size)
+                at = start + i * _RELA.size
+                found.setdefault(near[r_offset], {})[at] = (r_offset, info, addend)
     return {
         slot: _value(src, relocs, slot, list(found[slot].values())) if slot in found else in_place
         for slot, in_place in slots.items()
     }
+
+
+def _r_offsets(table: bytes) -> list[int]:
+    """The ``r_offset`` (first of three little-endian u64) of each RELA entry."""
+    if sys.byteorder == "little":
+        return memoryview(table).cast("Q")[0::3].tolist()
+    return list(struct.unpack(f"<{len(table) // 8}Q", table)[0::3])
 
 
 def _value(

@@ -36,7 +36,7 @@ from buildmatrix.binary.source import (
     BytesSource,
     CorruptBinary,
     SliceSource,
-    find_each,
+    find_each_read,
     read_exact,
 )
 
@@ -90,20 +90,34 @@ class FatbinEntry:
     @property
     def arch_name(self) -> str:
         """``sm_90a``, ``compute_90``, or ``lto_90`` for LTO IR (nvcc's ``code=lto_90``)."""
-        if self.kind is EntryKind.LTOIR:
-            return f"lto_{self.arch.cc.number}{self.arch.suffix.value}"
-        return str(self.arch)
+        return _arch_name(self.kind, self.arch)
 
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"kind": self.kind.value, "arch": self.arch_name}
+        doc: dict[str, Any] = {"kind": _KIND_TEXT[self.kind], "arch": self.arch_name}
         if self.ptx_isa is not None:
-            doc["ptx_isa"] = f"{self.ptx_isa.major}.{self.ptx_isa.minor}"
+            doc["ptx_isa"] = _isa_text(self.ptx_isa)
         doc["compressed"] = self.compressed
         doc["size"] = self.size
         doc["container"] = self.container
         if self.embedded:
             doc["embedded"] = True
         return doc
+
+
+# Cached: a large library repeats a dozen archs in tens of thousands of entries.
+_KIND_TEXT = {k: k.value for k in EntryKind}
+
+
+@cache
+def _arch_name(kind: EntryKind, arch: Arch) -> str:
+    if kind is EntryKind.LTOIR:
+        return f"lto_{arch.cc.number}{arch.suffix.value}"
+    return str(arch)
+
+
+@cache
+def _isa_text(isa: Version) -> str:
+    return f"{isa.major}.{isa.minor}"
 
 
 @cache
@@ -404,8 +418,7 @@ def wrapped_containers(
     slots: dict[int, int] = {}
     versions: dict[int, int] = {}
     for offset, size in regions:
-        for at in find_each(src, offset, offset + size, magic):
-            record = src.read_at(at, wrapper.size)
+        for at, record in find_each_read(src, offset, offset + size, magic, read=wrapper.size):
             if (at - offset) % width or len(record) < wrapper.size:
                 continue
             _magic, version, pointer, _name = wrapper.unpack(record)
@@ -417,7 +430,7 @@ def wrapped_containers(
         return []
     relocs = read_relocations(src, layout, machine)
     values = pointer_values(src, relocs, slots) if relocs is not None else dict(slots)
-    spans: list[tuple[int, int, int]] = []
+    spans: dict[tuple[int, int, int], None] = {}  # in order, each once
     for slot, value in values.items():
         span = _wrapped(src, layout, value) if value is not None else None
         if span is None:
@@ -432,9 +445,8 @@ def wrapped_containers(
                 f"{target}; what the runtime registers cannot be read, so the file is refused "
                 "(docs/security.md, Device code that tries not to be seen)."
             )
-        if (*span, versions[slot]) not in spans:
-            spans.append((*span, versions[slot]))
-    return spans
+        spans[(*span, versions[slot])] = None
+    return list(spans)
 
 
 def _wrapped(src: ByteSource, layout: Layout, pointer: int) -> tuple[int, int] | None:

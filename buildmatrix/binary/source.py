@@ -158,8 +158,18 @@ class Searcher:
 
 def find_each(src: ByteSource, start: int, end: int, needle: bytes) -> Iterator[int]:
     """The offset of every occurrence of ``needle`` in ``[start, end)``, in order."""
+    for at, _ in find_each_read(src, start, end, needle, read=0):
+        yield at
+
+
+def find_each_read(
+    src: ByteSource, start: int, end: int, needle: bytes, *, read: int
+) -> Iterator[tuple[int, bytes]]:
+    """(offset, the ``read`` bytes of ``src`` there) for every occurrence of ``needle``
+    in ``[start, end)``, in order; the bytes come from the search's window where it
+    holds them (``src.read_at`` otherwise, so they may run past ``end``)."""
     searcher = Searcher(src, end)
     at = searcher.find(needle, start, end)
     while at >= 0:
-        yield at
+        yield at, searcher.read_at(at, read) if read else b""
         at = searcher.find(needle, at + 1, end)
