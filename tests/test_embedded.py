@@ -5,11 +5,14 @@ the nvcc-built fixtures put in ``.rodata`` by ``.incbin``, or renamed by objcopy
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from buildmatrix.binary.report import FileReport
 from buildmatrix.binary.scan import inspect_file
@@ -181,3 +184,48 @@ def test_the_search_does_not_read_what_it_skips() -> None:
     assert searcher.find(b"\x7fELF", 0, len(data)) == 0
     assert searcher.find(b"\x7fELF", len(data) - 100, len(data)) == len(data) - 4
     assert sum(size for _, size in src.reads) < 16 << 20, src.reads
+
+
+@given(
+    data=st.binary(max_size=200),
+    plant=st.lists(st.integers(min_value=0, max_value=200), max_size=6),
+    chunk=st.integers(min_value=4, max_value=64),
+    start=st.integers(min_value=0, max_value=40),
+    length=st.integers(min_value=0, max_value=240),
+    read=st.integers(min_value=1, max_value=40),
+)
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_each_hit_is_read_as_the_file_holds_it(
+    monkeypatch: pytest.MonkeyPatch,
+    data: bytes,
+    plant: list[int],
+    chunk: int,
+    start: int,
+    length: int,
+    read: int,
+) -> None:
+    """find_each_read (what the wrapper search uses) gives every needle in the range
+    and, for each, the very bytes a plain read of the file gives there, whatever the
+    window size: the oracle is slicing the bytes themselves."""
+    from buildmatrix.binary import source
+    from buildmatrix.binary.source import BytesSource, find_each_read
+
+    monkeypatch.setattr(source, "SEARCH_CHUNK", chunk)
+    needle = b"\xb1CbF"
+    buf = bytearray(data)
+    for at in plant:
+        buf[at : at + 4] = needle
+    raw = bytes(buf)
+    end = min(start + length, len(raw))
+    want = [(i, raw[i : i + read]) for i in range(start, end - 3) if raw[i : i + 4] == needle]
+    assert list(find_each_read(BytesSource(raw, name="x"), start, end, needle, read=read)) == want
+
+
+@given(st.binary(max_size=24 * 40).map(lambda b: b[: len(b) // 24 * 24]))
+def test_relocation_offsets_are_the_first_field_of_each_entry(table: bytes) -> None:
+    """The r_offset list pointer_values compares is struct's reading of Elf64_Rela."""
+    from buildmatrix.binary.dynrel import _r_offsets
+
+    assert _r_offsets(table) == [r for r, _i, _a in struct.iter_unpack("<QQq", table)]
