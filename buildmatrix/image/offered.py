@@ -3,8 +3,11 @@
 
 An index built by buildx also lists attestation manifests (SBOM, provenance) whose
 platform is ``unknown/unknown`` (buildx ``docs/reference/buildx_build.md``,
-"attestations"; the manifests carry ``vnd.docker.reference.type:
-attestation-manifest``): those are no image a node runs, so they are not offered.
+"attestations"): no node has that platform, so they are not offered. Entries are
+told apart by platform only, never by annotation: containerd's ``images.Manifest``
+(``core/images/image.go``) and the Docker engine's pulls read no annotation when
+they pick an entry, so an entry annotated ``vnd.docker.reference.type`` (with any
+value) whose platform is a real one is offered and judged like any other.
 
 An entry without a ``platform`` offers its config's (containerd ``images.Manifest``
 reads the config of such an entry: ``ConfigPlatform``), a nested index the entries
@@ -26,9 +29,6 @@ from buildmatrix.image.platform import (
     parse_platform,
     rank,
 )
-
-_ATTESTATION = "vnd.docker.reference.type"
-
 
 def runnable(p: Platform) -> str:
     """``os/arch[/variant]``, or '' for no platform a node has."""
@@ -60,8 +60,6 @@ def _collect(doc: dict[str, Any], fetch: Fetch, out: dict[str, bool], *, depth: 
     if depth > MAX_DEPTH:
         return  # pick_manifest refuses such a chain where it is followed
     for entry in doc.get("manifests") or []:
-        if (entry.get("annotations") or {}).get(_ATTESTATION):
-            continue
         p = descriptor_platform(entry)
         if p is not None:
             if text := runnable(p):  # behind an entry without a platform: to be verified

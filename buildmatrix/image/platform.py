@@ -30,7 +30,13 @@ Docker engine's pull (moby ``daemon/internal/distribution/pull_v2_unix.go``,
   preference wins, ties in index order, entries without a platform last
   (containerd ``core/images/image.go``, ``Manifest``: a stable sort by ``Less``,
   then the first); an entry without a platform counts only if its image config's
-  platform matches (``ConfigPlatform``).
+  platform matches (``ConfigPlatform``);
+- annotations play no part: ``Manifest`` filters an index's entries by platform
+  only, and so do the Docker engine's pulls (moby ``filterManifests``; its
+  containerd image store's ``getBestPresentImageManifest``, ``daemon/containerd/
+  image.go``, by the entry's platform or else its config's). buildx's attestation
+  manifests are never run because their platform is ``unknown/unknown``; an entry
+  annotated ``vnd.docker.reference.type`` with a real platform runs like any other.
 """
 
 from __future__ import annotations
@@ -217,25 +223,20 @@ def config_platform(doc: dict[str, Any]) -> Platform:
     )
 
 
-def is_attestation(desc: dict[str, Any]) -> bool:
-    """An attestation manifest (SBOM, provenance) that buildx puts into an index beside
-    the image it is about, with platform ``unknown/unknown`` and the annotation
-    ``vnd.docker.reference.type: attestation-manifest`` (docker/buildx
-    ``docs/reference/buildx_history_inspect_attachment.md``): no image a node runs."""
-    annotations = desc.get("annotations") or {}
-    return annotations.get("vnd.docker.reference.type") == "attestation-manifest"
-
-
 def select_platform(
     manifests: Iterable[dict[str, Any]], platform: str, *, name: str, legacy: bool = False
 ) -> dict[str, Any]:
     """The index entry containerd pulls for ``platform`` (``images.Manifest``): of
     the entries ``Only(platform)`` matches, the most preferred, ties in index order;
     an entry without a platform comes last (its config must match:
-    :func:`require_config_platform`). Attestation manifests are never picked, even
-    where one names no platform. ``legacy``: as containerd 1.6 to 2.2 match."""
+    :func:`require_config_platform`). Entries are told apart by platform alone, as
+    containerd's ``Manifest`` and moby's ``filterManifests`` do (neither reads an
+    entry's annotations): an attestation manifest is left out because its platform,
+    ``unknown/unknown``, matches no node, never for its
+    ``vnd.docker.reference.type`` annotation. ``legacy``: as containerd 1.6 to 2.2
+    match."""
     requested = parse_platform(platform)
-    entries = [d for d in manifests if not is_attestation(d)]
+    entries = list(manifests)
     ranked = []
     for i, desc in enumerate(entries):
         have = descriptor_platform(desc)
@@ -246,7 +247,11 @@ def select_platform(
         if where is not None:
             ranked.append((where, i))
     if not ranked:
-        found = [str(p) for d in entries if (p := descriptor_platform(d)) is not None]
+        found = [  # unknown/unknown (buildx's attestations) is no platform to pass
+            str(p)
+            for d in entries
+            if (p := descriptor_platform(d)) is not None and "unknown" not in (p.os, p.architecture)
+        ]
         raise InputError(
             f"{name}: no image for platform {platform} (containerd's matcher takes "
             f"{', '.join(str(p) for p in platform_vector(requested))}); the index has "
