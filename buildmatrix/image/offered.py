@@ -30,6 +30,7 @@ from buildmatrix.image.platform import (
     rank,
 )
 
+
 def runnable(p: Platform) -> str:
     """``os/arch[/variant]``, or '' for no platform a node has."""
     if "unknown" in (p.os, p.architecture) or not p.os or not p.architecture:
