@@ -5,7 +5,9 @@ registry (tests/services.py) what the real tools write there:
 - :func:`push_by_digest`: docker/build-push-action with ``push-by-digest=true``,
   ``sbom: true`` and ``provenance: mode=max``: the image, and beside it an attestation
   manifest (an in-toto SBOM and provenance), joined by an index pushed untagged; its
-  digest is the action's ``digest`` output. The index's shape is buildx's
+  digest is the action's ``digest`` output; ``manifest:`` annotations go on the
+  image manifest (docker docs, "Annotations", build-push-action's ``annotations``
+  input). The index's shape is buildx's
   (docker/buildx ``docs/reference/buildx_history_inspect_attachment.md``, "Index":
   the attestation entry has platform ``unknown/unknown`` and the annotations
   ``vnd.docker.reference.type: attestation-manifest`` and
@@ -13,10 +15,12 @@ registry (tests/services.py) what the real tools write there:
 - ``python -m tests.buildx_standin buildx imagetools create|inspect``: the two
   ``docker buildx imagetools`` commands the promote job runs, as docker/buildx
   ``util/imagetools/create.go`` (``Resolver.combine``) and ``printers.go``
-  (``Printer.Print``, ``--raw``) do them: one index source is pushed as its own bytes;
-  several are flattened into one index of their entries (each digest once), written by
-  Go's ``json.MarshalIndent(index, "", "  ")``; ``--raw`` prints the stored bytes with
-  no newline added.
+  (``Printer.Print``, ``--raw``) do them: one index source without ``--annotation`` is
+  pushed as its own bytes; otherwise the sources are flattened into one index of
+  their entries (each digest once), ``index:`` annotations on it
+  (``util/buildflags/export.go``, ``ParseAnnotations``), written by Go's
+  ``json.MarshalIndent(index, "", "  ")`` (map keys sorted); ``--raw`` prints the
+  stored bytes with no newline added.
 """
 
 from __future__ import annotations
@@ -113,7 +117,11 @@ def get_manifest(host: str, repository: str, reference: str) -> tuple[bytes, str
 
 
 def _manifest(
-    host: str, repository: str, config: bytes, layers: list[tuple[bytes, str, dict[str, str]]]
+    host: str,
+    repository: str,
+    config: bytes,
+    layers: list[tuple[bytes, str, dict[str, str]]],
+    annotations: dict[str, str] | None = None,
 ) -> bytes:
     descs = []
     for data, media_type, notes in layers:
@@ -127,6 +135,8 @@ def _manifest(
         "config": {"mediaType": OCI_CONFIG, **push_blob(host, repository, config)},
         "layers": descs,
     }
+    if annotations:
+        doc["annotations"] = dict(sorted(annotations.items()))
     return json.dumps(doc).encode()
 
 
@@ -137,15 +147,18 @@ class Pushed:
     attestation: str
 
 
-def push_by_digest(host: str, repository: str, image: Image) -> Pushed:
+def push_by_digest(
+    host: str, repository: str, image: Image, annotations: dict[str, str] | None = None
+) -> Pushed:
     """``image`` pushed as build-push-action pushes it by digest with an SBOM and
-    provenance attached: nothing is tagged."""
+    provenance attached, ``annotations`` on its manifest: nothing is tagged."""
     tars = [layer_tar(layer) for layer in image.layers]
     image_body = _manifest(
         host,
         repository,
         image.config([_sha(t) for t in tars]),
         [(t, "application/vnd.oci.image.layer.v1.tar", {}) for t in tars],
+        annotations,
     )
     manifest = put_manifest(host, repository, _sha(image_body), image_body, OCI_MANIFEST)
     subject = [{"name": f"pkg:docker/{repository}", "digest": {"sha256": manifest.split(":")[1]}}]
@@ -208,8 +221,9 @@ def push_by_digest(host: str, repository: str, image: Image) -> Pushed:
     )
 
 
-def combine(sources: list[str]) -> tuple[bytes, str]:
-    """buildx ``Resolver.combine`` over ``HOST/REPO@DIGEST`` sources (no annotations)."""
+def combine(sources: list[str], annotations: dict[str, str] | None = None) -> tuple[bytes, str]:
+    """buildx ``Resolver.combine`` over ``HOST/REPO@DIGEST`` or ``HOST/REPO:TAG``
+    sources, ``annotations`` (index level) on the index."""
     fetched = []
     for src in sources:
         host, repository, reference = _split(src)
@@ -217,7 +231,7 @@ def combine(sources: list[str]) -> tuple[bytes, str]:
         if got is None:
             raise SystemExit(f"ERROR: {src}: not found")
         fetched.append((host, repository, *got))
-    if len(fetched) == 1 and fetched[0][3] == OCI_INDEX:
+    if len(fetched) == 1 and fetched[0][3] == OCI_INDEX and not annotations:
         return fetched[0][2], OCI_INDEX  # "on single source, return original bytes"
     descs: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
@@ -257,17 +271,29 @@ def combine(sources: list[str]) -> tuple[bytes, str]:
         "artifactType",
     )
     descs = [{k: d[k] for k in order if k in d} for d in descs]
-    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": descs}
+    index: dict[str, Any] = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": descs}
+    if annotations:
+        index["annotations"] = dict(sorted(annotations.items()))
     return json.dumps(index, indent=2).encode(), OCI_INDEX
 
 
 def main(argv: list[str]) -> int:
     if argv[:3] == ["buildx", "imagetools", "create"]:
         tags, sources, args = [], [], argv[3:]
+        notes: dict[str, str] = {}
         while args:
             arg = args.pop(0)
             if arg in ("--tag", "-t"):
                 tags.append(args.pop(0))
+            elif arg == "--annotation":
+                level, _, note = args.pop(0).partition(":")
+                if level != "index":
+                    print(
+                        f"stand-in: annotation level {level} is not stood in for", file=sys.stderr
+                    )
+                    return 2
+                key, _, value = note.partition("=")
+                notes[key] = value
             else:
                 sources.append(arg)
         if not tags:
@@ -276,7 +302,7 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return 1
-        body, media_type = combine(sources)
+        body, media_type = combine(sources, notes)
         for tag in tags:
             host, repository, reference = _split(tag)
             put_manifest(host, repository, reference, body, media_type)

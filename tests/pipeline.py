@@ -1,179 +1,64 @@
-"""The build workflow's push path run as the GitHub runner runs it, job by job, for
+"""The build workflow run as the GitHub runner runs it, job by job, for
 tests/test_workflow.py (the shipped workflow) and tests/test_adopt.py (docs/adopt.md's):
-``run:`` steps in bash with the workflow's expressions expanded, artifacts handed over
-as actions/upload-artifact and download-artifact do it, the registry the tests' own
-(tests/services.py), stand-ins only for what cannot run here (tests/buildx_standin.py
-for docker buildx, recording ones for cosign and the pull-request check)."""
+the matrix job (the real ``skopeo`` asks the tests' registry which content tags it has),
+build, check, promote and sign (tests/runner.py runs the steps), into the registry the
+matrix's repositories name (the tests' own, tests/services.py). Stand-ins only for what
+cannot run here: tests/buildx_standin.py for docker buildx, recording ones for cosign
+and the pull-request check.
+
+:class:`Pipeline` keeps the registry between runs, as a repository's successive
+workflow runs share theirs; :func:`run_scenario` runs it four times around an edit."""
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
-import os
 import re
-import shlex
-import shutil
 import subprocess
-import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tests.buildx_standin import Pushed, get_manifest, push_by_digest
-from tests.conftest import REPO
 from tests.images import Image, fixture
-
-
-def run(
-    clone: Path, script: str, env: dict[str, str], first: tuple[Path, ...] = ()
-) -> subprocess.CompletedProcess[str]:
-    """One `run:` step of the workflow as the runner runs it (bash -e, the workflow's
-    env, a GITHUB_OUTPUT file), with buildmatrix as installed here (stand-ins in
-    ``first`` ahead of it)."""
-    path = os.pathsep.join([*map(str, first), str(Path(sys.executable).parent), os.environ["PATH"]])
-    return subprocess.run(
-        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
-        cwd=clone,
-        env={**os.environ, **env, "PATH": path},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-_EXPR = re.compile(r"\$\{\{(.*?)\}\}")
-
-
-def expand(text: str, ctx: dict[str, Any]) -> str:
-    """The workflow expressions these jobs use, as GitHub evaluates them: a context
-    path (``matrix.key``, ``runner.temp``, ``matrix.tags[0]``) or ``join(path, 'sep')``.
-    Anything else fails the test, so the stand-in never silently evaluates what it does
-    not know."""
-
-    def value(path: str) -> Any:
-        found: Any = ctx
-        for part in path.strip().split("."):
-            name, _, index = part.partition("[")
-            found = found[name]
-            if index:  # `tags[0]`: an array element
-                found = found[int(index.removesuffix("]"))]
-        return found
-
-    def sub(m: re.Match[str]) -> str:
-        expr = m[1].strip()
-        join = re.fullmatch(r"join\(([\w.]+),\s*'([^']*)'\)", expr)
-        if join:
-            return join[2].join(value(join[1]))
-        if not re.fullmatch(r"[\w.-]+(\[\d+\])?", expr):
-            raise AssertionError(f"expression the stand-in does not know: {expr}")
-        return str(value(expr))
-
-    return _EXPR.sub(sub, text)
-
-
-def step_of(job: dict[str, Any], *, name: str | None = None, uses: str | None = None) -> Any:
-    (found,) = [
-        s
-        for s in job["steps"]
-        if (name is not None and s.get("name") == name)
-        or (uses is not None and uses in s.get("uses", ""))
-    ]
-    return found
-
-
-def run_step(
-    step: dict[str, Any],
-    ctx: dict[str, Any],
-    cwd: Path,
-    path: list[Path],
-    runner_env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    env = {
-        **(runner_env or {}),
-        **{k: expand(str(v), ctx) for k, v in step.get("env", {}).items()},
-    }
-    env["RUNNER_TEMP"] = ctx["runner"]["temp"]
-    return run(cwd, step["run"], env, tuple(path))
-
-
-def stand_in(folder: Path, name: str, *, log: Path, fail_on: str = "") -> Path:
-    """A stand-in for a command that cannot run here (docker buildx: the test engine
-    has no buildx, docs/development.md) or whose own tests live elsewhere
-    (buildmatrix check): it appends its arguments to ``log``, and exits 1 when they
-    contain ``fail_on``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    script = folder / name
-    test = f'case "$*" in *"{fail_on}"*) exit 1;; esac\n' if fail_on else ""
-    script.write_text(
-        f"#!/bin/sh\nprintf '%s %s\\n' {name} \"$*\" >> {shlex.quote(str(log))}\n{test}"
-    )
-    script.chmod(0o755)
-    return folder
-
-
-def matrix_outputs(
-    workflow: dict[str, Any],
-    cwd: Path,
-    tmp_path: Path,
-    registry: str,
-    env: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """The matrix job's "Compute the build matrix" step run in ``cwd`` with REGISTRY
-    set to ``registry``; its outputs."""
-    output = tmp_path / "matrix-output"
-    env = {**(env or {}), **workflow["env"], "REGISTRY": registry, "GITHUB_OUTPUT": str(output)}
-    env["GITHUB_REPOSITORY_OWNER"] = "org"
-    script = step_of(workflow["jobs"]["matrix"], name="Compute the build matrix")["run"]
-    step = run(cwd, script, env)
-    assert step.returncode == 0, step.stderr
-    return dict(line.split("=", 1) for line in output.read_text().splitlines())
-
-
-def _build_step_inputs(jobs: dict[str, Any], entry: dict[str, Any]) -> None:
-    """The build job's platform handling, as its expressions give it for ``entry``:
-    QEMU set up only where the entry asks, and both build-push-action steps (pull
-    requests load, pushes go by digest) build the entry's one platform; the push
-    attaches an SBOM and provenance."""
-    build = jobs["build"]
-    assert build["runs-on"] == "${{ matrix.runner }}"
-    assert step_of(build, uses="docker/setup-qemu-action")["if"] == "matrix.qemu"
-    ctx = {"matrix": entry}
-    load = step_of(build, name="Build and load (pull requests)")
-    push = step_of(build, name="Build and push by digest")
-    assert load["if"] == "github.event_name == 'pull_request'"
-    assert push["if"] == "github.event_name != 'pull_request'"
-    for step in (load, push):
-        assert expand(step["with"]["platforms"], ctx) == entry["platform"]
-        assert expand(step["with"]["file"], ctx) == entry["dockerfile"]
-    assert "tags" not in push["with"]  # only the promote job tags
-    assert expand(push["with"]["outputs"], ctx).split(",") == [
-        "type=image",
-        f"name={entry['repository']}",
-        "push-by-digest=true",
-        "name-canonical=true",
-        "push=true",
-    ]
-    assert push["with"]["sbom"] is True
-    assert push["with"]["provenance"] == "mode=max"
-
+from tests.runner import (
+    artifact_download,
+    artifact_upload,
+    docker_stand_in,
+    expand,
+    run_step,
+    runner_temp,
+    skopeo_plain_http,
+    stand_in,
+    step_of,
+)
 
 PUSH_ONLY = (
-    "${{ !cancelled() && github.event_name != 'pull_request' && needs.matrix.result == 'success' }}"
+    "!cancelled() && github.event_name != 'pull_request' && needs.matrix.result == 'success'"
 )
+BUILDS = "needs.matrix.outputs.build == 'true'"
 
 
 def _job_shapes(jobs: dict[str, Any]) -> None:
-    """The stages' order and conditions: check and promote run whatever other variants'
-    builds and checks did (not cancelled), never on pull requests; only sign may ask
-    for an OIDC token; only build, promote and sign write packages."""
+    """The stages' order and conditions: build and check only when something is left
+    to build (an empty matrix is an error on GitHub); check and promote run whatever
+    other variants' builds and checks did (not cancelled), never on pull requests;
+    only sign may ask for an OIDC token; only build, promote and sign write packages;
+    the matrix job reads them (it asks for content tags)."""
+    assert jobs["build"]["if"] == BUILDS
     assert jobs["check"]["needs"] == ["matrix", "build"]
     assert jobs["promote"]["needs"] == ["matrix", "check"]
     assert jobs["sign"]["needs"] == "promote"
-    assert jobs["check"]["if"] == jobs["promote"]["if"] == PUSH_ONLY
+    assert jobs["check"]["if"] == f"${{{{ {PUSH_ONLY} && {BUILDS} }}}}"
+    assert jobs["promote"]["if"] == f"${{{{ {PUSH_ONLY} }}}}"
     assert jobs["check"]["strategy"]["fail-fast"] is False
     assert jobs["check"]["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.merge) }}"
     assert "needs.promote.outputs.promoted != ''" in jobs["sign"]["if"]
+    assert jobs["matrix"]["permissions"] == {"contents": "read", "packages": "read"}
     for name, job in jobs.items():
         perms = job.get("permissions", {})
         assert ("id-token" in perms) == (name == "sign"), name
@@ -185,268 +70,462 @@ def _job_shapes(jobs: dict[str, Any]) -> None:
     step_of(jobs["sign"], uses="sigstore/cosign-installer")
 
 
-def _image_for(entry: dict[str, Any], *, fails: bool) -> Image:
+def _lines(text: str) -> list[str]:
+    return [x for x in text.split("\n") if x]
+
+
+def _build_step_inputs(build: dict[str, Any], entry: dict[str, Any]) -> None:
+    """The build job's inputs, as its expressions give them for ``entry``: QEMU only
+    where the entry asks; both build-push-action steps build the entry's platform with
+    its gha cache scope; the push goes by digest, untagged, with SBOM, provenance, the
+    run's OCI labels (one per line) and manifest annotations."""
+    assert build["runs-on"] == "${{ matrix.runner }}"
+    assert step_of(build, uses="docker/setup-qemu-action")["if"] == "matrix.qemu"
+    ctx = {"matrix": entry}
+    load = step_of(build, name="Build and load (pull requests)")
+    push = step_of(build, name="Build and push by digest")
+    assert load["if"] == "github.event_name == 'pull_request'"
+    assert push["if"] == "github.event_name != 'pull_request'"
+    for step in (load, push):
+        assert expand(step["with"]["platforms"], ctx) == entry["platform"]
+        assert expand(step["with"]["file"], ctx) == entry["dockerfile"]
+        assert expand(step["with"]["cache-from"], ctx) == entry["cache_from"]
+        assert expand(step["with"]["cache-to"], ctx) == entry["cache_to"]
+    assert "tags" not in push["with"]  # only the promote job tags
+    assert expand(push["with"]["outputs"], ctx).split(",") == [
+        "type=image",
+        f"name={entry['repository']}",
+        "push-by-digest=true",
+        "name-canonical=true",
+        "push=true",
+    ]
+    assert push["with"]["sbom"] is True
+    assert push["with"]["provenance"] == "mode=max"
+    assert _lines(expand(push["with"]["labels"], ctx)) == entry["oci_labels"]
+    assert _lines(expand(push["with"]["annotations"], ctx)) == entry["annotations"]
+
+
+def _image_for(entry: dict[str, Any], labels: list[str], *, fails: bool) -> Image:
     """What the entry's build would push, in small: the family label the generated
-    Dockerfile writes and a library with device code. ``libmulti.so`` has SASS for
+    Dockerfile writes, the run's labels, and a library with device code, which differs
+    with the content key (other inputs, another image). ``libmulti.so`` has SASS for
     sm_75..sm_120 (every shipped family); ``libsass_sm80.so`` only sm_80, no PTX: no
     code for a Hopper or Blackwell GPU."""
     lib = fixture("libsass_sm80.so" if fails else "libmulti.so")
     return Image(
-        layers=[{"usr/lib/libk.so": lib}],
-        labels={"io.buildmatrix.family": entry["family"]},
+        layers=[{"usr/lib/libk.so": lib, "etc/inputs": entry["content_key"].encode()}],
+        labels={"io.buildmatrix.family": entry["family"]} | dict(x.split("=", 1) for x in labels),
         platform={"os": "linux", "architecture": entry["arch"]},
     )
 
 
-def _artifact_upload(upload: dict[str, Any], ctx: dict[str, Any], store: Path) -> None:
-    """actions/upload-artifact: the files ``path`` matches, under ``name``; a name
-    uploaded twice fails (artifacts are immutable in v4)."""
-    name = expand(upload["with"]["name"], ctx)
-    files = sorted(Path("/").glob(expand(upload["with"]["path"], ctx).lstrip("/")))
-    assert files or upload["with"].get("if-no-files-found") != "error"
-    assert not (store / name).exists(), f"two jobs upload {name}"
-    (store / name).mkdir(parents=True)
-    for f in files:
-        shutil.copy(f, store / name)
+def _notes(annotations: list[str], level: str) -> dict[str, str]:
+    """``LEVEL:KEY=VALUE`` lines as the annotations they put on that level."""
+    found = {}
+    for note in annotations:
+        where, _, pair = note.partition(":")
+        assert where == level, note
+        key, _, value = pair.partition("=")
+        found[key] = value
+    return found
 
 
-def _artifact_download(download: dict[str, Any], ctx: dict[str, Any], store: Path) -> Path:
-    """actions/download-artifact with ``pattern`` (``src/download-artifact.ts`` at
-    v4.3.0): into ``path``, each artifact in a folder of its name, or all in one with
-    ``merge-multiple``; a pattern that matches nothing downloads nothing, no error."""
-    into = Path(expand(download["with"]["path"], ctx))
-    into.mkdir(parents=True, exist_ok=True)
-    pattern = expand(download["with"]["pattern"], ctx)
-    for art in sorted(store.iterdir()):
-        if fnmatch.fnmatchcase(art.name, pattern):
-            target = into if download["with"].get("merge-multiple") else into / art.name
-            target.mkdir(exist_ok=True)
-            for f in art.iterdir():
-                shutil.copy(f, target)
-    return into
+def _tag(ref: str) -> tuple[str, str, str]:
+    host, _, rest = ref.partition("/")
+    repository, _, tag = rest.rpartition(":")
+    return host, repository, tag
 
 
-def _runner(tmp_path: Path, name: str) -> dict[str, Any]:
-    temp = tmp_path / "runner" / name
-    temp.mkdir(parents=True)
-    return {"temp": str(temp)}
+def _stored(ref: str) -> bytes | None:
+    got = get_manifest(*_tag(ref))
+    return None if got is None else got[0]
 
 
-def run_push_path(
-    jobs: dict[str, Any],
-    outputs: dict[str, str],
-    cwd: Path,
-    tmp_path: Path,
-    runner_env: dict[str, str] | None = None,
-) -> None:
-    """The push path of a workflow of this shape (the shipped one, docs/adopt.md's),
-    job by job, into the registry the matrix's repositories name (the tests'):
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """What one workflow run did."""
 
-    - build: per entry, the pull-request check (a stand-in that records its
-      arguments), the push by digest with SBOM and provenance (tests/buildx_standin.py
-      writes the index buildx would), the digest record and its upload;
-    - check: per variant, its digests downloaded and judged by the real
-      ``buildmatrix check``, one platform at a time. One variant's arm64 image lacks
-      its family's SASS: that variant fails, every other passes;
-    - promote: the variants that passed, and only they, get their family tag (the
-      ``docker buildx imagetools`` stand-in writes the index to the registry, which is
-      the oracle for what was published); the failed one is named;
-    - sign: ``cosign sign`` (a stand-in that records) once per published index, by the
-      digest the registry gives its tag.
+    outputs: dict[str, str]  # the matrix job's
+    variants: list[dict[str, Any]]  # every merge entry, skipped or not
+    built: set[tuple[str, str]]  # (key, platform) pushed by the build job
+    checked: list[str]  # keys of the check job's legs
+    creates: list[list[str]]  # `docker buildx imagetools create` arguments
+    promoted: list[str]
+    signed: list[str]
 
-    The artifact hand-offs are done as actions/upload-artifact and download-artifact
-    do them. ``outputs`` are the matrix job's; ``runner_env`` is added to every
-    step's environment (where buildmatrix is installed)."""
-    _job_shapes(jobs)
-    include = json.loads(outputs["matrix"])["include"]
-    merges = json.loads(outputs["merge"])["include"]
-    assert {e["runner"] for e in include} == {"ubuntu-24.04", "ubuntu-24.04-arm"}
-    failing = next(m for m in merges if m["family"] == "hopper" and "linux/arm64" in m["platforms"])
-    artifacts = tmp_path / "artifacts"
-    artifacts.mkdir(parents=True)
-    log = tmp_path / "stand-in.log"
-    env = {
-        **(runner_env or {}),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
-        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
-    }
-    pushed: dict[tuple[str, str], Pushed] = {}
-    build = jobs["build"]
-    record = step_of(build, name="Record the digest and its platform for the check job")
-    pr_check = step_of(build, name="Check the image from its binaries")
-    fake_check = stand_in(tmp_path / "bin-pr", "buildmatrix", log=log)
-    for n, entry in enumerate(include):
-        _build_step_inputs(jobs, entry)
-        log.write_text("")  # pull requests: the loaded image, for its platform
-        pr_ctx = {"matrix": entry, "runner": {"temp": str(tmp_path)}}
-        step = run_step(pr_check, pr_ctx, cwd, [fake_check], env)
-        assert step.returncode == 0, step.stderr
-        (call,) = log.read_text().splitlines()
-        image = f"docker-daemon:{entry['tags'][0]}"
-        assert call.split()[:5] == ["buildmatrix", "check", image, "--platform", entry["platform"]]
-        fails = entry["key"] == failing["key"] and entry["platform"] == "linux/arm64"
-        host, _, repository = entry["repository"].partition("/")
-        done = push_by_digest(host, repository, _image_for(entry, fails=fails))
-        pushed[entry["key"], entry["platform"]] = done
-        ctx = {
-            "matrix": entry,
-            "runner": _runner(tmp_path, f"build{n}"),
-            "steps": {"push": {"outputs": {"digest": done.index}}},
+
+@dataclass(kw_only=True)
+class Pipeline:
+    """A repository's workflow runs into one registry. ``env`` is added to every step
+    (where buildmatrix is installed). The first run picks the failing variant: the
+    first Hopper one with an arm64 platform; the image of its arm64 entry's content key
+    lacks its family's SASS, and so does every rebuild from the same inputs."""
+
+    workflow: dict[str, Any]
+    cwd: Path
+    tmp: Path
+    registry: str
+    env: dict[str, str] = field(default_factory=dict)
+    owner: str = field(default_factory=lambda: f"org{uuid.uuid4().hex[:8]}")
+    bad: set[str] = field(default_factory=set)  # content keys whose image fails
+    failing: str = ""  # that variant's key
+    runs: int = 0
+
+    def run(self) -> Run:
+        self.runs += 1
+        temp = self.tmp / f"run{self.runs}"
+        temp.mkdir(parents=True)
+        jobs = self.workflow["jobs"]
+        _job_shapes(jobs)
+        env = {
+            **self.env,
+            "XDG_CACHE_HOME": str(self.tmp / "cache"),
+            "GITHUB_STEP_SUMMARY": str(temp / "summary.md"),
         }
-        step = run_step(record, ctx, cwd, [], env)
-        assert step.returncode == 0, step.stderr
-        _artifact_upload(step_of(build, uses="actions/upload-artifact"), ctx, artifacts)
-    _check_variants(jobs, merges, failing, pushed, cwd, tmp_path, env, artifacts)
-    promoted = _promote(jobs, outputs, merges, failing, pushed, cwd, tmp_path, env, artifacts)
-    _sign(jobs, promoted, cwd, tmp_path, env)
-
-
-def _check_variants(
-    jobs: dict[str, Any],
-    merges: list[dict[str, Any]],
-    failing: dict[str, Any],
-    pushed: dict[tuple[str, str], Pushed],
-    cwd: Path,
-    tmp_path: Path,
-    env: dict[str, str],
-    artifacts: Path,
-) -> None:
-    """Each leg of the check job: download, judge each platform by digest, upload the
-    checked digests only when the step passed (upload-artifact's default ``if:
-    success()``)."""
-    check = jobs["check"]
-    download = step_of(check, uses="actions/download-artifact")
-    judge = step_of(check, name="Check every platform's digest from its binaries")
-    upload = step_of(check, uses="actions/upload-artifact")
-    assert "if" not in upload
-
-    def leg(n: int, merge: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-        ctx = {"matrix": merge, "runner": _runner(tmp_path, f"check{n}")}
-        _artifact_download(download, ctx, artifacts)
-        return ctx, run_step(judge, ctx, cwd, [], env)
-
-    # the legs of a matrix job run side by side, each on its own runner
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        legs = list(pool.map(leg, range(len(merges)), merges))
-    for merge, (ctx, step) in zip(merges, legs, strict=True):
-        tag = merge["tags"][0]
-        judged = Path(ctx["runner"]["temp"], "checked", "judged").read_text().splitlines()
-        # one line per platform, naming the image manifest judged (not the index, not
-        # the attestation manifest beside it), by digest
-        want = {
-            (
-                pushed[merge["key"], p].manifest,
-                p,
-                "fail" if merge is failing and p == "linux/arm64" else "pass",
+        outputs = self._matrix_job(temp, env)
+        present = json.loads(outputs["present"])["include"]
+        todo = json.loads(outputs["merge"])["include"]
+        variants = todo + present
+        # the skip step's oracle: the registry as its own client reads it
+        assert {m["key"] for m in present} == {
+            m["key"] for m in variants if _stored(m["content_tag"]) is not None
+        }
+        if not self.failing:
+            failing = next(
+                m for m in todo if m["family"] == "hopper" and "linux/arm64" in m["platforms"]
             )
-            for p in merge["platforms"]
+            self.failing = failing["key"]
+            include = json.loads(outputs["matrix"])["include"]
+            self.bad = {
+                e["content_key"]
+                for e in include
+                if e["key"] == self.failing and e["platform"] == "linux/arm64"
+            }
+        artifacts = temp / "artifacts"
+        artifacts.mkdir()
+        pushed, fails = self._build(outputs, temp, env, artifacts)
+        checked = self._check(todo, pushed, fails, temp, env, artifacts) if todo else []
+        before = {t: _stored(t) for m in variants for t in [*m["tags"], m["content_tag"]]}
+        creates, promoted = self._promote(outputs, pushed, fails, before, temp, env, artifacts)
+        signed = self._sign(promoted, temp, env)
+        return Run(
+            outputs=outputs,
+            variants=variants,
+            built=set(pushed),
+            checked=checked,
+            creates=creates,
+            promoted=promoted,
+            signed=signed,
+        )
+
+    def _matrix_job(self, temp: Path, env: dict[str, str]) -> dict[str, str]:
+        """The matrix job's ``run:`` steps in order (buildmatrix is installed
+        already), each with its own GITHUB_OUTPUT; its outputs as its ``outputs:``
+        expressions give them."""
+        job = self.workflow["jobs"]["matrix"]
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=self.cwd, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        env = {
+            **env,
+            **self.workflow["env"],
+            "REGISTRY": self.registry,
+            "GITHUB_REPOSITORY_OWNER": self.owner,
+            "GITHUB_SERVER_URL": "https://github.com",
+            "GITHUB_REPOSITORY": f"{self.owner}/images",
+            "GITHUB_SHA": sha,
         }
-        assert {tuple(line.split()[:3]) for line in judged} == want, step.stdout + step.stderr
-        for line in judged:
-            _digest, platform, _, ref = line.split(" ", 3)
-            assert ref == f"docker://{merge['repository']}@{pushed[merge['key'], platform].index}"
-        if merge is failing:
-            assert step.returncode == 1, step.stdout + step.stderr
-            assert "no runnable code" in step.stdout, step.stdout
-            continue
-        assert step.returncode == 0, tag + step.stdout + step.stderr
-        _artifact_upload(upload, ctx, artifacts)
-    # a platform whose build pushed nothing: the leg fails, naming tag and platform
-    merge = merges[0]
-    ctx = {"matrix": merge, "runner": _runner(tmp_path, "check-missing")}
-    into = _artifact_download(download, ctx, artifacts)
-    lost = next(f for f in into.iterdir() if f.read_text().strip() == merge["platforms"][-1])
-    lost.unlink()
-    step = run_step(judge, ctx, cwd, [], env)
-    assert step.returncode == 1
-    assert (
-        f"::error::{merge['tags'][0]}: 0 digests pushed for {merge['platforms'][-1]}" in step.stdout
-    )
-
-
-def _promote(
-    jobs: dict[str, Any],
-    outputs: dict[str, str],
-    merges: list[dict[str, Any]],
-    failing: dict[str, Any],
-    pushed: dict[tuple[str, str], Pushed],
-    cwd: Path,
-    tmp_path: Path,
-    env: dict[str, str],
-    artifacts: Path,
-) -> list[str]:
-    """The promote job: the registry holds the family tag of every variant that passed,
-    as an index of exactly its checked platforms' images and their attestations, and
-    no tag for the one that failed. Returns the job's ``promoted`` output."""
-    promote = jobs["promote"]
-    ctx: dict[str, Any] = {
-        "needs": {"matrix": {"outputs": outputs}},
-        "runner": _runner(tmp_path, "promote"),
-    }
-    _artifact_download(step_of(promote, uses="actions/download-artifact"), ctx, artifacts)
-    log = tmp_path / "docker.log"
-    docker = tmp_path / "bin-docker"
-    docker.mkdir()
-    python = f"PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)}"
-    (docker / "docker").write_text(
-        f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {shlex.quote(str(log))}\n"
-        f'{python} -m tests.buildx_standin "$@"\n'
-    )
-    (docker / "docker").chmod(0o755)
-    output = tmp_path / "promote-output"
-    step = run_step(
-        step_of(promote, name="Publish the family tags of the variants that passed"),
-        ctx,
-        cwd,
-        [docker],
-        {**env, "GITHUB_OUTPUT": str(output)},
-    )
-    assert step.returncode == 0, step.stdout + step.stderr
-    assert promote["outputs"]["promoted"] == "${{ steps.promote.outputs.promoted }}"
-    (line,) = output.read_text().splitlines()
-    promoted = line.removeprefix("promoted=").split()
-    assert f"::error::{failing['tags'][0]} is not published: its check did not pass" in step.stdout
-    for merge in merges:
-        host, _, repository = merge["repository"].partition("/")
-        for tag in merge["tags"]:
-            got = get_manifest(host, repository, tag.rsplit(":", 1)[1])
-            if merge is failing:
-                assert got is None, f"{tag} was published though its check failed"
+        login = step_of(job, uses="docker/login-action")
+        assert "if" not in login and login["with"]["registry"] == "${{ env.REGISTRY }}"
+        skopeo = skopeo_plain_http(temp / "bin-skopeo", temp / "skopeo.log")
+        ctx: dict[str, Any] = {"runner": runner_temp(temp, "matrix"), "steps": {}}
+        for n, step in enumerate(s for s in job["steps"] if "run" in s):
+            if step["run"].startswith("pip install"):
                 continue
-            assert got is not None, f"{tag} was not published"
-            body, media_type = got
-            index = json.loads(body)
-            assert media_type == "application/vnd.oci.image.index.v1+json"
-            done = [pushed[merge["key"], p] for p in merge["platforms"]]
-            assert sorted(d["digest"] for d in index["manifests"]) == sorted(
-                x for d in done for x in (d.manifest, d.attestation)
+            output = temp / f"matrix-output-{n}"
+            done = run_step(step, ctx, self.cwd, [skopeo], {**env, "GITHUB_OUTPUT": str(output)})
+            assert done.returncode == 0, step["run"] + done.stdout + done.stderr
+            assert "::warning::" not in done.stdout, done.stdout  # the registry answered
+            if "id" in step:
+                lines = output.read_text().splitlines()
+                ctx["steps"][step["id"]] = {"outputs": dict(x.split("=", 1) for x in lines)}
+        outputs = {k: expand(v, ctx) for k, v in job["outputs"].items()}
+        merges = json.loads(outputs["merge"])["include"] + json.loads(outputs["present"])["include"]
+        for m in merges:  # the run's values, as metadata-action would give them
+            assert _notes(m["annotations"], "index") == {
+                "org.opencontainers.image.created": _notes(m["annotations"], "index")[
+                    "org.opencontainers.image.created"
+                ],
+                "org.opencontainers.image.revision": sha,
+                "org.opencontainers.image.source": f"https://github.com/{self.owner}/images",
+            }
+        return outputs
+
+    def _build(
+        self, outputs: dict[str, str], temp: Path, env: dict[str, str], artifacts: Path
+    ) -> tuple[dict[tuple[str, str], Pushed], set[tuple[str, str]]]:
+        """Per entry left to build: the pull-request check (a stand-in that records
+        its arguments), the push by digest (tests/buildx_standin.py writes what
+        build-push-action would, labels and annotations from the step's inputs), the
+        digest record and its upload."""
+        include = json.loads(outputs["matrix"])["include"]
+        assert (outputs["build"] == "true") == bool(include)
+        build = self.workflow["jobs"]["build"]
+        record = step_of(build, name="Record the digest and its platform for the check job")
+        pr_check = step_of(build, name="Check the image from its binaries")
+        push = step_of(build, name="Build and push by digest")
+        log = temp / "pr-check.log"
+        fake_check = stand_in(temp / "bin-pr", "buildmatrix", log=log)
+        pushed: dict[tuple[str, str], Pushed] = {}
+        fails = set()
+        for n, entry in enumerate(include):
+            _build_step_inputs(build, entry)
+            log.write_text("")  # pull requests: the loaded image, for its platform
+            step = run_step(
+                pr_check,
+                {"matrix": entry, "runner": {"temp": str(temp)}},
+                self.cwd,
+                [fake_check],
+                env,
             )
-            digest = "sha256:" + hashlib.sha256(body).hexdigest()
-            assert f"{merge['repository']}@{digest}" in promoted
-    assert len(promoted) == len(merges) - 1
-    # each passing variant's index made once, from its platforms' pushed digests
-    creates = [c.split() for c in log.read_text().splitlines() if "imagetools create" in c]
-    assert len(creates) == len(merges) - 1
-    for merge, words in zip([m for m in merges if m is not failing], creates, strict=True):
+            assert step.returncode == 0, step.stderr
+            (call,) = log.read_text().splitlines()
+            image = f"docker-daemon:{entry['tags'][0]}"
+            assert call.split()[:5] == [
+                "buildmatrix",
+                "check",
+                image,
+                "--platform",
+                entry["platform"],
+            ]
+            ctx = {"matrix": entry}
+            labels = _lines(expand(push["with"]["labels"], ctx))
+            notes = _notes(_lines(expand(push["with"]["annotations"], ctx)), "manifest")
+            if entry["content_key"] in self.bad:
+                fails.add((entry["key"], entry["platform"]))
+            img = _image_for(entry, labels, fails=entry["content_key"] in self.bad)
+            host, _, repository = entry["repository"].partition("/")
+            done = push_by_digest(host, repository, img, notes)
+            pushed[entry["key"], entry["platform"]] = done
+            ctx = {
+                "matrix": entry,
+                "runner": runner_temp(temp, f"build{n}"),
+                "steps": {"push": {"outputs": {"digest": done.index}}},
+            }
+            step = run_step(record, ctx, self.cwd, [], env)
+            assert step.returncode == 0, step.stderr
+            artifact_upload(step_of(build, uses="actions/upload-artifact"), ctx, artifacts)
+        return pushed, fails
+
+    def _check(
+        self,
+        merges: list[dict[str, Any]],
+        pushed: dict[tuple[str, str], Pushed],
+        fails: set[tuple[str, str]],
+        temp: Path,
+        env: dict[str, str],
+        artifacts: Path,
+    ) -> list[str]:
+        """Each leg of the check job: download, judge each platform by digest with the
+        real ``buildmatrix check``, upload the checked digests only when the step passed
+        (upload-artifact's default ``if: success()``). On the first run, one more leg
+        whose platform pushed nothing must fail naming tag and platform."""
+        check = self.workflow["jobs"]["check"]
+        download = step_of(check, uses="actions/download-artifact")
+        judge = step_of(check, name="Check every platform's digest from its binaries")
+        upload = step_of(check, uses="actions/upload-artifact")
+        assert "if" not in upload
+
+        def leg(n: int, merge: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+            ctx = {"matrix": merge, "runner": runner_temp(temp, f"check{n}")}
+            artifact_download(download, ctx, artifacts)
+            return ctx, run_step(judge, ctx, self.cwd, [], env)
+
+        with ThreadPoolExecutor(max_workers=4) as pool:  # the legs run side by side
+            legs = list(pool.map(leg, range(len(merges)), merges))
+        for merge, (ctx, step) in zip(merges, legs, strict=True):
+            judged = Path(ctx["runner"]["temp"], "checked", "judged").read_text().splitlines()
+            bad = {p for p in merge["platforms"] if (merge["key"], p) in fails}
+            want = {
+                (pushed[merge["key"], p].manifest, p, "fail" if p in bad else "pass")
+                for p in merge["platforms"]
+            }
+            assert {tuple(line.split()[:3]) for line in judged} == want, step.stdout + step.stderr
+            for line in judged:
+                _digest, platform, _, ref = line.split(" ", 3)
+                assert (
+                    ref == f"docker://{merge['repository']}@{pushed[merge['key'], platform].index}"
+                )
+            if bad:
+                assert step.returncode == 1, step.stdout + step.stderr
+                assert "no runnable code" in step.stdout, step.stdout
+                continue
+            assert step.returncode == 0, merge["tags"][0] + step.stdout + step.stderr
+            artifact_upload(upload, ctx, artifacts)
+        if self.runs == 1:
+            merge = merges[0]
+            ctx = {"matrix": merge, "runner": runner_temp(temp, "check-missing")}
+            into = artifact_download(download, ctx, artifacts)
+            last = merge["platforms"][-1]
+            next(f for f in into.iterdir() if f.read_text().strip() == last).unlink()
+            step = run_step(judge, ctx, self.cwd, [], env)
+            assert step.returncode == 1
+            assert f"::error::{merge['tags'][0]}: 0 digests pushed for {last}" in step.stdout
+        return [m["key"] for m in merges]
+
+    def _promote(
+        self,
+        outputs: dict[str, str],
+        pushed: dict[tuple[str, str], Pushed],
+        fails: set[tuple[str, str]],
+        before: dict[str, bytes | None],
+        temp: Path,
+        env: dict[str, str],
+        artifacts: Path,
+    ) -> tuple[list[list[str]], list[str]]:
+        """The promote job, with the registry as the oracle afterwards: an unchanged
+        variant's family tags hold its content tag's index (re-pointed only where they
+        did not); a built variant that passed has its family tags and content tag on
+        one index of exactly its platforms' images and attestations, with the run's
+        index annotations; one that failed has neither changed. Returns the
+        ``imagetools create`` calls and the job's ``promoted`` output."""
+        promote = self.workflow["jobs"]["promote"]
+        ctx: dict[str, Any] = {
+            "needs": {"matrix": {"outputs": outputs}},
+            "runner": runner_temp(temp, "promote"),
+        }
+        artifact_download(step_of(promote, uses="actions/download-artifact"), ctx, artifacts)
+        log = temp / "docker.log"
+        log.write_text("")
+        docker = docker_stand_in(temp / "bin-docker", log)
+        keep = step_of(
+            promote, name="Point the unchanged variants' family tags at their content tag"
+        )
+        step = run_step(keep, ctx, self.cwd, [docker], env)
+        assert step.returncode == 0, step.stdout + step.stderr
+        publish = step_of(promote, name="Publish the family tags of the variants that passed")
+        assert publish["if"] == "${{ !cancelled() }}"
+        output = temp / "promote-output"
+        step = run_step(publish, ctx, self.cwd, [docker], {**env, "GITHUB_OUTPUT": str(output)})
+        assert step.returncode == 0, step.stdout + step.stderr
+        assert promote["outputs"]["promoted"] == "${{ steps.promote.outputs.promoted }}"
+        (line,) = output.read_text().splitlines()
+        promoted = line.removeprefix("promoted=").split()
+        creates = [c.split()[3:] for c in log.read_text().splitlines() if "imagetools create" in c]
+        present = json.loads(outputs["present"])["include"]
+        for merge in present:
+            fixed = _stored(merge["content_tag"])
+            assert fixed is not None
+            for tag in merge["tags"]:
+                assert _stored(tag) == fixed, f"{tag} is not on {merge['content_tag']}"
+            moved = [t for t in merge["tags"] if before[t] != fixed]
+            if moved:
+                assert [x for t in moved for x in ("--tag", t)] + [merge["content_tag"]] in creates
+        built = json.loads(outputs["merge"])["include"]
+        passed = [m for m in built if not any((m["key"], p) in fails for p in m["platforms"])]
+        for merge in built:
+            if merge not in passed:
+                assert (
+                    f"::error::{merge['tags'][0]} is not published: its check did not pass"
+                    in step.stdout
+                )
+                for tag in [*merge["tags"], merge["content_tag"]]:
+                    assert _stored(tag) == before[tag], f"{tag} moved though its check failed"
+                continue
+            self._published(merge, pushed, promoted, creates)
+        assert len(promoted) == len(passed)
+        assert len(creates) == len(passed) + sum(
+            any(before[t] != _stored(m["content_tag"]) for t in m["tags"]) for m in present
+        )
+        return creates, promoted
+
+    @staticmethod
+    def _published(
+        merge: dict[str, Any],
+        pushed: dict[tuple[str, str], Pushed],
+        promoted: list[str],
+        creates: list[list[str]],
+    ) -> None:
+        body = _stored(merge["content_tag"])
+        assert body is not None, f"{merge['content_tag']} was not published"
+        for tag in merge["tags"]:
+            assert _stored(tag) == body, f"{tag} is not on the index its check passed"
+        index = json.loads(body)
+        done = [pushed[merge["key"], p] for p in merge["platforms"]]
+        assert sorted(d["digest"] for d in index["manifests"]) == sorted(
+            x for d in done for x in (d.manifest, d.attestation)
+        )
+        assert index["annotations"] == _notes(merge["annotations"], "index")
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        assert f"{merge['repository']}@{digest}" in promoted
         sources = [
             f"{merge['repository']}@{pushed[merge['key'], p].index}" for p in merge["platforms"]
         ]
-        assert words[:3] == ["buildx", "imagetools", "create"]
-        assert words[3:] == [x for t in merge["tags"] for x in ("--tag", t)] + sorted(sources)
-    return promoted
+        tags = [*merge["tags"], merge["content_tag"]]
+        notes = [x for a in merge["annotations"] for x in ("--annotation", a)]
+        assert [x for t in tags for x in ("--tag", t)] + notes + sorted(sources) in creates
+
+    def _sign(self, promoted: list[str], temp: Path, env: dict[str, str]) -> list[str]:
+        """The sign job, when the promote job's output is not empty, against a
+        recording cosign: each published index by digest, nothing else."""
+        if not promoted:
+            return []
+        sign = step_of(self.workflow["jobs"]["sign"], name="Sign every published index by digest")
+        log = temp / "cosign.log"
+        log.write_text("")
+        cosign = stand_in(temp / "bin-cosign", "cosign", log=log)
+        ctx = {
+            "needs": {"promote": {"outputs": {"promoted": " ".join(promoted)}}},
+            "runner": runner_temp(temp, "sign"),
+        }
+        step = run_step(sign, ctx, self.cwd, [cosign], env)
+        assert step.returncode == 0, step.stderr
+        calls = log.read_text().splitlines()
+        assert calls == [f"cosign sign --yes --recursive {ref}" for ref in promoted]
+        return [c.rsplit(" ", 1)[1] for c in calls]
 
 
-def _sign(
-    jobs: dict[str, Any], promoted: list[str], cwd: Path, tmp_path: Path, env: dict[str, str]
-) -> None:
-    sign = step_of(jobs["sign"], name="Sign every published index by digest")
-    log = tmp_path / "cosign.log"
-    cosign = stand_in(tmp_path / "bin-cosign", "cosign", log=log)
-    ctx = {
-        "needs": {"promote": {"outputs": {"promoted": " ".join(promoted)}}},
-        "runner": _runner(tmp_path, "sign"),
-    }
-    step = run_step(sign, ctx, cwd, [cosign], env)
-    assert step.returncode == 0, step.stderr
-    calls = log.read_text().splitlines()
-    assert calls == [f"cosign sign --yes --recursive {ref}" for ref in promoted]
+def edit_one_variant(repo: Path, variant: dict[str, Any]) -> None:
+    """An edit to ``variant``'s template that changes its Dockerfile and no other's:
+    a line rendered only for its tag (the template sees ``tag``, docs/generate.md)."""
+    spec = yaml.safe_load((repo / "images" / variant["image"] / "image.yaml").read_text())
+    template = repo / "images" / variant["image"] / spec["template"]
+    template.write_text(
+        template.read_text()
+        + f'{{% if tag == "{variant["tag"]}" %}}\nENV EDITED_VARIANT=1\n{{% endif %}}\n'
+    )
+
+
+def run_scenario(pipe: Pipeline, commit: Any) -> None:
+    """Four runs: (1) everything is built; the failing variant is not published, the
+    others are, with their content tags, and signed; (2) unchanged: only the failed
+    variant, which never got a content tag, is built and checked again, and fails
+    again; nothing else is built, checked, tagged or signed; (3) after an edit of that
+    variant's template (``commit`` then makes the edit what the workflow sees): exactly
+    its platforms are built, checked, published and signed, under a new content tag;
+    (4) unchanged: nothing is built, checked, tagged or signed."""
+    first = pipe.run()
+    variants = {m["key"]: m for m in first.variants}
+    failing = variants[pipe.failing]
+    assert first.outputs["present"] == '{"include":[]}'
+    assert first.built == {(k, p) for k, m in variants.items() for p in m["platforms"]}
+    assert len(first.promoted) == len(variants) - 1 == len(first.signed)
+    again = pipe.run()
+    assert again.built == {(pipe.failing, p) for p in failing["platforms"]}
+    assert again.checked == [pipe.failing]
+    assert again.creates == again.promoted == again.signed == []
+    edit_one_variant(pipe.cwd, failing)
+    commit()
+    edited = pipe.run()
+    now = {m["key"]: m for m in edited.variants}
+    changed = {k for k in now if now[k]["content_key"] != variants[k]["content_key"]}
+    assert changed == {pipe.failing}
+    assert edited.built == {(pipe.failing, p) for p in failing["platforms"]}
+    assert edited.checked == [pipe.failing]
+    assert len(edited.creates) == len(edited.promoted) == len(edited.signed) == 1
+    assert edited.promoted[0].startswith(failing["repository"] + "@")
+    last = pipe.run()
+    assert last.outputs["build"] == "false"
+    assert last.built == set() and last.checked == []
+    assert last.creates == last.promoted == last.signed == []
+    assert len(json.loads(last.outputs["present"])["include"]) == len(variants)

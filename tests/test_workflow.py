@@ -5,7 +5,7 @@ generated Dockerfiles in build/ are committed and must match the profiles and sp
 and then computes the matrix; every matrix entry must name a Dockerfile and a context
 that the clone holds, since the build job uses them as they are. The jobs after it
 (build, check, promote, sign) run as tests/pipeline.py runs them, into the tests'
-registry.
+registry, four times around an edit of one variant (change detection by content key).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from tests.conftest import REPO
 from tests.fixtures.build import shared_library_command
-from tests.pipeline import matrix_outputs, run, run_push_path
+from tests.pipeline import Pipeline, run_scenario
+from tests.runner import run
 from tests.services import Registry
 
 WORKFLOW = REPO / ".github" / "workflows" / "build-images.yml"
@@ -43,20 +43,17 @@ def test_the_matrix_job_passes_on_a_fresh_clone(tmp_path: Path) -> None:
     steps = workflow["jobs"]["matrix"]["steps"]
     runs = [s["run"] for s in steps if "run" in s and "buildmatrix" in s["run"]]
     assert runs[0] == "buildmatrix generate --check --explain"
-    output = tmp_path / "github-output"
     env = {
         **workflow["env"],
-        "GITHUB_OUTPUT": str(output),
+        "RUNNER_TEMP": str(tmp_path),
         "GITHUB_REPOSITORY_OWNER": "Example-Org",  # capitals, as GitHub may give them
     }
     for script in runs:
         step = run(clone, script, env)
         assert step.returncode == 0, script + step.stdout + step.stderr
-    lines = output.read_text().splitlines()
-    assert [x.split("=", 1)[0] for x in lines] == ["matrix", "merge"]
-    include = json.loads(lines[0].removeprefix("matrix="))["include"]
+    include = json.loads((tmp_path / "github.json").read_text())["include"]
     assert include
-    merge = json.loads(lines[1].removeprefix("merge="))["include"]
+    merge = json.loads((tmp_path / "merge.json").read_text())["include"]
     assert {m["tags"][0] for m in merge} == {e["tags"][0] for e in include}
     # the tags and the login share one setting: REGISTRY
     login = next(
@@ -179,18 +176,21 @@ def test_ci_installs_nvcc_from_the_pip_wheels(tmp_path: Path) -> None:
     assert "sm_90" in listed.stdout
 
 
-def _matrix_outputs(tmp_path: Path, registry: str) -> tuple[dict[str, Any], Path]:
-    """The matrix job's outputs on a fresh clone, with the images under ``registry``
-    (the tests' own: the workflow's one registry setting, env.REGISTRY)."""
-    workflow = yaml.safe_load(WORKFLOW.read_text())
-    clone = _clone(tmp_path)
-    return matrix_outputs(workflow, clone, tmp_path, registry), clone
-
-
 @pytest.mark.integration  # the tests' registry
 def test_the_pipeline_jobs_as_the_runner_runs_them(tmp_path: Path, registry: Registry) -> None:
-    """The shipped workflow's push path (run_push_path) over this repository's own
-    matrices, into the tests' registry."""
+    """The shipped workflow's jobs over this repository's own matrices, into the tests'
+    registry (tests/pipeline.py, run_scenario): the check gates publishing, and a second
+    run builds only what its content key says changed. The edit is committed with its
+    regenerated Dockerfiles, as the matrix job's ``generate --check`` wants."""
     workflow = yaml.safe_load(WORKFLOW.read_text())
-    outputs, clone = _matrix_outputs(tmp_path, registry.host)
-    run_push_path(workflow["jobs"], outputs, clone, tmp_path)
+    clone = _clone(tmp_path)
+
+    def commit() -> None:
+        step = run(clone, "buildmatrix generate", {})
+        assert step.returncode == 0, step.stderr
+        _git(clone, "commit", "-qam", "edit one variant")
+
+    run_scenario(
+        Pipeline(workflow=workflow, cwd=clone, tmp=tmp_path / "runs", registry=registry.host),
+        commit,
+    )
