@@ -11,7 +11,6 @@ workflow runs share theirs; :func:`run_scenario` runs it four times around an ed
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import subprocess
@@ -23,8 +22,16 @@ from typing import Any
 
 import yaml
 
-from tests.buildx_standin import Pushed, get_manifest, push_by_digest
-from tests.images import Image, fixture
+from tests.buildx_standin import Pushed, push_by_digest
+from tests.pipeline_jobs import (
+    annotations_of,
+    assert_published,
+    build_step_inputs,
+    image_for,
+    job_shapes,
+    lines,
+    stored,
+)
 from tests.runner import (
     artifact_download,
     artifact_upload,
@@ -36,109 +43,6 @@ from tests.runner import (
     stand_in,
     step_of,
 )
-
-PUSH_ONLY = (
-    "!cancelled() && github.event_name != 'pull_request' && needs.matrix.result == 'success'"
-)
-BUILDS = "needs.matrix.outputs.build == 'true'"
-
-
-def _job_shapes(jobs: dict[str, Any]) -> None:
-    """The stages' order and conditions: build and check only when something is left
-    to build (an empty matrix is an error on GitHub); check and promote run whatever
-    other variants' builds and checks did (not cancelled), never on pull requests;
-    only sign may ask for an OIDC token; only build, promote and sign write packages;
-    the matrix job reads them (it asks for content tags)."""
-    assert jobs["build"]["if"] == BUILDS
-    assert jobs["check"]["needs"] == ["matrix", "build"]
-    assert jobs["promote"]["needs"] == ["matrix", "check"]
-    assert jobs["sign"]["needs"] == "promote"
-    assert jobs["check"]["if"] == f"${{{{ {PUSH_ONLY} && {BUILDS} }}}}"
-    assert jobs["promote"]["if"] == f"${{{{ {PUSH_ONLY} }}}}"
-    assert jobs["check"]["strategy"]["fail-fast"] is False
-    assert jobs["check"]["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.merge) }}"
-    assert "needs.promote.outputs.promoted != ''" in jobs["sign"]["if"]
-    assert jobs["matrix"]["permissions"] == {"contents": "read", "packages": "read"}
-    for name, job in jobs.items():
-        perms = job.get("permissions", {})
-        assert ("id-token" in perms) == (name == "sign"), name
-        assert (perms.get("packages") == "write") == (name in ("build", "promote", "sign")), name
-        for step in job["steps"]:
-            if "uses" in step and not step["uses"].startswith("./"):
-                assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
-    assert jobs["sign"]["permissions"]["id-token"] == "write"
-    step_of(jobs["sign"], uses="sigstore/cosign-installer")
-
-
-def _lines(text: str) -> list[str]:
-    return [x for x in text.split("\n") if x]
-
-
-def _build_step_inputs(build: dict[str, Any], entry: dict[str, Any]) -> None:
-    """The build job's inputs, as its expressions give them for ``entry``: QEMU only
-    where the entry asks; both build-push-action steps build the entry's platform with
-    its gha cache scope; the push goes by digest, untagged, with SBOM, provenance, the
-    run's OCI labels (one per line) and manifest annotations."""
-    assert build["runs-on"] == "${{ matrix.runner }}"
-    assert step_of(build, uses="docker/setup-qemu-action")["if"] == "matrix.qemu"
-    ctx = {"matrix": entry}
-    load = step_of(build, name="Build and load (pull requests)")
-    push = step_of(build, name="Build and push by digest")
-    assert load["if"] == "github.event_name == 'pull_request'"
-    assert push["if"] == "github.event_name != 'pull_request'"
-    for step in (load, push):
-        assert expand(step["with"]["platforms"], ctx) == entry["platform"]
-        assert expand(step["with"]["file"], ctx) == entry["dockerfile"]
-        assert expand(step["with"]["cache-from"], ctx) == entry["cache_from"]
-        assert expand(step["with"]["cache-to"], ctx) == entry["cache_to"]
-    assert "tags" not in push["with"]  # only the promote job tags
-    assert expand(push["with"]["outputs"], ctx).split(",") == [
-        "type=image",
-        f"name={entry['repository']}",
-        "push-by-digest=true",
-        "name-canonical=true",
-        "push=true",
-    ]
-    assert push["with"]["sbom"] is True
-    assert push["with"]["provenance"] == "mode=max"
-    assert _lines(expand(push["with"]["labels"], ctx)) == entry["oci_labels"]
-    assert _lines(expand(push["with"]["annotations"], ctx)) == entry["annotations"]
-
-
-def _image_for(entry: dict[str, Any], labels: list[str], *, fails: bool) -> Image:
-    """What the entry's build would push, in small: the family label the generated
-    Dockerfile writes, the run's labels, and a library with device code, which differs
-    with the content key (other inputs, another image). ``libmulti.so`` has SASS for
-    sm_75..sm_120 (every shipped family); ``libsass_sm80.so`` only sm_80, no PTX: no
-    code for a Hopper or Blackwell GPU."""
-    lib = fixture("libsass_sm80.so" if fails else "libmulti.so")
-    return Image(
-        layers=[{"usr/lib/libk.so": lib, "etc/inputs": entry["content_key"].encode()}],
-        labels={"io.buildmatrix.family": entry["family"]} | dict(x.split("=", 1) for x in labels),
-        platform={"os": "linux", "architecture": entry["arch"]},
-    )
-
-
-def _notes(annotations: list[str], level: str) -> dict[str, str]:
-    """``LEVEL:KEY=VALUE`` lines as the annotations they put on that level."""
-    found = {}
-    for note in annotations:
-        where, _, pair = note.partition(":")
-        assert where == level, note
-        key, _, value = pair.partition("=")
-        found[key] = value
-    return found
-
-
-def _tag(ref: str) -> tuple[str, str, str]:
-    host, _, rest = ref.partition("/")
-    repository, _, tag = rest.rpartition(":")
-    return host, repository, tag
-
-
-def _stored(ref: str) -> bytes | None:
-    got = get_manifest(*_tag(ref))
-    return None if got is None else got[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,7 +80,7 @@ class Pipeline:
         temp = self.tmp / f"run{self.runs}"
         temp.mkdir(parents=True)
         jobs = self.workflow["jobs"]
-        _job_shapes(jobs)
+        job_shapes(jobs)
         env = {
             **self.env,
             "XDG_CACHE_HOME": str(self.tmp / "cache"),
@@ -188,7 +92,7 @@ class Pipeline:
         variants = todo + present
         # the skip step's oracle: the registry as its own client reads it
         assert {m["key"] for m in present} == {
-            m["key"] for m in variants if _stored(m["content_tag"]) is not None
+            m["key"] for m in variants if stored(m["content_tag"]) is not None
         }
         if not self.failing:
             failing = next(
@@ -205,7 +109,7 @@ class Pipeline:
         artifacts.mkdir()
         pushed, fails = self._build(outputs, temp, env, artifacts)
         checked = self._check(todo, pushed, fails, temp, env, artifacts) if todo else []
-        before = {t: _stored(t) for m in variants for t in [*m["tags"], m["content_tag"]]}
+        before = {t: stored(t) for m in variants for t in [*m["tags"], m["content_tag"]]}
         creates, promoted = self._promote(outputs, pushed, fails, before, temp, env, artifacts)
         signed = self._sign(promoted, temp, env)
         return Run(
@@ -247,18 +151,23 @@ class Pipeline:
             assert done.returncode == 0, step["run"] + done.stdout + done.stderr
             assert "::warning::" not in done.stdout, done.stdout  # the registry answered
             if "id" in step:
-                lines = output.read_text().splitlines()
-                ctx["steps"][step["id"]] = {"outputs": dict(x.split("=", 1) for x in lines)}
+                written = output.read_text().splitlines()
+                ctx["steps"][step["id"]] = {"outputs": dict(x.split("=", 1) for x in written)}
         outputs = {k: expand(v, ctx) for k, v in job["outputs"].items()}
-        merges = json.loads(outputs["merge"])["include"] + json.loads(outputs["present"])["include"]
-        for m in merges:  # the run's values, as metadata-action would give them
-            assert _notes(m["annotations"], "index") == {
-                "org.opencontainers.image.created": _notes(m["annotations"], "index")[
-                    "org.opencontainers.image.created"
-                ],
+        entries = [json.loads(outputs[k])["include"] for k in ("matrix", "merge", "present")]
+        created = set()
+        for m in [e for group in entries for e in group]:  # as metadata-action gives them
+            level = "manifest" if "platform" in m else "index"
+            got = annotations_of(m["annotations"], level)
+            created.add(got.pop("org.opencontainers.image.created"))
+            assert got == {
                 "org.opencontainers.image.revision": sha,
                 "org.opencontainers.image.source": f"https://github.com/{self.owner}/images",
             }
+            if level == "manifest":
+                assert m["oci_labels"] == [x.partition(":")[2] for x in m["annotations"]]
+        (when,) = created  # one time for the whole run
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.000Z", when), when
         return outputs
 
     def _build(
@@ -279,7 +188,7 @@ class Pipeline:
         pushed: dict[tuple[str, str], Pushed] = {}
         fails = set()
         for n, entry in enumerate(include):
-            _build_step_inputs(build, entry)
+            build_step_inputs(build, entry)
             log.write_text("")  # pull requests: the loaded image, for its platform
             step = run_step(
                 pr_check,
@@ -299,11 +208,11 @@ class Pipeline:
                 entry["platform"],
             ]
             ctx = {"matrix": entry}
-            labels = _lines(expand(push["with"]["labels"], ctx))
-            notes = _notes(_lines(expand(push["with"]["annotations"], ctx)), "manifest")
+            labels = lines(expand(push["with"]["labels"], ctx))
+            notes = annotations_of(lines(expand(push["with"]["annotations"], ctx)), "manifest")
             if entry["content_key"] in self.bad:
                 fails.add((entry["key"], entry["platform"]))
-            img = _image_for(entry, labels, fails=entry["content_key"] in self.bad)
+            img = image_for(entry, labels, fails=entry["content_key"] in self.bad)
             host, _, repository = entry["repository"].partition("/")
             done = push_by_digest(host, repository, img, notes)
             pushed[entry["key"], entry["platform"]] = done
@@ -414,10 +323,10 @@ class Pipeline:
         creates = [c.split()[3:] for c in log.read_text().splitlines() if "imagetools create" in c]
         present = json.loads(outputs["present"])["include"]
         for merge in present:
-            fixed = _stored(merge["content_tag"])
+            fixed = stored(merge["content_tag"])
             assert fixed is not None
             for tag in merge["tags"]:
-                assert _stored(tag) == fixed, f"{tag} is not on {merge['content_tag']}"
+                assert stored(tag) == fixed, f"{tag} is not on {merge['content_tag']}"
             moved = [t for t in merge["tags"] if before[t] != fixed]
             if moved:
                 assert [x for t in moved for x in ("--tag", t)] + [merge["content_tag"]] in creates
@@ -430,40 +339,14 @@ class Pipeline:
                     in step.stdout
                 )
                 for tag in [*merge["tags"], merge["content_tag"]]:
-                    assert _stored(tag) == before[tag], f"{tag} moved though its check failed"
+                    assert stored(tag) == before[tag], f"{tag} moved though its check failed"
                 continue
-            self._published(merge, pushed, promoted, creates)
+            assert_published(merge, pushed, promoted, creates)
         assert len(promoted) == len(passed)
         assert len(creates) == len(passed) + sum(
-            any(before[t] != _stored(m["content_tag"]) for t in m["tags"]) for m in present
+            any(before[t] != stored(m["content_tag"]) for t in m["tags"]) for m in present
         )
         return creates, promoted
-
-    @staticmethod
-    def _published(
-        merge: dict[str, Any],
-        pushed: dict[tuple[str, str], Pushed],
-        promoted: list[str],
-        creates: list[list[str]],
-    ) -> None:
-        body = _stored(merge["content_tag"])
-        assert body is not None, f"{merge['content_tag']} was not published"
-        for tag in merge["tags"]:
-            assert _stored(tag) == body, f"{tag} is not on the index its check passed"
-        index = json.loads(body)
-        done = [pushed[merge["key"], p] for p in merge["platforms"]]
-        assert sorted(d["digest"] for d in index["manifests"]) == sorted(
-            x for d in done for x in (d.manifest, d.attestation)
-        )
-        assert index["annotations"] == _notes(merge["annotations"], "index")
-        digest = "sha256:" + hashlib.sha256(body).hexdigest()
-        assert f"{merge['repository']}@{digest}" in promoted
-        sources = [
-            f"{merge['repository']}@{pushed[merge['key'], p].index}" for p in merge["platforms"]
-        ]
-        tags = [*merge["tags"], merge["content_tag"]]
-        notes = [x for a in merge["annotations"] for x in ("--annotation", a)]
-        assert [x for t in tags for x in ("--tag", t)] + notes + sorted(sources) in creates
 
     def _sign(self, promoted: list[str], temp: Path, env: dict[str, str]) -> list[str]:
         """The sign job, when the promote job's output is not empty, against a
@@ -513,7 +396,7 @@ def run_scenario(pipe: Pipeline, commit: Any) -> None:
     again = pipe.run()
     assert again.built == {(pipe.failing, p) for p in failing["platforms"]}
     assert again.checked == [pipe.failing]
-    assert again.creates == again.promoted == again.signed == []
+    assert again.creates == [] and again.promoted == again.signed == []
     edit_one_variant(pipe.cwd, failing)
     commit()
     edited = pipe.run()
@@ -527,5 +410,5 @@ def run_scenario(pipe: Pipeline, commit: Any) -> None:
     last = pipe.run()
     assert last.outputs["build"] == "false"
     assert last.built == set() and last.checked == []
-    assert last.creates == last.promoted == last.signed == []
+    assert last.creates == [] and last.promoted == last.signed == []
     assert len(json.loads(last.outputs["present"])["include"]) == len(variants)
