@@ -143,7 +143,7 @@ def test_the_action_outputs_the_digests_it_judged(tmp_path: Path, registry: Regi
     import yaml
 
     from tests.conftest import REPO
-    from tests.pipeline import run
+    from tests.runner import run
 
     action = yaml.safe_load((REPO / "action.yml").read_text())
     (check,) = [s for s in action["runs"]["steps"] if s.get("id") == "check"]

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.pipeline import run as _run
 from tests.release import build_wheel, fresh_clone, install_env
+from tests.runner import run as _run
 
 RELEASE = yaml.safe_load((REPO / ".github" / "workflows" / "release.yml").read_text())
 ACTION = yaml.safe_load((REPO / "action.yml").read_text())
