@@ -7,7 +7,7 @@ cannot run here: tests/buildx_standin.py for docker buildx, recording ones for c
 and the pull-request check.
 
 :class:`Pipeline` keeps the registry between runs, as a repository's successive
-workflow runs share theirs; :func:`run_scenario` runs it four times around an edit."""
+workflow runs share theirs; tests/pipeline_scenario.py runs it around edits."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from tests.buildx_standin import Pushed, push_by_digest
 from tests.pipeline_jobs import (
@@ -366,49 +364,3 @@ class Pipeline:
         calls = log.read_text().splitlines()
         assert calls == [f"cosign sign --yes --recursive {ref}" for ref in promoted]
         return [c.rsplit(" ", 1)[1] for c in calls]
-
-
-def edit_one_variant(repo: Path, variant: dict[str, Any]) -> None:
-    """An edit to ``variant``'s template that changes its Dockerfile and no other's:
-    a line rendered only for its tag (the template sees ``tag``, docs/generate.md)."""
-    spec = yaml.safe_load((repo / "images" / variant["image"] / "image.yaml").read_text())
-    template = repo / "images" / variant["image"] / spec["template"]
-    template.write_text(
-        template.read_text()
-        + f'{{% if tag == "{variant["tag"]}" %}}\nENV EDITED_VARIANT=1\n{{% endif %}}\n'
-    )
-
-
-def run_scenario(pipe: Pipeline, commit: Any) -> None:
-    """Four runs: (1) everything is built; the failing variant is not published, the
-    others are, with their content tags, and signed; (2) unchanged: only the failed
-    variant, which never got a content tag, is built and checked again, and fails
-    again; nothing else is built, checked, tagged or signed; (3) after an edit of that
-    variant's template (``commit`` then makes the edit what the workflow sees): exactly
-    its platforms are built, checked, published and signed, under a new content tag;
-    (4) unchanged: nothing is built, checked, tagged or signed."""
-    first = pipe.run()
-    variants = {m["key"]: m for m in first.variants}
-    failing = variants[pipe.failing]
-    assert first.outputs["present"] == '{"include":[]}'
-    assert first.built == {(k, p) for k, m in variants.items() for p in m["platforms"]}
-    assert len(first.promoted) == len(variants) - 1 == len(first.signed)
-    again = pipe.run()
-    assert again.built == {(pipe.failing, p) for p in failing["platforms"]}
-    assert again.checked == [pipe.failing]
-    assert again.creates == [] and again.promoted == again.signed == []
-    edit_one_variant(pipe.cwd, failing)
-    commit()
-    edited = pipe.run()
-    now = {m["key"]: m for m in edited.variants}
-    changed = {k for k in now if now[k]["content_key"] != variants[k]["content_key"]}
-    assert changed == {pipe.failing}
-    assert edited.built == {(pipe.failing, p) for p in failing["platforms"]}
-    assert edited.checked == [pipe.failing]
-    assert len(edited.creates) == len(edited.promoted) == len(edited.signed) == 1
-    assert edited.promoted[0].startswith(failing["repository"] + "@")
-    last = pipe.run()
-    assert last.outputs["build"] == "false"
-    assert last.built == set() and last.checked == []
-    assert last.creates == [] and last.promoted == last.signed == []
-    assert len(json.loads(last.outputs["present"])["include"]) == len(variants)

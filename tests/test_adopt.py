@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.pipeline import Pipeline, run_scenario
+from tests.pipeline import Pipeline
+from tests.pipeline_scenario import run_scenario
 from tests.release import build_wheel, fresh_clone, git, install_env
 from tests.runner import run
 from tests.services import Registry

@@ -5,7 +5,8 @@ generated Dockerfiles in build/ are committed and must match the profiles and sp
 and then computes the matrix; every matrix entry must name a Dockerfile and a context
 that the clone holds, since the build job uses them as they are. The jobs after it
 (build, check, promote, sign) run as tests/pipeline.py runs them, into the tests'
-registry, four times around an edit of one variant (change detection by content key).
+registry, six times around edits of one variant's template (tests/pipeline_scenario.py:
+change detection by content key).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import yaml
 
 from tests.conftest import REPO
 from tests.fixtures.build import shared_library_command
-from tests.pipeline import Pipeline, run_scenario
+from tests.pipeline import Pipeline
+from tests.pipeline_scenario import run_scenario
 from tests.runner import run
 from tests.services import Registry
 
