@@ -32,8 +32,8 @@ from buildmatrix.image.open import scan_image
 from tests.conftest import REPO, CliRunner
 from tests.containerd_service import Containerd, containerd  # noqa: F401
 from tests.engine_standin import StandinEngine, StandinImage
-from tests.images import Image, write_docker_archive
-from tests.test_containerd import AGENT_USER, portable
+from tests.images import Image, write_docker_archive, write_platform_layout
+from tests.test_containerd import AGENT_USER, import_oci, portable
 from tests.test_image_sources import LAYERED, MISLABELED, run_check
 
 pytestmark = pytest.mark.integration
@@ -282,3 +282,69 @@ def test_damaged_blob_is_refused_not_switched(
     result = cli("check", f"docker-daemon:{tag}", "--allow-empty")
     assert result.code == 2, result.err
     assert digest[:12] in result.err and engine.saves == 0
+
+
+def _import_index(
+    engine: StandinEngine, tmp_path: Path, entries: list[tuple[dict[str, str] | None, Image]]
+) -> tuple[str, list[str]]:
+    """An index of ``entries`` imported into namespace moby as ``ddpick:multi``;
+    (the name, each entry's manifest digest in index order)."""
+    layout = write_platform_layout(tmp_path / "layout", entries, tag="multi")
+    ctd = containerd_of(engine)
+    import_oci(ctd, layout, "docker.io/library/ddpick", "--all-platforms", namespace="moby")
+    top = json.loads((layout / "index.json").read_text())["manifests"][0]
+    index = json.loads((layout / "blobs" / "sha256" / top["digest"][7:]).read_text())
+    digests = [d["digest"] for d in index["manifests"]]
+    first = entries[0][1]
+    archive = write_docker_archive(tmp_path / "first.tar", first, tag="ddpick:multi")
+    config = json.loads(subprocess.check_output(["tar", "-xOf", str(archive), "manifest.json"]))
+    config = json.loads(subprocess.check_output(["tar", "-xOf", str(archive), config[0]["Config"]]))
+    target = {"mediaType": top["mediaType"], "digest": top["digest"], "size": top["size"]}
+    engine.images.append(
+        StandinImage(names=["ddpick:multi"], target=target, config=config, save=archive)
+    )
+    return "ddpick:multi", digests
+
+
+AMD64 = {"os": "linux", "architecture": "amd64"}
+
+
+def test_the_entry_docker_runs_is_judged_not_containerds(
+    engine: StandinEngine, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry without a platform whose config is linux/amd64 (no Hopper code), then
+    a linux/amd64 entry (Hopper code): containerd's ``images.Manifest`` puts the
+    platform-less entry last and runs the second (the real containerd pulls it,
+    ``containerd:`` passes); moby's ``getBestPresentImageManifest`` keeps index
+    order and reads the config, so Docker runs the first: it is the one judged."""
+    tag, (moby_runs, containerd_runs) = _import_index(
+        engine, tmp_path, [(None, MISLABELED), (AMD64, LAYERED)]
+    )
+    code, doc = run_check(cli, f"docker-daemon:{tag}", "--platform", "linux/amd64")
+    assert code == 1 and doc["digest"] == moby_runs, doc
+    assert doc["read_from"].startswith("containerd image store (namespace 'moby' at ")
+    alone = write_docker_archive(tmp_path / "mis.tar", MISLABELED, tag="mis:1")
+    theirs = run_check(cli, f"docker-archive:{alone}", "--platform", "linux/amd64")
+    assert portable(doc)["targets"] == portable(theirs[1])["targets"]
+    ctd = containerd_of(engine)
+    for key, value in ctd.env(namespace="moby").items():
+        monkeypatch.setenv(key, value)
+    code, doc = run_check(
+        cli, "containerd:docker.io/library/ddpick:multi", "--platform", "linux/amd64"
+    )
+    assert code == 0 and doc["digest"] == containerd_runs, doc
+    assert engine.saves == 0
+
+
+def test_only_manifests_the_store_holds_are_candidates(
+    engine: StandinEngine, cli: CliRunner, tmp_path: Path
+) -> None:
+    """Two linux/amd64 entries: Docker runs the first while its manifest is in the
+    namespace, the second once it is gone (moby ``walkPresentChildren`` skips what
+    ``content.Info`` does not find), never the missing one."""
+    tag, (first, second) = _import_index(engine, tmp_path, [(AMD64, MISLABELED), (AMD64, LAYERED)])
+    code, doc = run_check(cli, f"docker-daemon:{tag}", "--platform", "linux/amd64")
+    assert code == 1 and doc["digest"] == first, doc
+    containerd_of(engine).ctr("content", "rm", first, namespace="moby")
+    code, doc = run_check(cli, f"docker-daemon:{tag}", "--platform", "linux/amd64")
+    assert code == 0 and doc["digest"] == second, doc

@@ -29,6 +29,7 @@ from typing import IO, Any
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.bolt import BoltBusy, BoltError, Bucket, read_consistent
 from buildmatrix.image.manifests import choose, memo
+from buildmatrix.image.mobypick import moby_choose
 from buildmatrix.image.model import (
     ImageConfig,
     LayerBlob,
@@ -301,9 +302,12 @@ def scan_containerd(
     keep: Path | None = None,
     store: Store | None = None,
     target: str = "",
+    engine: bool = False,
 ) -> ScannedImage:
     """Name → image record → manifest (an index → ``platform``) → config and layers.
-    ``target``: the record must point at this digest (what an engine answered)."""
+    ``target``: the record must point at this digest (what an engine answered);
+    ``engine``: the manifest is picked as Docker Engine picks the one it runs
+    (image/mobypick.py), not as containerd's ``images.Manifest`` does."""
     store = store or Store.from_env()
     record = _find(ref, store, store.root / METADATA, target=target)
     content = _Content(ref, store, record)
@@ -313,7 +317,11 @@ def scan_containerd(
     fetch = memo(lambda d, what: content.json(d, what=what))
     offered = offered_platforms(top, doc, fetch=fetch, name=name) if is_index(doc) else ()
     index_digest = record.digest if is_index(doc) else None
-    picked, also = choose(top, doc, platform, fetch=fetch, name=name)
+    if engine:
+        present = record.blobs.__contains__  # moby's walk skips what Info does not find
+        picked, also = moby_choose(top, doc, platform, fetch=fetch, present=present, name=name)
+    else:
+        picked, also = choose(top, doc, platform, fetch=fetch, name=name)
     desc, doc, unplaced, single = picked.desc, picked.manifest, picked.unplaced, picked.single
     if doc.get("schemaVersion") != 2 or "layers" not in doc:
         raise InputError(

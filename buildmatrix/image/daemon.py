@@ -94,8 +94,8 @@ def scan_daemon_image(
     read, why = read_engine_store(
         client, ref, attrs, given=containerd, platform=platform, progress=progress, keep=keep
     )
-    if read is not None:
-        return replace(read, digest=digest)
+    if read is not None:  # the digest of the manifest judged (docs/check.md, "Digests")
+        return replace(read, digest=read.digest or digest)
     if why:  # the engine keeps its images in containerd, which cannot be read here
         saved = _scan_saved(client, attrs, ref, progress=progress, keep=keep)
         image_ = finish(ref=ref.given, digest=digest, config=config, layers=saved)

@@ -147,6 +147,7 @@ def read_engine_store(
             keep=keep,
             store=store,
             target=str(attrs.get("Id") or ""),
+            engine=True,
         )
     except (EnvironmentUnavailable, NotInStore) as exc:
         said = str(exc).removeprefix(f"'{ref.given}': ")
