@@ -322,7 +322,7 @@ def test_the_entry_docker_runs_is_judged_not_containerds(
     )
     code, doc = run_check(cli, f"docker-daemon:{tag}", "--platform", "linux/amd64")
     assert code == 1 and doc["digest"] == moby_runs, doc
-    assert doc["read_from"].startswith("containerd image store (namespace 'moby' at ")
+    assert str(doc["read_from"]).startswith("containerd image store (namespace 'moby' at ")
     alone = write_docker_archive(tmp_path / "mis.tar", MISLABELED, tag="mis:1")
     theirs = run_check(cli, f"docker-archive:{alone}", "--platform", "linux/amd64")
     assert portable(doc)["targets"] == portable(theirs[1])["targets"]
@@ -348,3 +348,19 @@ def test_only_manifests_the_store_holds_are_candidates(
     containerd_of(engine).ctr("content", "rm", first, namespace="moby")
     code, doc = run_check(cli, f"docker-daemon:{tag}", "--platform", "linux/amd64")
     assert code == 0 and doc["digest"] == second, doc
+
+
+def test_what_a_newer_amd64_host_runs_is_judged_too(
+    engine: StandinEngine, cli: CliRunner, tmp_path: Path
+) -> None:
+    """``docker run`` without ``--platform`` on an x86-64-v3 host runs the v3 entry
+    (moby ``hostPlatformSpec``, ``platforms.Only``): it is judged beside the plain
+    linux/amd64 one, and its failure fails the image."""
+    v3 = {**AMD64, "variant": "v3"}
+    tag, (plain, newer) = _import_index(engine, tmp_path, [(AMD64, LAYERED), (v3, MISLABELED)])
+    code, doc = run_check(cli, f"docker-daemon:{tag}", "--platform", "linux/amd64")
+    judged = [(p["platform"], p["digest"], p["verdict"]) for p in doc["platforms"]]  # type: ignore[attr-defined]
+    assert code == 1 and judged == [
+        ("linux/amd64", plain, "pass"),
+        ("linux/amd64/v3", newer, "fail"),
+    ], judged
