@@ -30,7 +30,7 @@ def inspect_member(data: IO[bytes], size: int, path: str, head: bytes, keep: Pat
         keep = None  # the driver is not loaded by the load test
     try:
         if size <= SPOOL_LIMIT and keep is None:
-            blob = head + data.read(size - len(head))
+            blob = head + _read_up_to(data, size - len(head))
             return inspect_image_file(BytesSource(blob, name=path), path=path, head=head)
         with tempfile.NamedTemporaryFile(
             prefix="buildmatrix-", dir=keep, delete=keep is None
@@ -49,3 +49,13 @@ def inspect_member(data: IO[bytes], size: int, path: str, head: bytes, keep: Pat
         return replace(report, stored=spool.name)
     except CorruptBinary as exc:
         return ScanProblem(path=path, message=str(exc))
+
+
+def _read_up_to(data: IO[bytes], size: int) -> bytes:
+    """``size`` bytes of ``data``, fewer only where it ends: one ``read`` of a raw
+    stream may return fewer bytes than asked (``io.RawIOBase.read``), which would
+    cut the file short and misreport it."""
+    blob = bytearray()
+    while len(blob) < size and (piece := data.read(min(CHUNK, size - len(blob)))):
+        blob += piece
+    return bytes(blob)
