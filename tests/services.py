@@ -46,6 +46,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses connections for as long as the block runs.
+
+    The socket is bound and never listens: Linux answers a SYN to it with a reset
+    (net/ipv4/tcp_ipv4.c, ``tcp_v4_rcv``: no listening socket, ``tcp_v4_send_reset``),
+    so a client sees "connection refused", and no other process, test worker
+    included, can take the port while it is held (unlike a port from ``free_port``,
+    which is free again once returned)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
+
+
 def _wait(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import REPO, CliRunner
 from tests.images import Dir, Image, Symlink, fixture, write_docker_archive, write_oci_layout
-from tests.services import Registry, free_port, serve_registry
+from tests.services import Registry, refusing_port, serve_registry
 
 pytestmark = pytest.mark.integration
 
@@ -311,8 +311,8 @@ def test_registry_errors(pushed: str, cli: CliRunner) -> None:
     missing = cli("check", f"docker://{pushed}/bmtest/layered:nope")
     assert missing.code == 2
     assert "not found" in missing.err
-    port = free_port()
-    unreachable = cli("check", f"docker://127.0.0.1:{port}/bmtest/layered:v1")
+    with refusing_port() as port:  # held: no parallel worker can take it meanwhile
+        unreachable = cli("check", f"docker://127.0.0.1:{port}/bmtest/layered:v1")
     assert unreachable.code == 3
     assert "unreachable" in unreachable.err
 
