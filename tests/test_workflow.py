@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,31 +79,83 @@ def _git(repo: Path, *args: str) -> None:
     )
 
 
+def _hooks_commit(tmp_path: Path) -> tuple[Path, str]:
+    """The repository and commit pre-commit installs the hooks from: this checkout at
+    HEAD or, where its tracked files differ from HEAD, a clone with those changes
+    committed, as ``pre-commit try-repo`` does (pre_commit/commands/try_repo.py,
+    ``_repo_ref``), so the hooks tested are the working tree's."""
+
+    def rev_parse(repo: Path) -> str:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+
+    head = rev_parse(REPO)
+    diff = subprocess.run(
+        ["git", "diff", "HEAD", "--binary"], cwd=REPO, capture_output=True, check=True
+    ).stdout
+    if not diff:
+        return REPO, head
+    shadow = tmp_path / "hooks-repo"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(shadow)], check=True)
+    _git(shadow, "checkout", "-q", "-b", "working-tree", head)
+    (tmp_path / "working-tree.diff").write_bytes(diff)
+    _git(shadow, "apply", "--index", str(tmp_path / "working-tree.diff"))
+    _git(shadow, "commit", "-qm", "working tree")
+    return shadow, rev_parse(shadow)
+
+
+def _user_config(repo: Path, rev: str) -> str:
+    """docs/adopt.md's ``.pre-commit-config.yaml`` (its block that names the hook), with
+    this repository at ``rev`` for the release URL, and the rewriting hook added as
+    .pre-commit-hooks.yaml's header shows it."""
+    page = (REPO / "docs" / "adopt.md").read_text()
+    (block,) = [
+        b
+        for b in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL)
+        if "buildmatrix-generate-check" in b
+    ]
+    config = yaml.safe_load(block)
+    (entry,) = config["repos"]
+    assert entry["repo"] == "https://github.com/OWNER/buildmatrix", entry
+    assert entry["hooks"] == [{"id": "buildmatrix-generate-check"}], entry
+    entry.update(repo=str(repo), rev=rev)
+    entry["hooks"].append({"id": "buildmatrix-generate"})
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 # pre-commit builds buildmatrix into its own environment, fetching the build backend
 # from the package index: an external component, so it runs with the integration tests.
 @pytest.mark.integration
 @pytest.mark.index
 def test_pre_commit_hooks_with_the_real_pre_commit(tmp_path: Path) -> None:
-    """.pre-commit-hooks.yaml as a user's repository runs it: pre-commit installs
-    buildmatrix from this checkout into its own environment (try-repo) and runs the
-    hooks on a repository that commits its image specs and generated Dockerfiles."""
+    """.pre-commit-hooks.yaml as a user's repository runs it: a .pre-commit-config.yaml
+    as docs/adopt.md writes it, pointing at this checkout at a commit; pre-commit
+    installs buildmatrix into its own environment once (one PRE_COMMIT_HOME for every
+    call) and runs the hooks on a repository that commits its image specs and
+    generated Dockerfiles."""
     pre_commit = shutil.which("pre-commit") or str(Path(sys.executable).parent / "pre-commit")
     if not Path(pre_commit).exists() or shutil.which("git") is None:
         pytest.skip("needs pre-commit (pip install pre-commit) and git")
     if not (REPO / ".git").exists():
         pytest.skip("needs a git checkout of the repository")
+    hooks_repo, rev = _hooks_commit(tmp_path)
     user = tmp_path / "user-repo"
     user.mkdir()
     shutil.copytree(REPO / "images", user / "images")
     shutil.copytree(REPO / "build", user / "build")
+    (user / "README.md").write_text("not a file the hooks look at\n")
+    (user / ".pre-commit-config.yaml").write_text(_user_config(hooks_repo, rev))
     _git(user, "init", "-q")
     _git(user, "add", "-A")
     _git(user, "commit", "-qm", "images")
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")}
+    home = tmp_path / "pre-commit-home"
+    env = {**os.environ, "PRE_COMMIT_HOME": str(home)}
 
-    def hook(hook_id: str) -> subprocess.CompletedProcess[str]:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [pre_commit, "try-repo", str(REPO), hook_id, "--all-files"],
+            [pre_commit, "run", "--verbose", *args],
             cwd=user,
             env=env,
             capture_output=True,
@@ -110,24 +163,36 @@ def test_pre_commit_hooks_with_the_real_pre_commit(tmp_path: Path) -> None:
             check=False,
         )
 
-    clean = hook("buildmatrix-generate-check")
+    clean = run("--all-files")  # both hooks: nothing stale, nothing rewritten
     assert clean.returncode == 0, clean.stdout + clean.stderr
-    assert "Passed" in clean.stdout
+    assert clean.stdout.count("Passed") == 2, clean.stdout
+    for hook_id in ("buildmatrix-generate-check", "buildmatrix-generate"):
+        assert f"- hook id: {hook_id}\n" in clean.stdout, clean.stdout
+    assert "Installing environment" in clean.stdout + clean.stderr
+
+    untouched = run("buildmatrix-generate-check", "--files", "README.md")  # outside `files:`
+    assert untouched.returncode == 0, untouched.stdout
+    assert "Skipped" in untouched.stdout and "Passed" not in untouched.stdout
 
     template = user / "images" / "infer" / "Dockerfile.j2"
     template.write_text(template.read_text() + "ENV EDITED=1\n")  # not regenerated
-    stale = hook("buildmatrix-generate-check")
+    stale = run("buildmatrix-generate-check", "--files", "images/infer/Dockerfile.j2")
     assert stale.returncode == 1, stale.stdout
     assert "Failed" in stale.stdout
     assert "buildmatrix generate" in stale.stdout  # the fix is named
 
-    rewrite = hook("buildmatrix-generate")
+    rewrite = run("buildmatrix-generate", "--all-files")
     assert rewrite.returncode == 1, rewrite.stdout  # files changed: pre-commit says so
     assert "files were modified by this hook" in rewrite.stdout
     assert all(
         "ENV EDITED=1" in f.read_text() for f in (user / "build" / "infer").glob("*.Dockerfile")
     )
-    assert hook("buildmatrix-generate-check").returncode == 0
+    after = run("buildmatrix-generate-check", "--all-files")
+    assert after.returncode == 0, after.stdout
+    # the environment was built on the first call and reused by the others
+    for later in (untouched, stale, rewrite, after):
+        assert "Installing environment" not in later.stdout + later.stderr, later.stdout
+    assert len(list(home.glob("repo*/py_env-*"))) == 1
 
 
 # downloads NVIDIA's CUDA wheels from the package index
