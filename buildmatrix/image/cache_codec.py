@@ -21,7 +21,7 @@ from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.errors import BuildmatrixError
 from buildmatrix.forward import CompatLibrary
-from buildmatrix.image.tree import WHITED_OUT, Dir, Entry, LayerSummary, Leaf, Node
+from buildmatrix.image.tree import WHITED_OUT, Dir, Entry, Inode, LayerSummary, Leaf
 
 
 def encode(digest: str, summary: LayerSummary) -> bytes:
@@ -65,8 +65,8 @@ def _dump_entry(entry: Entry) -> Any:
     if isinstance(entry, Dir):
         return {"dir": _dump_dir(entry)}
     assert isinstance(entry, Leaf)
-    node = entry.node
-    return {"kind": node.kind, "target": node.target, "result": _dump_result(node.result)}
+    inode = entry.inode
+    return {"kind": inode.kind, "target": inode.target, "result": _dump_result(inode.result)}
 
 
 def _dump_result(result: Any) -> Any:
@@ -129,7 +129,7 @@ def _load_entry(doc: dict[str, Any]) -> Entry:
         return WHITED_OUT
     if "dir" in doc:
         return _load_dir(doc["dir"])
-    return Leaf(Node(doc["kind"], doc["target"], _load_result(doc["result"])))
+    return Leaf(Inode(doc["kind"], doc["target"], _load_result(doc["result"])))
 
 
 def _load_result(doc: Any) -> Any:

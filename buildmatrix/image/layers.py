@@ -28,7 +28,7 @@ from buildmatrix.image.tarstream import (
     open_tar_stream,
     tar_digest,
 )
-from buildmatrix.image.tree import OPAQUE, WHITEOUT, LayerSummary, Node, Result
+from buildmatrix.image.tree import OPAQUE, WHITEOUT, Inode, LayerSummary, Result
 
 
 def clean_member_name(name: str, *, layer: str) -> str:
@@ -107,15 +107,15 @@ def summarise(
         elif base.startswith(WHITEOUT):
             summary.whiteout(posixpath.join(folder, base[len(WHITEOUT) :]))
         elif member.isdir():
-            summary.add(path, Node("dir"))
+            summary.add(path, Inode("dir"))
         elif member.issym():
-            summary.add(path, Node("symlink", member.linkname))
+            summary.add(path, Inode("symlink", member.linkname))
         elif member.islnk():
             summary.add_hardlink(path, clean_member_name(member.linkname, layer=name))
         elif member.isreg():
-            summary.add(path, Node("file", result=read_file(member, path)))
+            summary.add(path, Inode("file", result=read_file(member, path)))
         else:
-            summary.add(path, Node("other"))
+            summary.add(path, Inode("other"))
     check_end(tar)
     return summary
 

@@ -12,7 +12,7 @@ from buildmatrix.binary.scan import inspect_image_file, might_hold_code
 from buildmatrix.binary.source import CorruptBinary, FileSource
 from buildmatrix.binary.walk import walk
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.image.tree import LayerSummary, Node, Result
+from buildmatrix.image.tree import Inode, LayerSummary, Result
 from buildmatrix.image.workers import run_all
 
 # overlayfs xattrs in a layer folder (Linux Documentation/filesystems/overlayfs.rst).
@@ -47,26 +47,26 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
         st = entry.stat(follow_symlinks=False)
         opaque = _overlay_xattrs(entry.path, name=name, path=path)
         if stat.S_ISDIR(st.st_mode):
-            summary.add(path, Node("dir"))
+            summary.add(path, Inode("dir"))
             if opaque:
                 summary.make_opaque(path)
         elif stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
             summary.whiteout(path)
         elif stat.S_ISLNK(st.st_mode):
-            summary.add(path, Node("symlink", str(Path(entry.path).readlink())))
+            summary.add(path, Inode("symlink", str(Path(entry.path).readlink())))
         elif stat.S_ISREG(st.st_mode):
-            summary.add(path, Node("file"))
+            summary.add(path, Inode("file"))
             if _stored_candidate(entry.path, path):
                 candidates.append((entry.path, path))
                 sizes.append(st.st_size)
         else:
-            summary.add(path, Node("other"))
+            summary.add(path, Inode("other"))
     # Files that may hold device code are read once the folder is listed, several at
     # a time where they are many (buildmatrix.image.workers).
     for (_, path), result in zip(
         candidates, run_all(_inspect_stored, candidates, sizes), strict=True
     ):
-        summary.add(path, Node("file", result=result))
+        summary.add(path, Inode("file", result=result))
     return summary
 
 

@@ -46,9 +46,10 @@ Result = FileReport | CompatLibrary | ScanProblem | None
 
 
 @dataclass(frozen=True, slots=True)
-class Node:
-    """What a non-folder entry is, and for a regular file the device code read from
-    it (None: none, or not a candidate)."""
+class Inode:
+    """What a non-folder entry of a layer is, as its inode would say (a filesystem
+    entry, nothing to do with buildmatrix.node): its kind, its link target, and for a
+    regular file the device code read from it (None: none, or not a candidate)."""
 
     kind: Kind
     target: str = ""  # symlink target as written, or hard-link target path
@@ -68,10 +69,10 @@ class Dir:
 class Leaf:
     """A non-folder entry of a layer tree; hard links share one Leaf."""
 
-    node: Node
+    inode: Inode
 
 
-PLAIN_FILE = Leaf(Node("file"))
+PLAIN_FILE = Leaf(Inode("file"))
 """Every file without device code: one shared leaf (leaves are immutable)."""
 
 
@@ -131,13 +132,13 @@ class LayerSummary:
                         "does not hold"
                     )
                 child = current.children[part] = Dir()
-            if isinstance(child, Leaf) and child.node.kind == "symlink":
+            if isinstance(child, Leaf) and child.inode.kind == "symlink":
                 hops += 1
                 if hops > MAX_LINK_HOPS:
                     self._refuse(f"'{what}' is written through a symlink loop")
-                if child.node.target.startswith("/"):
+                if child.inode.target.startswith("/"):
                     current, parents = self.root, []
-                queue.extendleft((p, True) for p in reversed(child.node.target.split("/")))
+                queue.extendleft((p, True) for p in reversed(child.inode.target.split("/")))
                 continue
             if not isinstance(child, Dir):
                 self._refuse(f"'{what}' is under '{part}', which is not a folder in the layer")
@@ -149,16 +150,16 @@ class LayerSummary:
         *folders, base = path.split("/")
         return self._folder(folders, create=True, what=path), base
 
-    def add(self, path: str, node: Node) -> None:
+    def add(self, path: str, inode: Inode) -> None:
         """A folder, file, symlink or other entry: it replaces what the path held."""
-        if node.kind == "symlink" and len(node.target) >= PATH_MAX:
+        if inode.kind == "symlink" and len(inode.target) >= PATH_MAX:
             self._refuse(f"symlink '{path}' has a target longer than PATH_MAX ({PATH_MAX})")
         folder, base = self._parent(path)
-        if node.kind == "dir":
+        if inode.kind == "dir":
             if not isinstance(folder.children.get(base), Dir):
                 folder.children[base] = Dir()
         else:
-            folder.children[base] = PLAIN_FILE if node == PLAIN_FILE.node else Leaf(node)
+            folder.children[base] = PLAIN_FILE if inode == PLAIN_FILE.inode else Leaf(inode)
 
     def add_hardlink(self, path: str, target: str) -> None:
         """Bound to what ``target`` holds now, in this layer (the engine links in it)."""
@@ -185,7 +186,7 @@ class LayerSummary:
         entry = folder.children.get(base)
         if entry is None:
             entry = folder.children[base] = Dir()
-        elif isinstance(entry, Leaf) and entry.node.kind == "symlink":
+        elif isinstance(entry, Leaf) and entry.inode.kind == "symlink":
             entry = self._folder(path.split("/"), create=False, what=path)
         if isinstance(entry, Dir):
             entry.opaque = True
@@ -225,8 +226,8 @@ class ImageTree:
                     yield f"{prefix}{name}"
                     stack.append((f"{prefix}{name}/", child))
 
-    def files(self) -> Iterator[tuple[str, Node]]:
-        """Every non-folder entry as (path, node), sorted by path."""
+    def files(self) -> Iterator[tuple[str, Inode]]:
+        """Every non-folder entry as (path, inode), sorted by path."""
         stack: list[tuple[str, Dir]] = [("", self.root)]
         while stack:
             prefix, folder = stack.pop()
@@ -237,7 +238,7 @@ class ImageTree:
                 if isinstance(child, Dir):
                     subfolders.append((f"{path}/", child))
                 elif isinstance(child, Leaf):
-                    yield path, child.node
+                    yield path, child.inode
             stack.extend(reversed(subfolders))
 
 
