@@ -19,9 +19,9 @@ from buildmatrix.binary.report import FileReport
 from buildmatrix.compat import (
     DriverCheck,
     Verdict,
-    check_driver,
     combine,
     driver_floors,
+    driver_meets_floors,
 )
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
@@ -459,8 +459,8 @@ def _judge_target(
         if forward is not None and forward.in_use:
             reasons.append(f"CUDA forward compatibility: {forward.why}")
             checks = [
-                check_driver(user_driver, runtime_floors),
-                check_driver(driver, hardware_floors),
+                driver_meets_floors(user_driver, runtime_floors),
+                driver_meets_floors(driver, hardware_floors),
             ]
             refused = device_refusal(forward.library, products=target.products, brand=target.brand)
             if refused is not None:
@@ -471,7 +471,7 @@ def _judge_target(
                 )
                 checks.append(DriverCheck(ok=False, reasons=(text,), failures=(text,)))
         else:
-            checks = [check_driver(driver, (*runtime_floors, *hardware_floors))]
+            checks = [driver_meets_floors(driver, (*runtime_floors, *hardware_floors))]
             if forward is not None:
                 reasons.append(f"CUDA forward compatibility not used: {forward.why}")
         driver_ok = all(c.ok for c in checks)

@@ -152,7 +152,7 @@ class DriverCheck:
     failures: tuple[str, ...] = ()
 
 
-def check_driver(driver: DriverVersion, floors: Iterable[Floor]) -> DriverCheck:
+def driver_meets_floors(driver: DriverVersion, floors: Iterable[Floor]) -> DriverCheck:
     """Whether ``driver`` meets every floor; an unknown floor fails."""
     reasons: list[str] = []
     failures: list[str] = []

@@ -28,7 +28,7 @@ from enum import StrEnum
 from buildmatrix.affinity import breakpoints
 from buildmatrix.check import CheckResult, Options, run_check
 from buildmatrix.compat import Floor as CompatFloor
-from buildmatrix.compat import Verdict, check_driver, driver_floors
+from buildmatrix.compat import Verdict, driver_floors, driver_meets_floors
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.image.model import ScannedImage
 from buildmatrix.profiles import Profile, ProfileSet
@@ -173,7 +173,7 @@ def _hardware_floors(model: GpuModel, facts: CudaFacts) -> tuple[CompatFloor, ..
 
 def hardware_cell(model: GpuModel, driver: DriverVersion, facts: CudaFacts) -> Cell:
     """Whether ``driver`` meets the model's hardware floor."""
-    result = check_driver(driver, _hardware_floors(model, facts))
+    result = driver_meets_floors(driver, _hardware_floors(model, facts))
     return Cell(
         image="",
         model=model.product,

@@ -18,9 +18,9 @@ from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix, parse_ar
 from buildmatrix.compat import (
     CodeTarget,
     Verdict,
-    check_driver,
     combine,
     driver_floors,
+    driver_meets_floors,
     judge_code,
     judge_codes,
 )
@@ -200,7 +200,7 @@ RUNTIME_FLOORS = RAW["minor_version_compatibility"]
 def test_runtime_floor(runtime: str, driver: DriverVersion) -> None:
     floor = _driver(RUNTIME_FLOORS[runtime.split(".", maxsplit=1)[0]])
     floors = driver_floors(cuda_runtime=Version(runtime), hardware_floor=None, facts=FACTS)
-    got = check_driver(driver, floors)
+    got = driver_meets_floors(driver, floors)
     assert got.ok is (driver >= floor), got.reasons
 
 
@@ -212,7 +212,7 @@ def test_hardware_floor(sm: str, driver: DriverVersion) -> None:
     floors = driver_floors(
         cuda_runtime=None, hardware_floor=profile.min_driver, hardware=sm, facts=FACTS
     )
-    got = check_driver(driver, floors)
+    got = driver_meets_floors(driver, floors)
     assert got.ok is (driver >= profile.min_driver), got.reasons
 
 
@@ -225,7 +225,7 @@ def test_hopper_needs_r525_even_for_cuda_11() -> None:
         hardware="hopper",
         facts=FACTS,
     )
-    got = check_driver(_driver("520.61.05"), floors)
+    got = driver_meets_floors(_driver("520.61.05"), floors)
     assert not got.ok
     assert got.reasons == (
         "driver 520.61.05 >= 450.80.02: CUDA 11.8 runtime (CUDA 11.x minor version compatibility)",
@@ -235,6 +235,6 @@ def test_hopper_needs_r525_even_for_cuda_11() -> None:
 
 def test_unknown_cuda_major_fails_closed() -> None:
     floors = driver_floors(cuda_runtime=Version("14.0"), hardware_floor=None, facts=FACTS)
-    got = check_driver(_driver("999.1"), floors)
+    got = driver_meets_floors(_driver("999.1"), floors)
     assert not got.ok
     assert "knows no driver floor for CUDA 14.x" in got.reasons[0]

@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from buildmatrix.check import CheckResult
-from buildmatrix.compat import Floor, driver_floors
-from buildmatrix.compat import check_driver as compat_check_driver
+from buildmatrix.compat import Floor, driver_floors, driver_meets_floors
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.node.gpu_models import Model
 from buildmatrix.node.results import NodeCheck
@@ -55,7 +54,7 @@ def check_driver(driver: DriverVersion, floors: Sequence[Floor]) -> NodeCheck:
             ok=False,
             message=f"driver {driver}: no floor is known for these GPUs (no profile)",
         )
-    result = compat_check_driver(driver, floors)
+    result = driver_meets_floors(driver, floors)
     if not result.ok:
         return NodeCheck(
             name="driver",
