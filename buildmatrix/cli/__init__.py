@@ -14,11 +14,12 @@ import click
 
 from buildmatrix import __version__
 from buildmatrix.cli._common import echo_error
+from buildmatrix.cli.affinity_cmd import affinity
 from buildmatrix.cli.check_cmd import check
 from buildmatrix.cli.drivers_cmd import drivers, k8s_drivers
 from buildmatrix.cli.generate_cmd import generate, matrix
 from buildmatrix.cli.inspect_cmd import inspect
-from buildmatrix.cli.k8s_cmd import affinity, k8s
+from buildmatrix.cli.k8s_cmd import k8s
 from buildmatrix.cli.node_cmd import labels, smoke
 from buildmatrix.cli.profiles_cmd import profiles
 from buildmatrix.errors import BuildmatrixError

@@ -246,3 +246,21 @@ class ByteProgress:
     def done(self) -> None:
         if self.enabled and self.total:
             click.echo("\r\033[K", err=True, nl=False)
+
+
+MANIFEST_FORMATS = click.Choice(["yaml", "json"])
+
+
+def dump_manifests(obj: Any, fmt: str) -> str:
+    """One manifest, or a list of them as a multi-document stream, in YAML or JSON."""
+    import yaml
+
+    class Plain(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True  # no &anchors: kubectl reads them, people and diffs less well
+
+    if fmt == "json":
+        return json.dumps(obj, indent=2) + "\n"
+    if isinstance(obj, list):
+        return yaml.dump_all(obj, Dumper=Plain, sort_keys=False)
+    return yaml.dump(obj, Dumper=Plain, sort_keys=False)
