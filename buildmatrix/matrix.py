@@ -21,7 +21,7 @@ from packaging.version import Version
 from buildmatrix.arch import CodeKind, Family, parse_arch, sorted_platforms
 from buildmatrix.compat import CodeTarget
 from buildmatrix.constraint import Segment, admitted, nvidia_require_arch
-from buildmatrix.cuda import CudaFacts, load_cuda_facts
+from buildmatrix.cuda import CudaFacts
 from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.image.ref import COMPONENT_PATTERN, HOST_PATTERN, TAG_PATTERN, is_host
 from buildmatrix.profiles import Profile, ProfileSet
@@ -331,10 +331,15 @@ def _platform_variants(
 
 
 def expand(
-    spec: ImageSpec, profiles: ProfileSet, *, out: Path, registry: str | None = None
+    spec: ImageSpec,
+    profiles: ProfileSet,
+    *,
+    facts: CudaFacts,
+    out: Path,
+    registry: str | None = None,
 ) -> Matrix:
-    """The variants of one spec, in a stable order: family (by SM), CUDA, axes."""
-    facts = load_cuda_facts()
+    """The variants of one spec, in a stable order: family (by SM), CUDA, axes; the
+    CUDA facts are the caller's (the CLI reads them, buildmatrix.cuda.load_cuda_facts)."""
     _known_cuda(spec, facts)
     matrix = Matrix()
     families = spec.families or tuple(f.value for f in profiles.families)
@@ -443,12 +448,17 @@ def check_registry(registry: str, *, what: str) -> str:
 
 
 def expand_all(
-    specs: list[ImageSpec], profiles: ProfileSet, *, out: Path, registry: str | None = None
+    specs: list[ImageSpec],
+    profiles: ProfileSet,
+    *,
+    facts: CudaFacts,
+    out: Path,
+    registry: str | None = None,
 ) -> Matrix:
     total = Matrix()
     seen: dict[tuple[str, str], Entry] = {}
     for spec in specs:
-        m = expand(spec, profiles, out=out, registry=registry)
+        m = expand(spec, profiles, facts=facts, out=out, registry=registry)
         for e in m.entries:
             if (e.image_ref, e.platform) in seen:
                 raise InputError(

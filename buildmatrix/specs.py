@@ -10,6 +10,7 @@ from typing import Any
 
 from buildmatrix import schema
 from buildmatrix.arch import sorted_platforms
+from buildmatrix.cuda import CudaFacts
 from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.profiles import FEATURE_MIN_CC, ProfileSet
 
@@ -98,13 +99,10 @@ def _check_fields(pattern: str, allowed: list[str], *, source: Path, key: str) -
             )
 
 
-def _check_cuda_releases(cudas: list[Cuda], *, tag: str, source: Path) -> None:
+def _check_cuda_releases(cudas: list[Cuda], *, tag: str, source: Path, facts: CudaFacts) -> None:
     """Each full CUDA version must be a release NVIDIA publishes as nvidia/cuda images
     (data/cuda.yaml, releases), and two versions of one MAJOR.MINOR need ``{cuda}`` in
     the tag pattern to get tags of their own."""
-    from buildmatrix.cuda import load_cuda_facts
-
-    facts = load_cuda_facts()
     for cuda in cudas:
         known = facts.releases.get(cuda.mm)
         if cuda.full == cuda.mm or known is None or cuda.full in known:
@@ -133,7 +131,9 @@ def _check_cuda_releases(cudas: list[Cuda], *, tag: str, source: Path) -> None:
         first[cuda.mm] = cuda
 
 
-def spec_from_data(data: Any, path: Path, profiles: ProfileSet) -> ImageSpec:
+def spec_from_data(data: Any, path: Path, profiles: ProfileSet, *, facts: CudaFacts) -> ImageSpec:
+    """One image spec from its YAML data, checked against the profiles and the CUDA
+    facts (the caller's: the CLI reads them, buildmatrix.cuda.load_cuda_facts)."""
     source = path
     if data is None:
         raise InputError(
@@ -157,7 +157,7 @@ def spec_from_data(data: Any, path: Path, profiles: ProfileSet) -> ImageSpec:
         if m is None:  # pragma: no cover - the schema's pattern is the same
             raise InputError(f"{source}: key 'cuda': '{text}' is not a CUDA version.")
         cudas.append(Cuda(full=text, major=int(m[1]), minor=int(m[2])))
-    _check_cuda_releases(cudas, tag=data.get("tag", DEFAULT_TAG), source=source)
+    _check_cuda_releases(cudas, tag=data.get("tag", DEFAULT_TAG), source=source, facts=facts)
     known = [f.value for f in profiles.families]
     families = tuple(data["families"]) if "families" in data else None
     for family in families or ():
@@ -249,7 +249,9 @@ def _platforms(data: Any, *, source: Path) -> tuple[tuple[str, ...] | None, tupl
     return platforms, emulate
 
 
-def load_specs(images: Path, profiles: ProfileSet, *, only: str | None = None) -> list[ImageSpec]:
+def load_specs(
+    images: Path, profiles: ProfileSet, *, facts: CudaFacts, only: str | None = None
+) -> list[ImageSpec]:
     """Every ``*/image.yaml`` under ``images`` (sorted by name), or just ``only``."""
     from buildmatrix.yamlio import load_yaml_file
 
@@ -269,4 +271,4 @@ def load_specs(images: Path, profiles: ProfileSet, *, only: str | None = None) -
         paths = [p for p in paths if p.parent.name == only]
     if not paths:
         raise InputError(f"{images} holds no */{SPEC_FILE}; add images/NAME/{SPEC_FILE}.")
-    return [spec_from_data(load_yaml_file(p), p, profiles) for p in paths]
+    return [spec_from_data(load_yaml_file(p), p, profiles, facts=facts) for p in paths]

@@ -86,8 +86,8 @@ def test_evaluator() -> None:
 
 def _variants() -> Iterator[Entry]:
     roots = [REPO / "images", REPO / "tests" / "fixtures" / "images"]
-    specs = [s for root in roots for s in load_specs(root, PROFILES)]
-    for entry in expand_all(specs, PROFILES, out=Path("/nonexistent")).entries:
+    specs = [s for root in roots for s in load_specs(root, PROFILES, facts=FACTS)]
+    for entry in expand_all(specs, PROFILES, facts=FACTS, out=Path("/nonexistent")).entries:
         yield entry
         for tk in FACTS.toolkits:  # the same variant built by every release that can
             cuda = Cuda(full=f"{tk.version}.0", major=tk.version.major, minor=tk.version.minor)

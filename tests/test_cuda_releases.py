@@ -89,13 +89,13 @@ def test_every_listed_release_is_accepted_and_every_other_patch_refused(tmp_path
     assert FACTS.releases, "the facts list no releases"
     for mm, releases in FACTS.releases.items():
         for ok in (mm, *releases):
-            spec_from_data(_spec([ok]), path, profiles)
+            spec_from_data(_spec([ok]), path, profiles, facts=FACTS)
         patches = {int(r.rsplit(".", 1)[1]) for r in releases}
         for patch in range(max(patches, default=-1) + 2):
             if patch in patches:
                 continue
             with pytest.raises(InputError, match="is not a released CUDA version") as err:
-                spec_from_data(_spec([f"{mm}.{patch}"]), path, profiles)
+                spec_from_data(_spec([f"{mm}.{patch}"]), path, profiles, facts=FACTS)
             assert all(r in str(err.value) for r in releases)
 
 

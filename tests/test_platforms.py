@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from buildmatrix.cuda import load_cuda_facts
 from buildmatrix.matrix import Entry, expand_all, merges
 from buildmatrix.profiles import load_profiles
 from buildmatrix.specs import load_specs
@@ -16,6 +17,7 @@ from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 from tests.services import Registry
 
 PROFILES = load_profiles(SHIPPED_PROFILES)
+FACTS = load_cuda_facts()
 TRAIN = 'tag: "{version}-cu{cuda_major}{cuda_minor}-{family}"'
 
 
@@ -31,7 +33,9 @@ def test_default_platforms_are_the_products_hosts() -> None:
     """Every shipped variant is built for exactly the platforms some product of its
     SMs sits behind, and each platform's entry holds exactly the SMs with a product
     there; the merge job of a tag lists exactly its build entries' platforms."""
-    m = expand_all(load_specs(REPO / "images", PROFILES), PROFILES, out=Path("build"))
+    m = expand_all(
+        load_specs(REPO / "images", PROFILES, facts=FACTS), PROFILES, facts=FACTS, out=Path("build")
+    )
     by_tag: dict[str, list[Entry]] = {}
     for e in m.entries:
         by_tag.setdefault(e.image_ref, []).append(e)

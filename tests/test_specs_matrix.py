@@ -9,17 +9,21 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from buildmatrix.cuda import load_cuda_facts
 from buildmatrix.matrix import expand_all
 from buildmatrix.profiles import load_profiles
 from buildmatrix.specs import load_specs
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 
 PROFILES = load_profiles(SHIPPED_PROFILES)
+FACTS = load_cuda_facts()
 IMAGES = REPO / "images"
 
 
 def shipped() -> tuple[list[str], list[str]]:
-    m = expand_all(load_specs(IMAGES, PROFILES), PROFILES, out=Path("build"))
+    m = expand_all(
+        load_specs(IMAGES, PROFILES, facts=FACTS), PROFILES, facts=FACTS, out=Path("build")
+    )
     tags = dict.fromkeys(f"{e.spec.name}:{e.tag}" for e in m.entries)  # one per platform
     return list(tags), [str(d) for d in m.dropped]
 
@@ -42,7 +46,9 @@ def test_an_sm_the_cuda_version_cannot_build_is_left_out(tmp_path: Path) -> None
     images = _copy_example(tmp_path)
     spec = images / "train-fp8" / "image.yaml"
     spec.write_text(spec.read_text().replace('["12.9.1", "13.3.1"]', '["12.8.1"]'))
-    m = expand_all(load_specs(images, PROFILES), PROFILES, out=Path("build"))
+    m = expand_all(
+        load_specs(images, PROFILES, facts=FACTS), PROFILES, facts=FACTS, out=Path("build")
+    )
     for sm in ("sm_103", "sm_121"):
         assert (
             f"train-fp8: blackwell cuda 12.8.1: {sm}: left out of the variant: {sm} needs "
@@ -78,7 +84,12 @@ def test_inference_axes_and_exclusions() -> None:
 
 
 def test_entry_build_flags_follow_the_cuda_version() -> None:
-    m = expand_all(load_specs(IMAGES, PROFILES, only="train-fp8"), PROFILES, out=Path("build"))
+    m = expand_all(
+        load_specs(IMAGES, PROFILES, facts=FACTS, only="train-fp8"),
+        PROFILES,
+        facts=FACTS,
+        out=Path("build"),
+    )
     by_tag = {e.tag: e for e in m.entries}
     blackwell = by_tag["1.4.0-cu129-blackwell"]
     assert blackwell.sms == ["sm_100", "sm_103", "sm_120", "sm_121"]

@@ -49,14 +49,16 @@ def _matrix(
     image: str | None,
     registry: str | None = None,
 ) -> Any:
+    from buildmatrix.cuda import load_cuda_facts
     from buildmatrix.matrix import check_registry, expand_all
     from buildmatrix.specs import load_specs
 
     if registry:
         registry = check_registry(registry, what="--registry")
     profiles = load(profiles_dir)
-    specs = load_specs(Path(images_dir), profiles, only=image)
-    return expand_all(specs, profiles, out=Path(out_dir), registry=registry)
+    facts = load_cuda_facts()
+    specs = load_specs(Path(images_dir), profiles, facts=facts, only=image)
+    return expand_all(specs, profiles, facts=facts, out=Path(out_dir), registry=registry)
 
 
 def _over_limit(entries: list[dict[str, Any]], limit: int) -> str:
