@@ -44,7 +44,7 @@ from decimal import Decimal
 from typing import Any
 
 from buildmatrix.arch import HOST_ARCHES, CodeKind
-from buildmatrix.check import FAMILY_LABEL, Options, TargetResult, cuda_runtime, run_check
+from buildmatrix.check import FAMILY_LABEL, Options, run_check
 from buildmatrix.compat import Verdict, ptx_toolkit
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.errors import InputError, did_you_mean
@@ -61,6 +61,7 @@ from buildmatrix.labelkeys import (
     present_key,
 )
 from buildmatrix.profiles import FEATURE_MIN_CC, Profile, ProfileSet
+from buildmatrix.runtime_sources import cuda_runtime
 from buildmatrix.selector import (
     ABSENT,
     Constraint,
@@ -71,6 +72,7 @@ from buildmatrix.selector import (
     one_of,
     render,
 )
+from buildmatrix.target_verdict import TargetResult
 
 __all__ = [
     "ARCH",

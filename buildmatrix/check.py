@@ -9,73 +9,27 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from packaging.version import Version
 
-from buildmatrix.arch import ComputeCapability, parse_sm
+from buildmatrix.arch import parse_sm
 from buildmatrix.binary.report import FileReport
 from buildmatrix.compat import (
-    DriverCheck,
     Verdict,
-    combine,
-    driver_floors,
-    driver_meets_floors,
 )
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
-from buildmatrix.forward import CompatUse, device_refusal
+from buildmatrix.forward import CompatUse
 from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.model import ScannedImage
 from buildmatrix.profiles import Profile, ProfileSet
+from buildmatrix.runtime_sources import cuda_runtime, runtime_note, runtime_sources
 from buildmatrix.snapshot import Snapshot
-from buildmatrix.units import judge_units
+from buildmatrix.target_verdict import Target, TargetResult, judge_target, worst
 
 FAMILY_LABEL = "io.buildmatrix.family"
-_CUDART = re.compile(r"(?:^|/)libcudart\.so\.(\d+)(?:\.(\d+))?")
-_CUDA_ENV = re.compile(r"(\d+)\.(\d+)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Target:
-    name: str
-    cc: ComputeCapability
-    profile: Profile | None
-    # The GPU's driver floor and what sets it (ProfileSet.hardware_floor): its
-    # profile's, its product's, or for an unknown CC its family's nearest older one.
-    hardware_floor: tuple[DriverVersion, str] | None = None
-    # The products the target stands for and, from a node snapshot, their NVML brand:
-    # CUDA forward compatibility accepts some boards only (buildmatrix.forward).
-    products: tuple[str, ...] = ()
-    brand: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class TargetResult:
-    target: Target
-    verdict: Verdict
-    driver_ok: bool
-    reasons: tuple[str, ...]
-    code_failures: tuple[str, ...] = ()
-    jit_files: tuple[str, ...] = ()
-    driver_failures: tuple[str, ...] = ()
-    specialised: tuple[str, ...] = ()  # containers left out of the verdict (judge_units)
-
-    @property
-    def sm(self) -> str:
-        return self.target.profile.sm if self.target.profile else f"sm_{self.target.cc.number}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.target.name,
-            "sm": self.sm,
-            "compute_capability": str(self.target.cc),
-            "verdict": self.verdict.value,
-            "driver_ok": self.driver_ok,
-            "reasons": list(self.reasons),
-            "specialised": list(self.specialised),
-        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,48 +191,6 @@ def resolve_targets(
     return unique, declared, claims
 
 
-CUDA_VERSION_SOURCE = "CUDA_VERSION in the image config"
-
-
-def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
-    """Every sign of the CUDA release the image's code needs, with where it comes from:
-    CUDA_VERSION in the config, each ``libcudart.so.X[.Y]`` it ships, and the release
-    whose ptxas/nvlink wrote each file's cubins (``.note.nv.tkinfo``; a driver must
-    support that major, and it is the only sign of a statically linked runtime)."""
-    found: list[tuple[Version, str]] = []
-    m = _CUDA_ENV.match(image.config.env.get("CUDA_VERSION", ""))
-    if m:
-        found.append((Version(f"{m[1]}.{m[2]}"), CUDA_VERSION_SOURCE))
-    for path in image.paths:
-        hit = _CUDART.search(path)
-        if hit:
-            found.append((Version(f"{hit[1]}.{hit[2] or 0}"), path))
-    for f in image.files:
-        if f.toolkit is not None and f.format != "archive":
-            found.append((f.toolkit, f"device code of {f.path} (built by CUDA {f.toolkit})"))
-    return found
-
-
-def cuda_runtime(image: ScannedImage) -> tuple[Version, str] | None:
-    """The newest CUDA release any source shows (runtime_sources): the floors follow it."""
-    return max(runtime_sources(image), key=lambda x: x[0], default=None)
-
-
-def runtime_note(sources: list[tuple[Version, str]]) -> str | None:
-    """Where the image's CUDA_VERSION names an older release than its code needs (kernels
-    built by nvcc 13.5 in a CUDA_VERSION=12.8.1 image): say that the two disagree and
-    which one the floors follow. None where they agree or there is no CUDA_VERSION."""
-    declared = [v for v, s in sources if s == CUDA_VERSION_SOURCE]
-    winner = max(sources, key=lambda x: x[0], default=None)
-    if not declared or winner is None or winner[0] <= declared[0]:
-        return None
-    return (
-        f"the image's CUDA_VERSION says CUDA {major_minor(declared[0])}, but "
-        f"{winner[1]} needs CUDA {major_minor(winner[0])}: the driver floors follow "
-        f"{major_minor(winner[0])}"
-    )
-
-
 def run_check(
     image: ScannedImage, profiles: ProfileSet, opts: Options, facts: CudaFacts
 ) -> CheckResult:
@@ -292,11 +204,7 @@ def run_check(
     unreadable = [
         p for p in image.problems if not _ignored(re.split(r":? ", p, maxsplit=1)[0], opts.ignore)
     ]
-    driver = opts.driver or (opts.snapshot.driver if opts.snapshot else None)
-    # The CUDA version the node's driver reports (NVML nvmlSystemGetCudaDriverVersion)
-    # decides which PTX it JITs; it belongs to the snapshot's driver only.
-    reported = opts.snapshot.cuda_driver_version if opts.snapshot and not opts.driver else None
-    driver_cuda = Version(reported) if reported else None
+    driver, driver_cuda = _driver(opts)
     runtime = cuda_runtime(image)
     choice = compat_choice(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
@@ -309,7 +217,7 @@ def run_check(
     results: list[TargetResult] = []
     for target in targets:
         variants = [
-            _judge_target(
+            judge_target(
                 target,
                 loaded,
                 allow_empty=opts.allow_empty,
@@ -323,28 +231,10 @@ def run_check(
             )
             for use in (choice.states if choice is not None else (None,))
         ]
-        results.append(_worst(variants))
-    for r in results:
-        label = f"{r.target.name} ({r.sm})"
-        if r.verdict is Verdict.NONE:
-            problems.append(f"{label}: no runnable code: " + "; ".join(r.code_failures))
-        elif r.verdict is Verdict.JIT and opts.require_sass:
-            problems.append(
-                f"{label}: runs only by PTX JIT, and --require-sass is set: "
-                + "; ".join(r.jit_files)
-            )
-        if not r.driver_ok:
-            problems.append(f"{label}: driver: " + "; ".join(r.driver_failures))
+        results.append(worst(variants))
+    problems += _target_problems(results, require_sass=opts.require_sass)
     if not loaded and not opts.allow_empty:
-        problems.append(
-            (
-                "the image's CUDA device code is only in static archives, which are "
-                "linked at build time and never loaded"
-                if files
-                else "the image holds no CUDA device code at all (a CPU-only framework build?)"
-            )
-            + "; pass --allow-empty if that is intended"
-        )
+        problems.append(_no_loaded_code(archives_only=bool(files)))
     warnings: list[str] = []
     if runtime is None and driver is not None and loaded:
         unknown = (
@@ -371,121 +261,43 @@ def run_check(
     )
 
 
-def _worst(variants: list[TargetResult]) -> TargetResult:
-    """One target judged under each compat state a node may be in: the worst counts."""
-    if len(variants) == 1:
-        return variants[0]
-
-    def joined(attr: str) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(x for v in variants for x in getattr(v, attr)))
-
-    return replace(
-        variants[0],
-        verdict=combine(v.verdict for v in variants),
-        driver_ok=all(v.driver_ok for v in variants),
-        reasons=joined("reasons"),
-        code_failures=joined("code_failures"),
-        jit_files=joined("jit_files"),
-        driver_failures=joined("driver_failures"),
-        specialised=joined("specialised"),
-    )
-
-
 def _ignored(path: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch("/" + path, p) for p in patterns)
 
 
-def _judge_target(
-    target: Target,
-    files: list[FileReport],
-    *,
-    allow_empty: bool,
-    unreadable: list[str],
-    driver: DriverVersion | None,
-    runtime: tuple[Version, str] | None,
-    facts: CudaFacts,
-    strict: bool,
-    forward: CompatUse | None = None,
-    driver_cuda: Version | None = None,
-) -> TargetResult:
-    verdicts: list[Verdict] = []
-    failures: list[str] = []
-    jit: list[str] = []
-    specialised: list[str] = []
-    # Through a cuda-compat driver in use, the user-mode driver (runtime floor, PTX JIT)
-    # is the compat library's; the kernel-mode driver (hardware floor) stays the node's.
-    user_driver = driver
-    if forward is not None and forward.in_use:
-        # The node's reported CUDA version is its own libcuda's, not the compat one's.
-        user_driver, driver_cuda = forward.version or driver, None
-    for f in files:
-        j = judge_units(
-            f.units(),
-            target.cc,
-            driver=user_driver,
-            facts=facts,
-            strict=strict,
-            driver_cuda=driver_cuda,
-        )
-        verdicts.append(j.verdict)
-        specialised.extend(f"{f.path}: {s}" for s in j.specialised)
-        if j.verdict is Verdict.NONE:
-            failures.append(f"{f.path}: " + "; ".join(j.reasons))
-        elif j.verdict is Verdict.JIT:
-            jit.append(f"{f.path}: needs JIT: " + "; ".join(j.reasons))
-    for problem in unreadable:  # fail closed: a file we cannot read may be one that fails
-        verdicts.append(Verdict.NONE)
-        failures.append(f"unreadable: {problem}")
-    if not files and not unreadable and not allow_empty:
-        failures.append("no device code in the image")
-        verdicts.append(Verdict.NONE)
-    reasons = [*failures, *jit]
-    verdict = combine(verdicts)  # no files at all (allowed): nothing can fail on the GPU
-    if verdict is Verdict.NATIVE:
-        reasons.append(f"all {len(files)} file(s) with device code have SASS for {target.cc}")
-    driver_ok = True
-    driver_failures: tuple[str, ...] = ()
-    if driver is not None and user_driver is not None:
-        hw = target.hardware_floor
-        runtime_floors = driver_floors(
-            cuda_runtime=runtime[0] if runtime else None, hardware_floor=None, facts=facts
-        )
-        hardware_floors = driver_floors(
-            cuda_runtime=None,
-            hardware_floor=hw[0] if hw else None,
-            hardware=hw[1] if hw else "",
-            facts=facts,
-        )
-        if forward is not None and forward.in_use:
-            reasons.append(f"CUDA forward compatibility: {forward.why}")
-            checks = [
-                driver_meets_floors(user_driver, runtime_floors),
-                driver_meets_floors(driver, hardware_floors),
-            ]
-            refused = device_refusal(forward.library, products=target.products, brand=target.brand)
-            if refused is not None:
-                text = (
-                    f"the compat driver {forward.library.describe()} is put in use on "
-                    f"driver {driver}, and forward compatibility does not cover {refused}: "
-                    "CUDA fails to start (cudaErrorCompatNotSupportedOnDevice)"
-                )
-                checks.append(DriverCheck(ok=False, reasons=(text,), failures=(text,)))
-        else:
-            checks = [driver_meets_floors(driver, (*runtime_floors, *hardware_floors))]
-            if forward is not None:
-                reasons.append(f"CUDA forward compatibility not used: {forward.why}")
-        driver_ok = all(c.ok for c in checks)
-        driver_failures = tuple(x for c in checks for x in c.failures)
-        reasons.extend(x for c in checks for x in c.reasons)
-    else:
-        reasons.append("no driver given (--driver or --snapshot): driver floors not checked")
-    return TargetResult(
-        target=target,
-        verdict=verdict,
-        driver_ok=driver_ok,
-        reasons=tuple(reasons),
-        code_failures=tuple(failures),
-        jit_files=tuple(jit),
-        driver_failures=driver_failures,
-        specialised=tuple(specialised),
+def _target_problems(results: list[TargetResult], *, require_sass: bool) -> list[str]:
+    """One problem per target without runnable code (or, with --require-sass, running
+    only by JIT), and one per target whose driver floors are not met."""
+    problems = []
+    for r in results:
+        label = f"{r.target.name} ({r.sm})"
+        if r.verdict is Verdict.NONE:
+            problems.append(f"{label}: no runnable code: " + "; ".join(r.code_failures))
+        elif r.verdict is Verdict.JIT and require_sass:
+            problems.append(
+                f"{label}: runs only by PTX JIT, and --require-sass is set: "
+                + "; ".join(r.jit_files)
+            )
+        if not r.driver_ok:
+            problems.append(f"{label}: driver: " + "; ".join(r.driver_failures))
+    return problems
+
+
+def _driver(opts: Options) -> tuple[DriverVersion | None, Version | None]:
+    """The node's driver (--driver, else the snapshot's) and the CUDA version it reports."""
+    driver = opts.driver or (opts.snapshot.driver if opts.snapshot else None)
+    # The CUDA version the node's driver reports (NVML nvmlSystemGetCudaDriverVersion)
+    # decides which PTX it JITs; it belongs to the snapshot's driver only.
+    reported = opts.snapshot.cuda_driver_version if opts.snapshot and not opts.driver else None
+    return driver, Version(reported) if reported else None
+
+
+def _no_loaded_code(*, archives_only: bool) -> str:
+    """The problem of an image with no device code that a program loads."""
+    what = (
+        "the image's CUDA device code is only in static archives, which are "
+        "linked at build time and never loaded"
+        if archives_only
+        else "the image holds no CUDA device code at all (a CPU-only framework build?)"
     )
+    return what + "; pass --allow-empty if that is intended"

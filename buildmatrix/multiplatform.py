@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from buildmatrix.arch import HOST_ARCHES, platform_of, sorted_platforms
-from buildmatrix.check import CheckResult, Target
+from buildmatrix.check import CheckResult
 from buildmatrix.profiles import ProfileSet
+from buildmatrix.target_verdict import Target
 
 
 def behind(targets: Sequence[Target], profiles: ProfileSet) -> tuple[str, ...]:

@@ -10,12 +10,13 @@ from packaging.version import Version
 
 from buildmatrix.binary.report import FileReport
 from buildmatrix.binary.scan import inspect_file
-from buildmatrix.check import Options, cuda_runtime, run_check
+from buildmatrix.check import Options, run_check
 from buildmatrix.compat import Verdict
 from buildmatrix.cuda import load_cuda_facts, parse_driver_version
 from buildmatrix.errors import InputError
 from buildmatrix.image.model import ImageConfig, ScannedImage
 from buildmatrix.profiles import load_profiles
+from buildmatrix.runtime_sources import cuda_runtime
 from buildmatrix.snapshot import load_snapshot
 from tests.conftest import SHIPPED_PROFILES
 from tests.fixtures.build import BIN

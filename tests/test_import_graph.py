@@ -66,6 +66,8 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.constraint",
             "buildmatrix.check",
             "buildmatrix.check_refs",
+            "buildmatrix.target_verdict",
+            "buildmatrix.runtime_sources",
             "buildmatrix.selector",
             "buildmatrix.affinity",
             "buildmatrix.drivers",

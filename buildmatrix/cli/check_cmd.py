@@ -345,7 +345,7 @@ def _print_result(result: CheckResult, *, verbose: bool) -> None:
 
 def _print_about(result: CheckResult) -> None:
     """What was judged: the image, its targets, CUDA runtime, driver, compat libraries."""
-    from buildmatrix.check import runtime_note
+    from buildmatrix.runtime_sources import runtime_note
 
     runtime = result.cuda_runtime
     click.echo(

@@ -1,0 +1,59 @@
+"""The CUDA release an image's code needs, from every sign of it the image carries.
+
+Pure: a scanned image in, its signs out. check (buildmatrix.check) sets the runtime's
+driver floor by the newest sign, and affinity the same way; docs/check.md says where
+each sign comes from.
+"""
+
+from __future__ import annotations
+
+import re
+
+from packaging.version import Version
+
+from buildmatrix.cuda import major_minor
+from buildmatrix.image.model import ScannedImage
+
+_CUDART = re.compile(r"(?:^|/)libcudart\.so\.(\d+)(?:\.(\d+))?")
+_CUDA_ENV = re.compile(r"(\d+)\.(\d+)")
+
+CUDA_VERSION_SOURCE = "CUDA_VERSION in the image config"
+
+
+def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
+    """Every sign of the CUDA release the image's code needs, with where it comes from:
+    CUDA_VERSION in the config, each ``libcudart.so.X[.Y]`` it ships, and the release
+    whose ptxas/nvlink wrote each file's cubins (``.note.nv.tkinfo``; a driver must
+    support that major, and it is the only sign of a statically linked runtime)."""
+    found: list[tuple[Version, str]] = []
+    m = _CUDA_ENV.match(image.config.env.get("CUDA_VERSION", ""))
+    if m:
+        found.append((Version(f"{m[1]}.{m[2]}"), CUDA_VERSION_SOURCE))
+    for path in image.paths:
+        hit = _CUDART.search(path)
+        if hit:
+            found.append((Version(f"{hit[1]}.{hit[2] or 0}"), path))
+    for f in image.files:
+        if f.toolkit is not None and f.format != "archive":
+            found.append((f.toolkit, f"device code of {f.path} (built by CUDA {f.toolkit})"))
+    return found
+
+
+def cuda_runtime(image: ScannedImage) -> tuple[Version, str] | None:
+    """The newest CUDA release any source shows (runtime_sources): the floors follow it."""
+    return max(runtime_sources(image), key=lambda x: x[0], default=None)
+
+
+def runtime_note(sources: list[tuple[Version, str]]) -> str | None:
+    """Where the image's CUDA_VERSION names an older release than its code needs (kernels
+    built by nvcc 13.5 in a CUDA_VERSION=12.8.1 image): say that the two disagree and
+    which one the floors follow. None where they agree or there is no CUDA_VERSION."""
+    declared = [v for v, s in sources if s == CUDA_VERSION_SOURCE]
+    winner = max(sources, key=lambda x: x[0], default=None)
+    if not declared or winner is None or winner[0] <= declared[0]:
+        return None
+    return (
+        f"the image's CUDA_VERSION says CUDA {major_minor(declared[0])}, but "
+        f"{winner[1]} needs CUDA {major_minor(winner[0])}: the driver floors follow "
+        f"{major_minor(winner[0])}"
+    )
