@@ -213,7 +213,7 @@ def test_cuda_facts_that_change_the_constraint_change_the_key(
 ) -> None:
     """An edit to the CUDA facts that moves NVIDIA_REQUIRE_ARCH (the driver that
     JITs CUDA 13.3's PTX) changes the keys of the variants whose constraint moved."""
-    import buildmatrix.matrix
+    import buildmatrix.cuda
     from buildmatrix.cuda import load_cuda_facts, parse_driver_version
 
     before_doc = json.loads(cli("matrix", "--format", "json").out)
@@ -225,7 +225,7 @@ def test_cuda_facts_that_change_the_constraint_change_the_key(
         for tk in facts.toolkits
     )
     edited = dataclasses.replace(facts, toolkits=toolkits)
-    monkeypatch.setattr(buildmatrix.matrix, "load_cuda_facts", lambda: edited)
+    monkeypatch.setattr(buildmatrix.cuda, "load_cuda_facts", lambda: edited)
     after_doc = json.loads(cli("matrix", "--format", "json").out)
     pairs = list(zip(before_doc["entries"], after_doc["entries"], strict=True))
     moved = {a["key"] for a, b in pairs if a["nvidia_require_arch"] != b["nvidia_require_arch"]}
