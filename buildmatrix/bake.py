@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from buildmatrix.errors import InputError
-from buildmatrix.matrix import Entry
 from buildmatrix.pipeline import Keys, RunInfo, content_tag, gha_cache
+from buildmatrix.variant import Entry
 
 
 def bake_file(entries: Sequence[Entry], *, keys: Keys, run: RunInfo) -> dict[str, Any]:

@@ -109,7 +109,7 @@ def unused_pins(bases: Bases, texts: list[str]) -> list[str]:
 def bases_from_data(data: Any, path: Path) -> Bases:
     """Validate a loaded ``bases.yaml`` into ``Bases`` (exit 2 naming the key)."""
     from buildmatrix import schema
-    from buildmatrix.matrix import check_registry
+    from buildmatrix.variant import check_registry
 
     if data is None:
         return Bases(source=path)

@@ -16,7 +16,7 @@ from typing import Any
 
 from buildmatrix.content_key import SHORT, combined_key, content_key, context_files, used_sources
 from buildmatrix.errors import InputError
-from buildmatrix.matrix import Entry
+from buildmatrix.variant import Entry
 
 _TAG_MAX = 128  # distribution/reference: a tag is at most 128 characters
 

@@ -76,6 +76,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.causes",
             "buildmatrix.specs",
             "buildmatrix.matrix",
+            "buildmatrix.variant",
             "buildmatrix.render",
             "buildmatrix.bases",
             "buildmatrix.content_key",

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from buildmatrix.cuda import load_cuda_facts
-from buildmatrix.matrix import Entry, expand_all, merges
+from buildmatrix.matrix import expand_all, merges
 from buildmatrix.profiles import load_profiles
 from buildmatrix.specs import load_specs
+from buildmatrix.variant import Entry
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 from tests.services import Registry
 

@@ -50,8 +50,9 @@ def _matrix(
     registry: str | None = None,
 ) -> Any:
     from buildmatrix.cuda import load_cuda_facts
-    from buildmatrix.matrix import check_registry, expand_all
+    from buildmatrix.matrix import expand_all
     from buildmatrix.specs import load_specs
+    from buildmatrix.variant import check_registry
 
     if registry:
         registry = check_registry(registry, what="--registry")
