@@ -25,7 +25,7 @@ from buildmatrix.check import Options, run_check
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, parse_driver_version
 from buildmatrix.image.open import scan_image
 from buildmatrix.labelkeys import owned
-from buildmatrix.profiles import load_profiles
+from buildmatrix.profile_files import load_profiles
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 from tests.fixtures.build import BIN
 from tests.images import (

@@ -25,7 +25,7 @@ from buildmatrix.compat import (
     judge_codes,
 )
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, parse_driver_version
-from buildmatrix.profiles import load_profiles
+from buildmatrix.profile_files import load_profiles
 from tests.conftest import SHIPPED_PROFILES
 
 CC = ComputeCapability

@@ -26,7 +26,7 @@ from buildmatrix.check import Options, run_check
 from buildmatrix.cuda import load_cuda_facts, parse_driver_version
 from buildmatrix.image.model import ImageConfig, ScannedImage
 from buildmatrix.matrix import expand_all
-from buildmatrix.profiles import load_profiles
+from buildmatrix.profile_files import load_profiles
 from buildmatrix.snapshot import Gpu, Snapshot
 from buildmatrix.specs import Cuda, load_specs
 from buildmatrix.variant import Entry

@@ -13,7 +13,7 @@ import pytest
 
 from buildmatrix.cuda import facts_from_data, load_cuda_facts
 from buildmatrix.errors import InputError
-from buildmatrix.profiles import load_profiles
+from buildmatrix.profile_files import load_profiles
 from buildmatrix.specs import spec_from_data
 from buildmatrix.yamlio import load_yaml_text
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner

@@ -20,7 +20,7 @@ import pytest
 from packaging.version import Version
 
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, major_minor, parse_driver_version
-from buildmatrix.profiles import default_profiles_dir, load_profiles
+from buildmatrix.profile_files import default_profiles_dir, load_profiles
 from tests.conftest import REPO, CliRunner
 from tests.driver_fleet import Fleet, build_fleet
 

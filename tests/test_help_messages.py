@@ -12,7 +12,7 @@ import pytest
 
 from buildmatrix.affinity import _POD_SPEC_PATHS
 from buildmatrix.cli import cli as root
-from buildmatrix.profiles import load_profiles
+from buildmatrix.profile_files import load_profiles
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 
 LIB = str(REPO / "tests" / "fixtures" / "bin" / "libmulti.so")

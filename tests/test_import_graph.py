@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.labelkeys",
             "buildmatrix.snapshot",
             "buildmatrix.profiles",
+            "buildmatrix.profile_files",
         ),
     ),
     (1, "binary readers", ("buildmatrix.binary",)),

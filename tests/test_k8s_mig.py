@@ -107,7 +107,7 @@ def test_the_admission_policy_lets_the_agent_write_its_mig_keys(cli: CliRunner) 
     from buildmatrix.node.apply import plan
     from buildmatrix.node.checks import NodeOptions, evaluate
     from buildmatrix.node.labels import node_labels
-    from buildmatrix.profiles import load_profiles
+    from buildmatrix.profile_files import load_profiles
     from buildmatrix.snapshot import load_snapshot
     from tests.admission_policy import UserInfo, denials, request
     from tests.conftest import REPO, SHIPPED_PROFILES

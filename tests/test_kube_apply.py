@@ -15,7 +15,7 @@ import yaml
 from buildmatrix.k8s import Settings, render
 from buildmatrix.labelkeys import REPORT_ANNOTATION, TAINT_KEY, GfdKeys
 from buildmatrix.node.apply import plan
-from buildmatrix.profiles import load_profiles
+from buildmatrix.profile_files import load_profiles
 from tests.admission_policy import UserInfo
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 from tests.kube_standin import ApiStandIn, PatchError, apply_patch

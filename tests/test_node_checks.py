@@ -21,7 +21,8 @@ from buildmatrix.node.labels import (
 )
 from buildmatrix.node.pools import Pools, PoolSpec, load_pools, pools_from_data
 from buildmatrix.node.values import is_label_key, is_label_value, label_value
-from buildmatrix.profiles import ProfileSet, load_profiles
+from buildmatrix.profile_files import load_profiles
+from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import RemappedRows, Snapshot, load_snapshot
 from tests.conftest import REPO, SHIPPED_PROFILES
 

@@ -20,7 +20,8 @@ from buildmatrix.node.checks import NodeOptions, NodeReport, evaluate
 from buildmatrix.node.labels import node_labels
 from buildmatrix.node.mig import memory_gb, profile_name
 from buildmatrix.node.values import is_label_key, is_label_value
-from buildmatrix.profiles import ProfileSet, load_profiles
+from buildmatrix.profile_files import load_profiles
+from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import Snapshot, load_snapshot
 from tests.conftest import REPO, SHIPPED_PROFILES
 

@@ -15,7 +15,8 @@ from buildmatrix.cuda import load_cuda_facts
 from buildmatrix.node.checks import NodeOptions, evaluate
 from buildmatrix.node.pci import is_nvidia_gpu, read_gpus
 from buildmatrix.node.pools import pools_from_data
-from buildmatrix.profiles import ProfileSet, load_profiles
+from buildmatrix.profile_files import load_profiles
+from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import bus_id_key, load_snapshot
 from tests.conftest import REPO, SHIPPED_PROFILES
 from tests.standins import sysfs_tree

@@ -11,7 +11,7 @@ import pytest
 
 from buildmatrix.cuda import load_cuda_facts
 from buildmatrix.matrix import expand_all, merges
-from buildmatrix.profiles import load_profiles
+from buildmatrix.profile_files import load_profiles
 from buildmatrix.specs import load_specs
 from buildmatrix.variant import Entry
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner

@@ -24,7 +24,8 @@ from buildmatrix.node.poolimages import (
     require_images,
 )
 from buildmatrix.node.pools import Pools, load_pools, pools_from_data
-from buildmatrix.profiles import ProfileSet, load_profiles
+from buildmatrix.profile_files import load_profiles
+from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import load_snapshot
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 from tests.pool_registry import registry_secret

@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from buildmatrix.arch import Family
 from buildmatrix.errors import InputError
-from buildmatrix.profiles import load_profiles
+from buildmatrix.profile_files import load_profiles
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 
 SCHEMA = json.loads((REPO / "buildmatrix/schemas/arch-profile.schema.json").read_text())

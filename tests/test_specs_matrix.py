@@ -11,7 +11,7 @@ from packaging.version import Version
 
 from buildmatrix.cuda import load_cuda_facts
 from buildmatrix.matrix import expand_all
-from buildmatrix.profiles import load_profiles
+from buildmatrix.profile_files import load_profiles
 from buildmatrix.specs import load_specs
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 

@@ -14,7 +14,8 @@ import click
 
 from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import GfdKeys
-from buildmatrix.profiles import ENV_VAR, ProfileSet, load_profiles, resolve_profiles_dir
+from buildmatrix.profile_files import ENV_VAR, load_profiles, resolve_profiles_dir
+from buildmatrix.profiles import ProfileSet
 
 if TYPE_CHECKING:
     from buildmatrix.image.containerd import Store
