@@ -23,7 +23,7 @@ The facts, and where they come from (docs/compatibility.md, "Forward compatibili
      file like any other;
   3. exactly one candidate, else nothing is used;
   4. ``useCompatLibraries``: the compat and host driver versions are parsed with
-     Masterminds semver's ``NewVersion`` (``_semver`` below); the note is read
+     Masterminds semver's ``NewVersion`` (buildmatrix.semver); the note is read
      (buildmatrix.binary.compat_note); where a note was read, ``compatElfHeader.
      UseCompat`` decides: the host major must be in the note's ``driver`` list (a
      note without one lists nothing) and the compat driver must compare newer than
@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
-import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -66,6 +65,7 @@ from buildmatrix.errors import InputError
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick, searched_first
 from buildmatrix.ldshadow import image_libcuda
+from buildmatrix.semver import parse_semver, semver_newer
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
@@ -243,51 +243,6 @@ def resolve(path: str, symlinks: Mapping[str, str]) -> str | None:
     return "/".join(done)
 
 
-# Masterminds/semver v3 ``looseSemVerRegex``, which ``NewVersion`` uses (its default
-# ``CoerceNewVersion``); ``validatePrerelease``/``validateMetadata`` then check the parts.
-_LOOSE_SEMVER = re.compile(
-    r"v?([0-9]+)(\.[0-9]+)?(\.[0-9]+)?"
-    r"(-([0-9A-Za-z\-]+(\.[0-9A-Za-z\-]+)*))?"
-    r"(\+([0-9A-Za-z\-]+(\.[0-9A-Za-z\-]+)*))?"
-)
-_U64 = (1 << 64) - 1
-_SemVer = tuple[int, int, int, str]
-
-
-def _semver(text: str) -> _SemVer | None:
-    """Masterminds semver's ``NewVersion`` (version.go, ``coerceNewVersion``): None
-    where it returns an error."""
-    m = _LOOSE_SEMVER.fullmatch(text) if len(text) <= 256 else None
-    if m is None:
-        return None
-    nums = [int(m[1]), int((m[2] or ".0")[1:]), int((m[3] or ".0")[1:])]
-    if any(n > _U64 for n in nums):
-        return None  # strconv.ParseUint overflows
-    pre = m[5] or ""
-    for part in pre.split(".") if pre else ():
-        if part.isdigit() and len(part) > 1 and part[0] == "0":
-            return None  # validatePrerelease: ErrSegmentStartsZero
-    return (nums[0], nums[1], nums[2], pre)
-
-
-def _semver_newer(a: _SemVer, b: _SemVer) -> bool:
-    """``a.Compare(b) > 0`` (version.go ``Compare``, ``comparePrerelease``)."""
-    if a[:3] != b[:3]:
-        return a[:3] > b[:3]
-    if a[3] == b[3]:
-        return False
-    if not a[3] or not b[3]:
-        return not a[3]  # a release is newer than its prereleases
-    for x, y in zip(a[3].split("."), b[3].split("."), strict=False):
-        if x != y:
-            if x.isdigit() and y.isdigit():
-                return int(x) > int(y)
-            if x.isdigit() or y.isdigit():
-                return y.isdigit()  # numbers sort before words
-            return x > y
-    return len(a[3].split(".")) > len(b[3].split("."))
-
-
 @dataclass(frozen=True, kw_only=True)
 class CompatUse:
     """Whether a host with ``driver`` runs the image through its compat library."""
@@ -349,7 +304,7 @@ def _driver_version(name: str) -> DriverVersion | None:
 def _decide(lib: CompatLibrary, driver: DriverVersion) -> CompatUse:
     """Rules 4-5 for one library, by its file name's driver version."""
     name = posixpath.basename(lib.path)[len("libcuda.so.") :]
-    compat, host = _semver(name), _semver(driver.text)
+    compat, host = parse_semver(name), parse_semver(driver.text)
     version = _driver_version(posixpath.basename(lib.path))
 
     def use(in_use: bool, why: str) -> CompatUse:
@@ -371,7 +326,7 @@ def _decide(lib: CompatLibrary, driver: DriverVersion) -> CompatUse:
     if lib.note:
         if host[0] not in lib.branches:
             return use(False, f"driver branch R{host[0]} is not one its note lists")
-        if not _semver_newer(compat, host):
+        if not semver_newer(compat, host):
             return use(False, f"driver {driver} is not older than {name}")
         return use(True, f"used on driver {driver} (its branch is listed and {name} is newer)")
     note = (

@@ -24,7 +24,8 @@ import pytest
 
 from buildmatrix.binary.compat_note import CompatLibrary, decode_note, note_description
 from buildmatrix.cuda import parse_driver_version
-from buildmatrix.forward import CompatSetup, _semver, _semver_newer, compat_use
+from buildmatrix.forward import CompatSetup, compat_use
+from buildmatrix.semver import parse_semver, semver_newer
 from tests.conftest import REPO, CliRunner
 from tests.images import Entry, Hardlink, Image, Symlink, fixture, write_docker_archive
 from tests.standins import NOTE_13_1, compat_library
@@ -92,16 +93,16 @@ def test_a_note_without_a_driver_list_puts_nothing_in_use() -> None:
 def test_versions_are_parsed_and_compared_as_masterminds_semver_does() -> None:
     """``useCompatLibraries`` parses with ``semver.NewVersion`` (loose: ``v`` prefix,
     missing parts, leading zeros) and compares with ``Version.Compare``."""
-    assert _semver("590.44.01") == (590, 44, 1, "")
-    assert _semver("v575") == (575, 0, 0, "")
-    assert _semver("575.57.08.1") is None  # four parts: NewVersion fails, not used
-    assert _semver("590.44.01-rc.01") is None  # validatePrerelease: leading zero
-    rc, final = _semver("590.44.01-rc1"), _semver("590.44.01")
+    assert parse_semver("590.44.01") == (590, 44, 1, "")
+    assert parse_semver("v575") == (575, 0, 0, "")
+    assert parse_semver("575.57.08.1") is None  # four parts: NewVersion fails, not used
+    assert parse_semver("590.44.01-rc.01") is None  # validatePrerelease: leading zero
+    rc, final = parse_semver("590.44.01-rc1"), parse_semver("590.44.01")
     assert rc is not None and final is not None
-    assert _semver_newer(final, rc) and not _semver_newer(rc, final)
-    a, b = _semver("1.0.0-alpha.1"), _semver("1.0.0-alpha.beta")
+    assert semver_newer(final, rc) and not semver_newer(rc, final)
+    a, b = parse_semver("1.0.0-alpha.1"), parse_semver("1.0.0-alpha.beta")
     assert a is not None and b is not None
-    assert _semver_newer(b, a)  # numbers sort before words
+    assert semver_newer(b, a)  # numbers sort before words
     lib = CompatLibrary(path="c/libcuda.so.590.44.01.7", note=True, branches=(535,))
     use = compat_use(CompatSetup(library=lib, why="t"), parse_driver_version("535.104.05"))
     assert use is not None
