@@ -151,45 +151,9 @@ def spec_from_data(data: Any, path: Path, profiles: ProfileSet, *, facts: CudaFa
     context = folder / data.get("context", ".")
     if not context.is_dir():
         raise InputError(f"{source}: key 'context': {context} is not a folder.")
-    cudas = []
-    for text in data["cuda"]:
-        m = _CUDA.fullmatch(text)
-        if m is None:  # pragma: no cover - the schema's pattern is the same
-            raise InputError(f"{source}: key 'cuda': '{text}' is not a CUDA version.")
-        cudas.append(Cuda(full=text, major=int(m[1]), minor=int(m[2])))
-    _check_cuda_releases(cudas, tag=data.get("tag", DEFAULT_TAG), source=source, facts=facts)
-    known = [f.value for f in profiles.families]
-    families = tuple(data["families"]) if "families" in data else None
-    for family in families or ():
-        if family not in known:
-            raise InputError(
-                f"{source}: key 'families': no profile has family '{family}'."
-                f"{did_you_mean(family, known)} Families: {', '.join(known)}."
-            )
-    requires = tuple(data.get("requires", ()))
-    for feature in requires:
-        if feature not in FEATURE_MIN_CC:
-            raise InputError(
-                f"{source}: key 'requires': unknown feature '{feature}'."
-                f"{did_you_mean(feature, list(FEATURE_MIN_CC))} Features: "
-                f"{', '.join(FEATURE_MIN_CC)}."
-            )
-        if not any(feature in p.features for p in profiles):
-            raise InputError(
-                f"{source}: key 'requires': no arch profile has feature "
-                f"'{feature}', so nothing could be built."
-            )
-    for k, values in (data.get("axes") or {}).items():
-        for v in values:
-            _not_a_float(v, source=source, key=f"axes.{k}")
-    axes = tuple(
-        (k, tuple(_text(v) for v in values)) for k, values in (data.get("axes") or {}).items()
-    )
-    clash = [k for k, _ in axes if k in (*BUILTIN_FIELDS, PLATFORM_FIELD)]
-    if clash:
-        raise InputError(
-            f"{source}: key 'axes': '{clash[0]}' is a built-in field; rename the axis."
-        )
+    cudas = _cudas(data, source=source, facts=facts)
+    families, requires = _families_and_requires(data, profiles, source=source)
+    axes = _axes(data, source=source)
     fields = [*BUILTIN_FIELDS, *(k for k, _ in axes)]
     tag = data.get("tag", DEFAULT_TAG)
     if "{" + PLATFORM_FIELD + "}" in tag:
@@ -199,18 +163,7 @@ def spec_from_data(data: Any, path: Path, profiles: ProfileSet, *, facts: CudaFa
             "runtime picks); leave it out, and narrow the platforms with 'platforms:'."
         )
     _check_fields(tag, fields, source=source, key="tag")
-    exclude = []
-    rule_fields = [*fields, PLATFORM_FIELD]
-    for i, rule in enumerate(data.get("exclude") or []):
-        for key in rule:
-            if key not in rule_fields:
-                raise InputError(
-                    f"{source}: key 'exclude[{i}]' names unknown field '{key}'."
-                    f"{did_you_mean(key, rule_fields)} Known fields: {', '.join(rule_fields)}."
-                )
-        for k, v in rule.items():
-            _not_a_float(v, source=source, key=f"exclude[{i}].{k}")
-        exclude.append({k: _text(v) for k, v in rule.items()})
+    exclude = _exclude(data, fields, source=source)
     platforms, emulate = _platforms(data, source=source)
     if data["name"] != folder.name:
         raise InputError(
@@ -234,6 +187,80 @@ def spec_from_data(data: Any, path: Path, profiles: ProfileSet, *, facts: CudaFa
         platforms=platforms,
         emulate=emulate,
     )
+
+
+def _cudas(data: Any, *, source: Path, facts: CudaFacts) -> list[Cuda]:
+    """The spec's CUDA versions, each a release the facts know (_check_cuda_releases)."""
+    cudas = []
+    for text in data["cuda"]:
+        m = _CUDA.fullmatch(text)
+        if m is None:  # pragma: no cover - the schema's pattern is the same
+            raise InputError(f"{source}: key 'cuda': '{text}' is not a CUDA version.")
+        cudas.append(Cuda(full=text, major=int(m[1]), minor=int(m[2])))
+    _check_cuda_releases(cudas, tag=data.get("tag", DEFAULT_TAG), source=source, facts=facts)
+    return cudas
+
+
+def _families_and_requires(
+    data: Any, profiles: ProfileSet, *, source: Path
+) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """The families the spec names (None: every one) and the features it requires, each
+    known to the profiles."""
+    known = [f.value for f in profiles.families]
+    families = tuple(data["families"]) if "families" in data else None
+    for family in families or ():
+        if family not in known:
+            raise InputError(
+                f"{source}: key 'families': no profile has family '{family}'."
+                f"{did_you_mean(family, known)} Families: {', '.join(known)}."
+            )
+    requires = tuple(data.get("requires", ()))
+    for feature in requires:
+        if feature not in FEATURE_MIN_CC:
+            raise InputError(
+                f"{source}: key 'requires': unknown feature '{feature}'."
+                f"{did_you_mean(feature, list(FEATURE_MIN_CC))} Features: "
+                f"{', '.join(FEATURE_MIN_CC)}."
+            )
+        if not any(feature in p.features for p in profiles):
+            raise InputError(
+                f"{source}: key 'requires': no arch profile has feature "
+                f"'{feature}', so nothing could be built."
+            )
+    return families, requires
+
+
+def _axes(data: Any, *, source: Path) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The spec's axes as text, none named as a built-in field."""
+    for k, values in (data.get("axes") or {}).items():
+        for v in values:
+            _not_a_float(v, source=source, key=f"axes.{k}")
+    axes = tuple(
+        (k, tuple(_text(v) for v in values)) for k, values in (data.get("axes") or {}).items()
+    )
+    clash = [k for k, _ in axes if k in (*BUILTIN_FIELDS, PLATFORM_FIELD)]
+    if clash:
+        raise InputError(
+            f"{source}: key 'axes': '{clash[0]}' is a built-in field; rename the axis."
+        )
+    return axes
+
+
+def _exclude(data: Any, fields: list[str], *, source: Path) -> list[dict[str, str]]:
+    """The exclusion rules as text, each naming only known fields."""
+    exclude = []
+    rule_fields = [*fields, PLATFORM_FIELD]
+    for i, rule in enumerate(data.get("exclude") or []):
+        for key in rule:
+            if key not in rule_fields:
+                raise InputError(
+                    f"{source}: key 'exclude[{i}]' names unknown field '{key}'."
+                    f"{did_you_mean(key, rule_fields)} Known fields: {', '.join(rule_fields)}."
+                )
+        for k, v in rule.items():
+            _not_a_float(v, source=source, key=f"exclude[{i}].{k}")
+        exclude.append({k: _text(v) for k, v in rule.items()})
+    return exclude
 
 
 def _platforms(data: Any, *, source: Path) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
