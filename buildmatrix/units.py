@@ -99,6 +99,66 @@ def dispatch_signs(units: Sequence[Unit]) -> str | None:
     return None
 
 
+def _registered(
+    units: Sequence[Unit], results: Sequence[Judgement], cc: ComputeCapability, *, strict: bool
+) -> tuple[list[tuple[int, Judgement]], list[str]]:
+    """The registered containers that count (by index), and a line for each left out
+    as specialised code (judge_units' docstring)."""
+    signs = dispatch_signs(units)
+    several = sum(not u.embedded for u in units) > 1
+    judged: list[tuple[int, Judgement]] = []
+    specialised: list[str] = []
+    for i, unit in enumerate(units):
+        j = results[i]
+        if unit.embedded and not strict:
+            continue  # judged below, once the registered code is
+        # A file's one registered container is judged as it is, whatever it holds.
+        left_out = None
+        if j.verdict is Verdict.NONE and several and not strict:
+            if unit.specific:
+                left_out = "it holds only arch- or family-specific code, launched after a check"
+            elif signs is not None:
+                left_out = f"{signs}, so it chooses kernels by compute capability"
+        if left_out is not None:
+            specialised.append(
+                f"container {unit.index} ({unit.describe()}) has nothing for {cc} and is "
+                f"specialised code ({left_out}); left out of the verdict (--strict counts it)"
+            )
+            continue
+        judged.append((i, j))
+    return judged, specialised
+
+
+def _kept_as_data(
+    units: Sequence[Unit],
+    results: Sequence[Judgement],
+    cc: ComputeCapability,
+    *,
+    strict: bool,
+    alone: bool,
+) -> tuple[list[tuple[int, Judgement]], list[str]]:
+    """The code the program loads itself (kept as data) that counts, and a line for each
+    blob left out. It is chosen per GPU: beside registered code that counts (``alone``
+    false) it is a specialisation (cuBLASLt keeps Blackwell-only kernels so); otherwise
+    its best blob for this GPU counts (cuFFT registers only a link stub), and with no
+    blob for it every one fails the file."""
+    judged: list[tuple[int, Judgement]] = []
+    specialised: list[str] = []
+    kept = [] if strict else [i for i, u in enumerate(units) if u.embedded]
+    chosen = max(kept, key=lambda i: RANK[results[i].verdict], default=None)
+    none_kept = chosen is None or results[chosen].verdict is Verdict.NONE
+    for i in kept:
+        unit, j = units[i], results[i]
+        if alone and (i == chosen or none_kept):
+            judged.append((i, j))
+        elif j.verdict is Verdict.NONE:
+            specialised.append(
+                f"container {unit.index} ({unit.describe()}), kept as data, has nothing "
+                f"for {cc}; the program loads another (--strict counts it)"
+            )
+    return judged, specialised
+
+
 def judge_units(
     units: Sequence[Unit],
     cc: ComputeCapability,
@@ -128,10 +188,6 @@ def judge_units(
     """
     if not units:
         return FileJudgement(verdict=Verdict.NONE, reasons=("no device code",))
-    signs = dispatch_signs(units)
-    several = sum(not u.embedded for u in units) > 1
-    judged: list[tuple[int, Judgement]] = []
-    specialised: list[str] = []
     # Libraries repeat a few target sets over thousands of containers: judge each once.
     judged_sets: dict[tuple[CodeTarget, ...], Judgement] = {}
     results = [
@@ -142,41 +198,10 @@ def judge_units(
         )
         for u in units
     ]
-    for i, unit in enumerate(units):
-        j = results[i]
-        if unit.embedded and not strict:
-            continue  # judged below, once the registered code is
-        # A file's one registered container is judged as it is, whatever it holds.
-        left_out = None
-        if j.verdict is Verdict.NONE and several and not strict:
-            if unit.specific:
-                left_out = "it holds only arch- or family-specific code, launched after a check"
-            elif signs is not None:
-                left_out = f"{signs}, so it chooses kernels by compute capability"
-        if left_out is not None:
-            specialised.append(
-                f"container {unit.index} ({unit.describe()}) has nothing for {cc} and is "
-                f"specialised code ({left_out}); left out of the verdict (--strict counts it)"
-            )
-            continue
-        judged.append((i, j))
-    # Code the program loads itself (kept as data) is chosen per GPU. Beside registered
-    # code that counts, it is a specialisation (cuBLASLt keeps Blackwell-only kernels
-    # so); otherwise its best blob for this GPU counts (cuFFT registers only a link
-    # stub), and with no blob for it every one fails the file.
-    kept = [] if strict else [i for i, u in enumerate(units) if u.embedded]
-    chosen = max(kept, key=lambda i: RANK[results[i].verdict], default=None)
-    none_kept = chosen is None or results[chosen].verdict is Verdict.NONE
-    alone = not judged
-    for i in kept:
-        unit, j = units[i], results[i]
-        if alone and (i == chosen or none_kept):
-            judged.append((i, j))
-        elif j.verdict is Verdict.NONE:
-            specialised.append(
-                f"container {unit.index} ({unit.describe()}), kept as data, has nothing "
-                f"for {cc}; the program loads another (--strict counts it)"
-            )
+    judged, specialised = _registered(units, results, cc, strict=strict)
+    more, kept_out = _kept_as_data(units, results, cc, strict=strict, alone=not judged)
+    judged += more
+    specialised += kept_out
     judged.sort()
     if not judged:  # only specialisations: none of them runs here
         archs = ", ".join(sorted({str(c.arch) for u in units for c in u.codes}))
