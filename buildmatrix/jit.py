@@ -92,16 +92,7 @@ def judge_ptx(
     driver's number against the table's drivers, failing closed where the table
     names none (CUDA 13.4 and 13.5 ship no driver)."""
     if not ptx_targets(arch, cc):
-        if arch.suffix is Suffix.ARCH:
-            why = f"{arch} PTX is arch-specific and JIT-compiles only for {arch.cc}"
-        elif arch.suffix is Suffix.FAMILY:
-            why = (
-                f"{arch} PTX is family-specific and JIT-compiles only for {arch.cc}+ of "
-                f"{arch.cc.major}.x"
-            )
-        else:
-            why = f"{arch} PTX needs compute capability {arch.cc} or newer"
-        return Judgement(verdict=Verdict.NONE, reasons=(f"{why}, not {cc}",))
+        return _not_a_target(arch, cc)
     if ptx_isa is None:
         return Judgement(
             verdict=Verdict.JIT,
@@ -109,26 +100,36 @@ def judge_ptx(
         )
     if driver_cuda is not None:
         return _judge_ptx_by_cuda(arch, ptx_isa, cc, driver_cuda, facts)
+    return _judge_ptx_by_driver_number(arch, ptx_isa, cc, driver, facts)
+
+
+def _not_a_target(arch: Arch, cc: ComputeCapability) -> Judgement:
+    """Why PTX of ``arch`` never JIT-compiles for ``cc`` (ptx_targets is false)."""
+    if arch.suffix is Suffix.ARCH:
+        why = f"{arch} PTX is arch-specific and JIT-compiles only for {arch.cc}"
+    elif arch.suffix is Suffix.FAMILY:
+        why = (
+            f"{arch} PTX is family-specific and JIT-compiles only for {arch.cc}+ of "
+            f"{arch.cc.major}.x"
+        )
+    else:
+        why = f"{arch} PTX needs compute capability {arch.cc} or newer"
+    return Judgement(verdict=Verdict.NONE, reasons=(f"{why}, not {cc}",))
+
+
+def _judge_ptx_by_driver_number(
+    arch: Arch,
+    ptx_isa: Version,
+    cc: ComputeCapability,
+    driver: DriverVersion | None,
+    facts: CudaFacts,
+) -> Judgement:
+    """judge_ptx where the driver's CUDA version is not known: the driver's number
+    against the table's drivers, failing closed where the table names none."""
     isa = major_minor(ptx_isa)
     tk = ptx_toolkit(ptx_isa, facts)
     if tk is None:
-        newest = facts.newest
-        unknown = (
-            f"{arch} PTX ISA {isa} is newer than every toolkit buildmatrix knows (CUDA "
-            f"{major_minor(newest.version)} emits ISA {major_minor(newest.ptx_isa)})"
-        )
-        if driver is None:
-            return Judgement(
-                verdict=Verdict.JIT,
-                reasons=(f"{unknown}; only a driver newer than any buildmatrix knows can JIT it",),
-            )
-        return Judgement(
-            verdict=Verdict.NONE,
-            reasons=(
-                f"{unknown}; driver {driver} cannot be shown to JIT it. "
-                "Update buildmatrix's CUDA table",
-            ),
-        )
+        return _newer_than_known(arch, isa, driver, facts)
     if tk.driver is None:
         unbundled = (
             f"{arch} PTX ISA {isa} is CUDA {major_minor(tk.version)}'s, which ships no driver; "
@@ -166,6 +167,29 @@ def judge_ptx(
     return Judgement(
         verdict=Verdict.JIT,
         reasons=(f"{arch} PTX ISA {isa} is JIT-compiled for {cc} by driver {driver}",),
+    )
+
+
+def _newer_than_known(
+    arch: Arch, isa: str, driver: DriverVersion | None, facts: CudaFacts
+) -> Judgement:
+    """PTX of an ISA no toolkit in the table emits."""
+    newest = facts.newest
+    unknown = (
+        f"{arch} PTX ISA {isa} is newer than every toolkit buildmatrix knows (CUDA "
+        f"{major_minor(newest.version)} emits ISA {major_minor(newest.ptx_isa)})"
+    )
+    if driver is None:
+        return Judgement(
+            verdict=Verdict.JIT,
+            reasons=(f"{unknown}; only a driver newer than any buildmatrix knows can JIT it",),
+        )
+    return Judgement(
+        verdict=Verdict.NONE,
+        reasons=(
+            f"{unknown}; driver {driver} cannot be shown to JIT it. "
+            "Update buildmatrix's CUDA table",
+        ),
     )
 
 
