@@ -213,6 +213,43 @@ def _pools_config(
 
 
 def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    gpu = {"nodeSelectorTerms": node_selector_terms(settings.node_selectors)}
+    mounts, volumes, env = _volumes(settings)
+    daemonset: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": APP,
+                    "runtimeClassName": RUNTIME_CLASS,
+                    "priorityClassName": "system-node-critical",
+                    "affinity": {
+                        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": gpu}
+                    },
+                    "tolerations": [
+                        {"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT},
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                    ],
+                    "containers": [_smoke_container(settings, mounts, env)],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+    if settings.mode == "nfd":
+        template = daemonset["spec"]["template"]
+        template["spec"] = nfd_pod(template["spec"])
+    return daemonset
+
+
+def _smoke_script(settings: Settings) -> str:
+    """The container's shell loop: smoke as the settings ask, every interval."""
     if settings.mode == "nfd":
         smoke = f"buildmatrix smoke --nfd-file {FEATURE_FILE} --pools {POOLS_PATH}"
     else:
@@ -227,9 +264,13 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
         smoke += f" --mig-strategy {settings.mig_strategy}"
     # A failed check is exit 1 and leaves the node tainted; the loop goes on so that
     # a node that is repaired is admitted at the next round without a restart.
-    script = f"while true; do {smoke}; sleep {settings.interval}; done"
-    capabilities = "utility,compute" if settings.load_test else "utility"
-    gpu = {"nodeSelectorTerms": node_selector_terms(settings.node_selectors)}
+    return f"while true; do {smoke}; sleep {settings.interval}; done"
+
+
+def _volumes(
+    settings: Settings,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The smoke container's mounts, the Pod's volumes and the environment they need."""
     mounts: list[dict[str, Any]] = [
         {"name": "pools", "mountPath": "/etc/buildmatrix", "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
@@ -255,66 +296,43 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
             }
         )
         env.append({"name": "DOCKER_CONFIG", "value": REGISTRY_CONFIG_DIR})
-    daemonset: dict[str, Any] = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": meta,
-        "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": APP,
-                    "runtimeClassName": RUNTIME_CLASS,
-                    "priorityClassName": "system-node-critical",
-                    "affinity": {
-                        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": gpu}
-                    },
-                    "tolerations": [
-                        {"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT},
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                    ],
-                    "containers": [
-                        {
-                            "name": "smoke",
-                            "image": settings.image,
-                            "command": ["/bin/sh", "-c", script],
-                            "env": [
-                                {
-                                    "name": "NODE_NAME",
-                                    "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
-                                },
-                                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-                                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": capabilities},
-                                *env,
-                                *_mig_monitoring(settings).get("env", []),
-                            ],
-                            "volumeMounts": mounts,
-                            "resources": {
-                                "requests": {"cpu": "50m", "memory": "128Mi"},
-                                "limits": {"memory": "512Mi"},
-                            },
-                            "securityContext": _mig_monitoring(settings).get(
-                                "securityContext",
-                                {
-                                    "allowPrivilegeEscalation": False,
-                                    "readOnlyRootFilesystem": True,
-                                    "capabilities": {"drop": ["ALL"]},
-                                },
-                            ),
-                        }
-                    ],
-                    "volumes": volumes,
-                },
-            },
-        },
-    }
+    return mounts, volumes, env
 
-    if settings.mode == "nfd":
-        template = daemonset["spec"]["template"]
-        template["spec"] = nfd_pod(template["spec"])
-    return daemonset
+
+def _smoke_container(
+    settings: Settings, mounts: list[dict[str, Any]], env: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The one container of the DaemonSet's Pod: smoke's loop with the GPU's tools."""
+    script = _smoke_script(settings)
+    capabilities = "utility,compute" if settings.load_test else "utility"
+    return {
+        "name": "smoke",
+        "image": settings.image,
+        "command": ["/bin/sh", "-c", script],
+        "env": [
+            {
+                "name": "NODE_NAME",
+                "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+            },
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": capabilities},
+            *env,
+            *_mig_monitoring(settings).get("env", []),
+        ],
+        "volumeMounts": mounts,
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "128Mi"},
+            "limits": {"memory": "512Mi"},
+        },
+        "securityContext": _mig_monitoring(settings).get(
+            "securityContext",
+            {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            },
+        ),
+    }
 
 
 def _mig_monitoring(settings: Settings) -> dict[str, Any]:
