@@ -13,6 +13,7 @@ from buildmatrix.labelkeys import GfdKeys
 
 if TYPE_CHECKING:
     from buildmatrix.node.pools import Pools
+    from buildmatrix.profiles import ProfileSet
 
 
 @click.group("k8s")
@@ -150,10 +151,9 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     DaemonSet (smoke --apply on every GPU node); with --runtime-class the nvidia
     RuntimeClass, with --example-job an example FP8 training Job. --gpu-operator-values
     and --nfd-values print the Helm values the GPU stack needs instead."""
-    from buildmatrix.k8s import Settings, is_dns_label, is_dns_subdomain, render
+    from buildmatrix.k8s import Settings, render
     from buildmatrix.k8s_nodes import parse_selector
     from buildmatrix.k8s_policy import require_node_policy
-    from buildmatrix.node.pools import load_pools
 
     if operator_values and nfd_values:
         raise InputError(
@@ -166,30 +166,8 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
         return 0
     terms = tuple(parse_selector(s) for s in node_selectors)
     profiles = load(profiles_dir)
-    pools_text = None
-    if pools is not None:
-        pool_map = load_pools(pools, profiles)  # validated before it is shipped
-        pools_text = pools.read_text(encoding="utf-8")
-        if load_test:
-            _every_pool_has_images(pool_map)
-    elif load_test:
-        raise InputError(
-            "--load-test loads each pool's images on its nodes, and without --pools no "
-            "pool names any: every node would fail. Pass --pools FILE whose "
-            "pools.<name>.images list them (docs/smoke.md, Pools file)."
-        )
-    if not is_dns_label(namespace):
-        raise InputError(
-            f"--namespace '{namespace}' is not a valid namespace name (a DNS label: at most "
-            "63 characters of lower-case letters, digits and '-', starting and ending with "
-            "a letter or digit)."
-        )
-    if registry_secret is not None and not is_dns_subdomain(registry_secret):
-        raise InputError(
-            f"--registry-secret '{registry_secret}' is not a valid Secret name (a DNS "
-            "subdomain: at most 253 characters of lower-case letters, digits, '-' and '.', "
-            "starting and ending with a letter or digit)."
-        )
+    pools_text = _pools_text(pools, profiles, load_test=load_test)
+    _check_names(namespace, registry_secret)
     if mode == "apply" and not no_node_policy:
         require_node_policy(kubernetes_version)
     settings = Settings(
@@ -213,6 +191,44 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     facts = load_cuda_facts() if example_job else None
     click.echo(dump_manifests(render(settings, profiles, facts), fmt), nl=False)
     return 0
+
+
+def _pools_text(pools: Path | None, profiles: ProfileSet, *, load_test: bool) -> str | None:
+    """The --pools file's text, validated before it is shipped; --load-test needs one
+    whose every pool names images."""
+    from buildmatrix.node.pools import load_pools
+
+    pools_text = None
+    if pools is not None:
+        pool_map = load_pools(pools, profiles)  # validated before it is shipped
+        pools_text = pools.read_text(encoding="utf-8")
+        if load_test:
+            _every_pool_has_images(pool_map)
+    elif load_test:
+        raise InputError(
+            "--load-test loads each pool's images on its nodes, and without --pools no "
+            "pool names any: every node would fail. Pass --pools FILE whose "
+            "pools.<name>.images list them (docs/smoke.md, Pools file)."
+        )
+    return pools_text
+
+
+def _check_names(namespace: str, registry_secret: str | None) -> None:
+    """--namespace and --registry-secret as Kubernetes accepts the names."""
+    from buildmatrix.k8s import is_dns_label, is_dns_subdomain
+
+    if not is_dns_label(namespace):
+        raise InputError(
+            f"--namespace '{namespace}' is not a valid namespace name (a DNS label: at most "
+            "63 characters of lower-case letters, digits and '-', starting and ending with "
+            "a letter or digit)."
+        )
+    if registry_secret is not None and not is_dns_subdomain(registry_secret):
+        raise InputError(
+            f"--registry-secret '{registry_secret}' is not a valid Secret name (a DNS "
+            "subdomain: at most 253 characters of lower-case letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit)."
+        )
 
 
 def _every_pool_has_images(pool_map: Pools) -> None:
