@@ -10,6 +10,7 @@ import fnmatch
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from packaging.version import Version
@@ -214,24 +215,20 @@ def run_check(
             f"container toolkit's choice puts the compat driver in use on driver {driver}, "
             "so the image fails (fail closed)"
         )
-    results: list[TargetResult] = []
-    for target in targets:
-        variants = [
-            judge_target(
-                target,
-                loaded,
-                allow_empty=opts.allow_empty,
-                unreadable=unreadable,
-                driver=driver,
-                runtime=runtime,
-                facts=facts,
-                strict=opts.strict,
-                forward=use,
-                driver_cuda=driver_cuda,
-            )
-            for use in (choice.states if choice is not None else (None,))
-        ]
-        results.append(worst(variants))
+    states = choice.states if choice is not None else (None,)
+    judge = partial(
+        judge_target,
+        files=loaded,
+        allow_empty=opts.allow_empty,
+        unreadable=unreadable,
+        driver=driver,
+        runtime=runtime,
+        facts=facts,
+        strict=opts.strict,
+        driver_cuda=driver_cuda,
+    )
+    # each target under every compat state a node on this driver may be in: the worst
+    results = [worst([judge(target, forward=use) for use in states]) for target in targets]
     problems += _target_problems(results, require_sass=opts.require_sass)
     if not loaded and not opts.allow_empty:
         problems.append(_no_loaded_code(archives_only=bool(files)))
