@@ -68,6 +68,22 @@ def _known_cuda(spec: ImageSpec, facts: CudaFacts) -> None:
             )
 
 
+def _drop_excluded(
+    spec: ImageSpec, fields: dict[str, str], what: str, matrix: Matrix, matched: set[int]
+) -> bool:
+    """Whether an exclusion rule of the spec matches the variant; the first that does is
+    marked matched and the variant goes to ``matrix.dropped``."""
+    rule = _excluded(fields, spec.exclude)
+    if rule is None:
+        return False
+    matched.add(next(i for i, r in enumerate(spec.exclude) if r is rule))
+    shown = ", ".join(f"{k}={v}" for k, v in rule.items())
+    matrix.dropped.append(
+        Dropped(image=spec.name, what=what, reason=f"excluded by the spec ({shown})")
+    )
+    return True
+
+
 def _no_silent_rules(spec: ImageSpec, matched: set[int], seen: dict[str, set[str]]) -> None:
     """An exclusion that matches nothing is a typo, never intended: exit 2 saying why."""
     for i, rule in enumerate(spec.exclude):
@@ -113,14 +129,8 @@ def _platform_variants(
     for platform in spec.platforms or profiles.platforms(v.kept):
         fields = {**v.fields, PLATFORM_FIELD: platform}
         seen.setdefault(PLATFORM_FIELD, set()).add(platform)
-        rule = _excluded(fields, spec.exclude)
         what = f"{v.what} {platform}"
-        if rule is not None:
-            matched.add(next(i for i, r in enumerate(spec.exclude) if r is rule))
-            shown = ", ".join(f"{k}={val}" for k, val in rule.items())
-            matrix.dropped.append(
-                Dropped(image=spec.name, what=what, reason=f"excluded by the spec ({shown})")
-            )
+        if _drop_excluded(spec, fields, what, matrix, matched):
             continue
         arch = platform.split("/")[1]
         on = tuple(p for p in v.kept if platform in p.platforms)
@@ -220,13 +230,7 @@ def expand(
         for key, value in fields.items():
             seen.setdefault(key, set()).add(value)
         seen["cuda"].add(cuda.mm)
-        rule = _excluded(fields, spec.exclude)
-        if rule is not None:
-            matched.add(next(i for i, r in enumerate(spec.exclude) if r is rule))
-            shown = ", ".join(f"{k}={v}" for k, v in rule.items())
-            matrix.dropped.append(
-                Dropped(image=spec.name, what=what, reason=f"excluded by the spec ({shown})")
-            )
+        if _drop_excluded(spec, fields, what, matrix, matched):
             continue
         kept = _kept_profiles(spec, members, cuda, what, matrix)
         if not kept:
