@@ -23,7 +23,7 @@ The facts, and where they come from (docs/compatibility.md, "Forward compatibili
      file like any other;
   3. exactly one candidate, else nothing is used;
   4. ``useCompatLibraries``: the compat and host driver versions are parsed with
-     Masterminds semver's ``NewVersion`` (buildmatrix.semver); the note is read
+     Masterminds semver's ``NewVersion`` (buildmatrix.forward_semver); the note is read
      (buildmatrix.binary.compat_note); where a note was read, ``compatElfHeader.
      UseCompat`` decides: the host major must be in the note's ``driver`` list (a
      note without one lists nothing) and the compat driver must compare newer than
@@ -63,9 +63,9 @@ from buildmatrix.binary.compat_note import NOTE_SECTION, CompatLibrary, read_com
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
+from buildmatrix.forward_semver import parse_semver, semver_newer
 from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick, searched_first
 from buildmatrix.ldshadow import image_libcuda
-from buildmatrix.semver import parse_semver, semver_newer
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence

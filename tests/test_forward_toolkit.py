@@ -25,7 +25,7 @@ import pytest
 from buildmatrix.binary.compat_note import CompatLibrary, decode_note, note_description
 from buildmatrix.cuda import parse_driver_version
 from buildmatrix.forward import CompatSetup, compat_use
-from buildmatrix.semver import parse_semver, semver_newer
+from buildmatrix.forward_semver import parse_semver, semver_newer
 from tests.conftest import REPO, CliRunner
 from tests.images import Entry, Hardlink, Image, Symlink, fixture, write_docker_archive
 from tests.standins import NOTE_13_1, compat_library

@@ -53,7 +53,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.forward_legacy",
             "buildmatrix.ldconfig",
             "buildmatrix.ldshadow",
-            "buildmatrix.semver",
+            "buildmatrix.forward_semver",
         ),
     ),
     (3, "image sources", ("buildmatrix.image",)),
