@@ -1,4 +1,5 @@
-"""Arch profiles: one YAML per SM, validated on load into frozen dataclasses.
+"""Arch profiles: one YAML per SM (read and validated by buildmatrix.profile_files)
+as frozen dataclasses.
 
 A profile is the single source of truth for one SM: what to build (gencode,
 TORCH_CUDA_ARCH_LIST, CMake architectures), with which toolkits, and which nodes
