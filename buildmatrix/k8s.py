@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from buildmatrix.affinity import Choice, Needs, nodes_block, terms
 from buildmatrix.cuda import CudaFacts
+from buildmatrix.k8s_example import example_job
 from buildmatrix.k8s_nfd import FEATURE_FILE, nfd_pod, node_feature_rule
 from buildmatrix.k8s_nodes import SelectorTerm
 from buildmatrix.k8s_policy import policy_objects
@@ -122,7 +122,7 @@ def render(
     if settings.example_job:
         if facts is None:
             raise ValueError("the example Job needs the CUDA facts")
-        objects.append(_example_job(profiles, ns, facts))
+        objects.append(example_job(profiles, ns, facts))
     return objects
 
 
@@ -377,38 +377,3 @@ def _mount_containerd(
         mounts.append({"name": name, "mountPath": path, "readOnly": True})
         volumes.append({"name": name, "hostPath": {"path": path, "type": "Directory"}})
     env.append({"name": "CONTAINERD_ROOT", "value": CONTAINERD_ROOT})
-
-
-def _example_job(profiles: ProfileSet, ns: str, facts: CudaFacts) -> dict[str, Any]:
-    """An FP8 training Job whose affinity is what ``affinity --require fp8 --min-memory
-    70000`` gives for its (example) image: CUDA 13 runtime, SASS for every SM with FP8,
-    so every FP8 GPU on a driver that meets both the CUDA 13 floor and its own."""
-    runtime = facts.runtime_floor(13)
-    chosen = tuple(
-        (p, ((max(p.min_driver, runtime) if runtime else p.min_driver, None),))
-        for p in profiles
-        if "fp8" in p.features
-    )
-    needs = Needs(features=("fp8",), min_memory_mib=70000)
-    block = nodes_block(terms(Choice(chosen=chosen, excluded=()), profiles, needs))
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "example-fp8-training", "namespace": ns},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    **block,
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": "registry.example.com/ml/train-fp8:1.4.0-cu133",
-                            "resources": {"limits": {"nvidia.com/gpu": 1}},
-                        }
-                    ],
-                }
-            },
-        },
-    }

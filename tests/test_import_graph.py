@@ -94,6 +94,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         (
             "buildmatrix.k8s",
             "buildmatrix.k8s_drivers",
+            "buildmatrix.k8s_example",
             "buildmatrix.k8s_nfd",
             "buildmatrix.k8s_nodes",
             "buildmatrix.k8s_policy",
