@@ -14,7 +14,8 @@ import pytest
 from buildmatrix.check import Options
 from buildmatrix.check_refs import check_refs
 from buildmatrix.cuda import load_cuda_facts
-from buildmatrix.profiles import ProfileSet, load_profiles
+from buildmatrix.profile_files import load_profiles
+from buildmatrix.profiles import ProfileSet
 from tests.conftest import REPO, SHIPPED_PROFILES
 
 BIN = REPO / "tests" / "fixtures" / "bin"

@@ -18,7 +18,8 @@ from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import SMOKE
 from buildmatrix.node.admit import Admission, AdmitOptions, admit
 from buildmatrix.node.pools import Pools, load_pools
-from buildmatrix.profiles import ProfileSet, load_profiles
+from buildmatrix.profile_files import load_profiles
+from buildmatrix.profiles import ProfileSet
 from tests.conftest import REPO, SHIPPED_PROFILES
 from tests.test_node_checks import TABLE
 
