@@ -158,9 +158,9 @@ CHECK = ["--sm", "9.0", "--no-cache", "--json"]
 # this checkout only).
 UNVERIFIED = """
 import dataclasses, sys
-from buildmatrix.image import model
-read = model.scan_blob
-model.scan_blob = lambda blob, *a, **k: read(dataclasses.replace(blob, diff_id=None), *a, **k)
+from buildmatrix.image import layer_scan
+read = layer_scan.scan_blob
+layer_scan.scan_blob = lambda blob, *a, **k: read(dataclasses.replace(blob, diff_id=None), *a, **k)
 from buildmatrix.cli import main
 sys.exit(main())
 """

@@ -49,7 +49,7 @@ from buildmatrix.compat import Verdict, ptx_toolkit
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.forward import driver_breakpoints
-from buildmatrix.image.model import ScannedImage
+from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.labelkeys import (
     COMPUTE_CAPABILITY,
     DRIVER_MAJOR,

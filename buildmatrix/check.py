@@ -24,7 +24,7 @@ from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatUse
 from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
-from buildmatrix.image.model import ScannedImage
+from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.runtime_sources import cuda_runtime, runtime_note, runtime_sources
 from buildmatrix.snapshot import Snapshot

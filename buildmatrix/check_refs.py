@@ -15,16 +15,16 @@ from buildmatrix.check import CheckResult, Options, run_check
 from buildmatrix.cuda import CudaFacts
 from buildmatrix.image.cache import LayerCache, use
 from buildmatrix.image.containerd import Store
-from buildmatrix.image.model import ScannedImage
 from buildmatrix.image.open import scan_image
 from buildmatrix.image.platform import DEFAULT_PLATFORM
+from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.multiplatform import PlatformResults, behind, serves, to_judge
 from buildmatrix.profiles import ProfileSet
 
 
 class Progress(Protocol):
     """What shows the bytes read of one image: called with the bytes read since the
-    last call (buildmatrix.image.model.Progress), then ``done`` once."""
+    last call (buildmatrix.image.scanned.Progress), then ``done`` once."""
 
     def __call__(self, n: int) -> None: ...
 

@@ -30,7 +30,7 @@ from buildmatrix.check import CheckResult, Options, run_check
 from buildmatrix.compat import Floor as CompatFloor
 from buildmatrix.compat import Verdict, driver_floors, driver_meets_floors
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
-from buildmatrix.image.model import ScannedImage
+from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.snapshot import Gpu, Snapshot
 

@@ -12,7 +12,7 @@ import re
 from packaging.version import Version
 
 from buildmatrix.cuda import major_minor
-from buildmatrix.image.model import ScannedImage
+from buildmatrix.image.scanned import ScannedImage
 
 _CUDART = re.compile(r"(?:^|/)libcudart\.so\.(\d+)(?:\.(\d+))?")
 _CUDA_ENV = re.compile(r"(\d+)\.(\d+)")

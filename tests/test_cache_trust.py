@@ -166,7 +166,7 @@ def test_the_fingerprint_covers_every_module_that_shapes_a_summary() -> None:
     fresh interpreter) is hashed into the fingerprint; a change to any of them starts
     a new cache."""
     code = (
-        "import sys, buildmatrix.image.model, buildmatrix.image.cache_codec;"
+        "import sys, buildmatrix.image.layer_scan, buildmatrix.image.cache_codec;"
         "print('\\n'.join(m.__file__ for n, m in sys.modules.items()"
         " if n.startswith('buildmatrix') and getattr(m, '__file__', None)))"
     )

@@ -14,7 +14,7 @@ from buildmatrix.check import Options, run_check
 from buildmatrix.compat import Verdict
 from buildmatrix.cuda import load_cuda_facts, parse_driver_version
 from buildmatrix.errors import InputError
-from buildmatrix.image.model import ImageConfig, ScannedImage
+from buildmatrix.image.scanned import ImageConfig, ScannedImage
 from buildmatrix.profile_files import load_profiles
 from buildmatrix.runtime_sources import cuda_runtime
 from buildmatrix.snapshot import load_snapshot

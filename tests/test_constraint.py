@@ -24,7 +24,7 @@ from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
 from buildmatrix.binary.report import FileReport
 from buildmatrix.check import Options, run_check
 from buildmatrix.cuda import load_cuda_facts, parse_driver_version
-from buildmatrix.image.model import ImageConfig, ScannedImage
+from buildmatrix.image.scanned import ImageConfig, ScannedImage
 from buildmatrix.matrix import expand_all
 from buildmatrix.profile_files import load_profiles
 from buildmatrix.snapshot import Gpu, Snapshot

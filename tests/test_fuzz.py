@@ -28,9 +28,10 @@ from buildmatrix.binary.ptx import ptx_target
 from buildmatrix.binary.scan import inspect_source
 from buildmatrix.binary.source import BytesSource, CorruptBinary
 from buildmatrix.errors import BuildmatrixError
+from buildmatrix.image.blobs import check_manifest
 from buildmatrix.image.layers import scan_layer
-from buildmatrix.image.model import ImageConfig, check_manifest
 from buildmatrix.image.ref import parse_ref
+from buildmatrix.image.scanned import ImageConfig
 from buildmatrix.image.tree import LayerSummary, merge
 from tests.images import Hardlink, Image, Symlink, fixture, layer_tar, scan_in_place
 

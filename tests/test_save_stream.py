@@ -1,4 +1,4 @@
-"""The engine's save stream is read ahead in a thread (buildmatrix.image.model
+"""The engine's save stream is read ahead in a thread (buildmatrix.image.prefetch
 iter_chunks_reader): the bytes arrive whole and in order, the read-ahead is bounded,
 an error of the engine's stream reaches the reader, and closing stops the thread."""
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from buildmatrix.image import model
+from buildmatrix.image import prefetch
 
 
 def _chunks(count: int, size: int, pulled: list[int] | None = None) -> Iterator[bytes]:
@@ -21,7 +21,7 @@ def _chunks(count: int, size: int, pulled: list[int] | None = None) -> Iterator[
 
 
 def test_every_byte_arrives_in_order() -> None:
-    reader = model.iter_chunks_reader(_chunks(100, 10_000))
+    reader = prefetch.iter_chunks_reader(_chunks(100, 10_000))
     data = reader.read()
     assert data == b"".join(_chunks(100, 10_000))
     assert reader.read(10) == b"" and reader.read() == b""  # the end stays the end
@@ -29,9 +29,9 @@ def test_every_byte_arrives_in_order() -> None:
 
 
 def test_the_read_ahead_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model, "PREFETCH_BYTES", 64 << 10)
+    monkeypatch.setattr(prefetch, "PREFETCH_BYTES", 64 << 10)
     pulled: list[int] = []
-    reader = model.iter_chunks_reader(_chunks(1000, 4096, pulled))
+    reader = prefetch.iter_chunks_reader(_chunks(1000, 4096, pulled))
     time.sleep(0.3)  # the thread fills what it may, then waits
     assert sum(pulled) <= (64 << 10) + 4096
     assert len(reader.read(1 << 20)) == 1 << 20  # and goes on as the reader reads
@@ -43,7 +43,7 @@ def test_an_error_of_the_stream_reaches_the_reader() -> None:
         yield b"x" * 1000
         raise ConnectionResetError("engine went away")
 
-    reader = model.iter_chunks_reader(failing())
+    reader = prefetch.iter_chunks_reader(failing())
     for _ in range(2):  # and again on the next read, never a quiet end
         with pytest.raises(ConnectionResetError, match="engine went away"):
             reader.read()
@@ -51,9 +51,9 @@ def test_an_error_of_the_stream_reaches_the_reader() -> None:
 
 
 def test_closing_stops_the_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model, "PREFETCH_BYTES", 8192)
+    monkeypatch.setattr(prefetch, "PREFETCH_BYTES", 8192)
     before = set(threading.enumerate())
-    reader = model.iter_chunks_reader(_chunks(10_000, 4096))
+    reader = prefetch.iter_chunks_reader(_chunks(10_000, 4096))
     assert reader.read(100) == bytes(100)
     (thread,) = set(threading.enumerate()) - before
     reader.close()

@@ -21,7 +21,7 @@ from buildmatrix.errors import EnvironmentUnavailable, InputError, did_you_mean
 if TYPE_CHECKING:
     from buildmatrix.cuda import DriverVersion
     from buildmatrix.drivers import PoolPolicy
-    from buildmatrix.image.model import ScannedImage
+    from buildmatrix.image.scanned import ScannedImage
 
 _POOLS = click.option(
     "--pools",

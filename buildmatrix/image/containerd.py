@@ -27,24 +27,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
+from buildmatrix.image.blobs import check_manifest, is_index, layer_diff_ids, read_json_blob
 from buildmatrix.image.bolt import BoltBusy, BoltError, Bucket, read_consistent
+from buildmatrix.image.layer_scan import finish, scan_blobs
 from buildmatrix.image.manifests import choose, memo
 from buildmatrix.image.mobypick import moby_choose
-from buildmatrix.image.model import (
-    ImageConfig,
-    LayerBlob,
-    Progress,
-    ScannedImage,
-    check_manifest,
-    finish,
-    is_index,
-    layer_diff_ids,
-    read_json_blob,
-    scan_blobs,
-)
 from buildmatrix.image.offered import offered_platforms
 from buildmatrix.image.platform import DEFAULT_PLATFORM, require_config_platform
 from buildmatrix.image.ref import ImageRef, Transport, parse_name
+from buildmatrix.image.scanned import ImageConfig, LayerBlob, Progress, ScannedImage
 
 DEFAULT_ROOT = "/var/lib/containerd"
 DEFAULT_ADDRESS = "/run/containerd/containerd.sock"

@@ -17,20 +17,15 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from buildmatrix import schema
 from buildmatrix.errors import EnvironmentUnavailable, InputError
+from buildmatrix.image.blobs import MAX_JSON, VerifyingReader
+from buildmatrix.image.layer_scan import finish
 from buildmatrix.image.layers import scan_layer
-from buildmatrix.image.model import (
-    MAX_JSON,
-    ImageConfig,
-    Progress,
-    ScannedImage,
-    VerifyingReader,
-    finish,
-    iter_chunks_reader,
-)
 from buildmatrix.image.overlay2 import UnreadableLayer, scan_layer_dir
 from buildmatrix.image.platform import DEFAULT_PLATFORM
+from buildmatrix.image.prefetch import iter_chunks_reader
 from buildmatrix.image.ref import ImageRef
 from buildmatrix.image.savetar import SaveTree, member_of
+from buildmatrix.image.scanned import ImageConfig, Progress, ScannedImage
 from buildmatrix.image.tarstream import member_data, open_forward
 from buildmatrix.image.tree import LayerSummary
 

@@ -26,20 +26,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from buildmatrix.errors import InputError
-from buildmatrix.image.manifests import CONFIG, NoPlatformMatch, choose, memo
-from buildmatrix.image.model import (
+from buildmatrix.image.blobs import (
     MAX_JSON,
-    ImageConfig,
-    LayerBlob,
-    Progress,
-    ScannedImage,
     check_manifest,
-    finish,
     is_index,
     layer_diff_ids,
     read_json_blob,
-    scan_blobs,
 )
+from buildmatrix.image.layer_scan import finish, scan_blobs
+from buildmatrix.image.manifests import CONFIG, NoPlatformMatch, choose, memo
 from buildmatrix.image.offered import offered_platforms, runnable
 from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.platform import (
@@ -51,6 +46,7 @@ from buildmatrix.image.platform import (
 )
 from buildmatrix.image.ref import ImageRef
 from buildmatrix.image.savetar import SavedMember, SaveTree, member_of
+from buildmatrix.image.scanned import ImageConfig, LayerBlob, Progress, ScannedImage
 from buildmatrix.image.tarheaders import StrictTarInfo
 from buildmatrix.image.tarstream import check_end
 

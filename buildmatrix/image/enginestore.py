@@ -46,8 +46,8 @@ from buildmatrix.image.containerd import (
     scan_containerd,
     socket_at,
 )
-from buildmatrix.image.model import Progress, ScannedImage
 from buildmatrix.image.ref import ImageRef
+from buildmatrix.image.scanned import Progress, ScannedImage
 
 if TYPE_CHECKING:
     import docker

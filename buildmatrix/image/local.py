@@ -12,23 +12,13 @@ from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.scan import inspect_file, scan_tree
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
+from buildmatrix.image.blobs import check_manifest, is_index, layer_diff_ids, read_json_blob
+from buildmatrix.image.layer_scan import finish, problem_line, scan_blobs
 from buildmatrix.image.manifests import choose, memo
-from buildmatrix.image.model import (
-    ImageConfig,
-    LayerBlob,
-    Progress,
-    ScannedImage,
-    check_manifest,
-    finish,
-    is_index,
-    layer_diff_ids,
-    problem_line,
-    read_json_blob,
-    scan_blobs,
-)
 from buildmatrix.image.offered import offered_platforms
 from buildmatrix.image.platform import DEFAULT_PLATFORM, require_config_platform
 from buildmatrix.image.ref import ImageRef
+from buildmatrix.image.scanned import ImageConfig, LayerBlob, Progress, ScannedImage
 
 REF_NAME = "org.opencontainers.image.ref.name"
 

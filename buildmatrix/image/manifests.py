@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from buildmatrix.errors import InputError
-from buildmatrix.image.model import check_manifest, is_index
+from buildmatrix.image.blobs import check_manifest, is_index
 from buildmatrix.image.platform import (
     descriptor_platform,
     format_platform,

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from buildmatrix.image.blobs import is_index
 from buildmatrix.image.manifests import CONFIG, MAX_DEPTH, Fetch, NoPlatformMatch, pick_manifest
-from buildmatrix.image.model import is_index
 from buildmatrix.image.platform import (
     Platform,
     config_platform,

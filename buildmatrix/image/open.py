@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from buildmatrix.errors import BuildmatrixError, EnvironmentUnavailable
-from buildmatrix.image.model import Progress, ScannedImage
 from buildmatrix.image.platform import DEFAULT_PLATFORM
 from buildmatrix.image.ref import ImageRef, Transport, parse_ref
+from buildmatrix.image.scanned import Progress, ScannedImage
 
 if TYPE_CHECKING:
     from buildmatrix.image.containerd import Store

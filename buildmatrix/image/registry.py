@@ -22,29 +22,25 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.image.dockerconfig import Lookup, find_credentials
-from buildmatrix.image.manifests import CONFIG, choose, memo
-from buildmatrix.image.model import (
+from buildmatrix.image.blobs import (
     INDEX_TYPES,
     MANIFEST_TYPES,
     MAX_JSON,
-    ImageConfig,
-    LayerBlob,
-    Progress,
-    ScannedImage,
     check_manifest,
-    finish,
     is_index,
     layer_diff_ids,
     read_json_blob,
-    scan_blobs,
 )
+from buildmatrix.image.dockerconfig import Lookup, find_credentials
+from buildmatrix.image.layer_scan import finish, scan_blobs
+from buildmatrix.image.manifests import CONFIG, choose, memo
 from buildmatrix.image.offered import offered_platforms
 from buildmatrix.image.platform import (
     DEFAULT_PLATFORM,
     require_config_platform,
 )
 from buildmatrix.image.ref import ImageRef
+from buildmatrix.image.scanned import ImageConfig, LayerBlob, Progress, ScannedImage
 
 if TYPE_CHECKING:
     import oras.provider

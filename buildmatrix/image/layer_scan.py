@@ -1,0 +1,150 @@
+"""Layers into an image: each blob summarised (in parallel, through the layer cache),
+the summaries merged into the final view, and its device code and cuda-compat driver
+collected into a :class:`~buildmatrix.image.scanned.ScannedImage` (:func:`finish`)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from dataclasses import replace
+from pathlib import Path
+
+from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.forward import CompatLibrary, compat_code, find_compat
+from buildmatrix.image.blobs import VerifyingReader
+from buildmatrix.image.inplace import scan_layer_at
+from buildmatrix.image.layers import scan_layer
+from buildmatrix.image.scanned import ImageConfig, LayerBlob, Progress, ScannedImage
+from buildmatrix.image.tree import ImageTree, LayerSummary, merge
+
+
+def scan_blob(blob: LayerBlob, progress: Progress | None, keep: Path | None = None) -> LayerSummary:
+    if blob.place is not None and blob.digest is None and keep is None:
+        file, offset, size = blob.place
+        summary = scan_layer_at(file, offset, size, name=blob.name, diff_id=blob.diff_id)
+        if progress is not None:
+            progress(size)
+        return summary
+    with (
+        blob.open() as raw,
+        closing(
+            VerifyingReader(raw, digest=blob.digest, name=blob.name, progress=progress)
+        ) as reader,
+    ):
+        summary = scan_layer(
+            reader,  # type: ignore[arg-type]
+            name=blob.name,
+            keep=keep,
+            diff_id=blob.diff_id,
+            blob_digest=blob.digest,
+        )
+        reader.verify()
+    return summary
+
+
+def scan_blobs(
+    blobs: list[LayerBlob],
+    progress: Progress | None = None,
+    workers: int = 2,
+    keep: Path | None = None,
+) -> list[LayerSummary]:
+    """Summarise layers in parallel (decompression and reads release the GIL).
+
+    With a layer cache in use (buildmatrix.image.cache) a blob whose digest is known
+    and cached is not read at all, and each one read and verified is cached. Entries
+    are keyed by the layer's diff_id where the config names one, and served only for
+    a blob that a read proved to decompress to it (the cache's bindings): another
+    blob under a cached diff_id is read, and refused where it is not that layer, as
+    without the cache (docs/check.md, "Several images, and the layer cache").
+    """
+    from buildmatrix.image.cache import active, stamp
+
+    cache = active() if keep is None else None  # the load test needs the bytes
+    found: dict[int, LayerSummary] = {}
+    if cache is not None:
+        for i, blob in enumerate(blobs):
+            if blob.digest is None:
+                continue
+            if (hit := cache.get(_key(blob), local=blob.local, blob=blob.digest)) is not None:
+                found[i] = hit
+    todo = [(i, b) for i, b in enumerate(blobs) if i not in found]
+    # A local blob is stamped before it is read, so a change during the read shows.
+    seen = {i: stamp(b.local) for i, b in todo if b.local is not None}
+    if len(todo) <= 1 or workers <= 1:
+        scanned = [scan_blob(b, progress, keep) for _, b in todo]
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            scanned = list(pool.map(lambda ib: scan_blob(ib[1], progress, keep), todo))
+    for (i, blob), summary in zip(todo, scanned, strict=True):
+        found[i] = summary
+        if cache is not None and blob.digest is not None:  # verified as it was read
+            cache.put(_key(blob), summary, local=blob.local, seen=seen.get(i), blob=blob.digest)
+    return [found[i] for i in range(len(blobs))]
+
+
+def _key(blob: LayerBlob) -> str:
+    return blob.diff_id or str(blob.digest)
+
+
+def finish(
+    *, ref: str, digest: str | None, config: ImageConfig, layers: list[LayerSummary]
+) -> ScannedImage:
+    """Merge layer summaries and collect the final view's device code."""
+    tree: ImageTree = merge(layers)
+    files: list[FileReport] = []
+    problems: list[str] = []
+    paths: list[str] = []
+    symlinks: dict[str, str] = {}
+    regular: list[str] = []  # hard links included: the toolkit sees regular files
+    unreadable: list[str] = []
+    compat_libraries: dict[str, CompatLibrary] = {}
+    for path, node in tree.files():
+        paths.append(path)
+        result = node.result
+        if node.kind == "symlink":
+            symlinks[path] = node.target
+        elif node.kind == "file":
+            regular.append(path)
+        if isinstance(result, FileReport):
+            files.append(_at(result, path))
+        elif isinstance(result, CompatLibrary):
+            compat_libraries[path] = replace(result, path=path)
+        elif isinstance(result, ScanProblem):
+            problems.append(problem_line(path, result.message))
+            unreadable.append(path)
+    compat = find_compat(
+        compat_libraries,
+        regular,
+        symlinks,
+        unreadable,
+        entries=paths,
+        folders=list(tree.folders()),
+        library_path=config.env.get("LD_LIBRARY_PATH", ""),
+        platform=config.platform,
+    )
+    for path in compat_code(compat, compat_libraries):
+        code = compat_libraries[path].code
+        if code is not None:
+            files.append(_at(code, path))
+    return ScannedImage(
+        ref=ref,
+        digest=digest,
+        config=config,
+        offered=(config.platform,) if config.platform else (),
+        files=files,
+        problems=problems,
+        paths=paths,
+        layers=len(layers),
+        symlinks=symlinks,
+        compat=compat,
+    )
+
+
+def problem_line(path: str, message: str) -> str:
+    """``PATH: why``; reader messages already start with the path where it is the same."""
+    return message if message.startswith(path) else f"{path}: {message}"
+
+
+def _at(report: FileReport, path: str) -> FileReport:
+    """The report under the path where the final view has it (hard links differ)."""
+    return report if report.path == path else replace(report, path=path)

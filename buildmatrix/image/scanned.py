@@ -1,0 +1,91 @@
+"""What an image source hands to ``check``: the image's config, its final view's
+device code (:class:`ScannedImage`), and the layer blobs a source reads (:class:`LayerBlob`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from buildmatrix.binary.report import FileReport
+from buildmatrix.forward import CompatSetup
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageConfig:
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    image_id: str | None = None
+    # os/architecture[/variant] of the config (OCI image-spec config.md; the engine's
+    # inspect spells them Os/Architecture/Variant); None where it names none
+    platform: str | None = None
+
+    @classmethod
+    def from_json(
+        cls, doc: dict[str, Any], *, image_id: str | None = None, source: str = "image config"
+    ) -> ImageConfig:
+        """From an image config blob (``{"config": {"Labels":…, "Env":[…]}}``); a field of
+        the wrong type is an input error naming it (schema image-config)."""
+        from buildmatrix import schema
+
+        schema.validate(doc, "image-config", source=source)
+        cfg = doc.get("config") or doc.get("Config") or {}
+        labels = {str(k): str(v) for k, v in (cfg.get("Labels") or {}).items()}
+        env = {}
+        for item in cfg.get("Env") or []:
+            key, _, value = str(item).partition("=")
+            env[key] = value
+        parts = [str(doc.get(k) or doc.get(k.title()) or "") for k in ("os", "architecture")]
+        variant = str(doc.get("variant") or doc.get("Variant") or "")
+        platform = "/".join([*parts, variant] if variant else parts) if all(parts) else None
+        return cls(labels=labels, env=env, image_id=image_id, platform=platform)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScannedImage:
+    """An image reduced to what ``check`` needs."""
+
+    ref: str
+    digest: str | None
+    config: ImageConfig
+    files: list[FileReport]
+    problems: list[str]
+    paths: list[str]
+    layers: int
+    # The final view's symlinks (path -> target as written) and the CUDA forward
+    # compatibility driver the NVIDIA container toolkit would find (buildmatrix.forward).
+    symlinks: dict[str, str] = field(default_factory=dict)
+    compat: CompatSetup | None = None
+    # How the layers were read, where there was a choice (the local engine).
+    read_from: str | None = None
+    # The platforms the image offers (os/arch[/variant]): an index's entries, else the
+    # config's own platform; () where neither names one (buildmatrix.image.offered).
+    offered: tuple[str, ...] = ()
+    # Requests that pick what another containerd generation runs for the platform
+    # asked (os.features: buildmatrix.image.manifests.choose); each is judged too.
+    also: tuple[str, ...] = ()
+    # The digest of the index the REF named, the entry above was picked from; None
+    # where the REF named a single manifest or the source keeps no index.
+    index_digest: str | None = None
+
+
+Progress = Callable[[int], None]  # called with bytes read since the last call
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerBlob:
+    """A layer to read: a name for messages, how to open it, the digest to verify."""
+
+    name: str
+    open: Callable[[], AbstractContextManager[IO[bytes]]]
+    digest: str | None = None
+    # Where the blob lies whole in a regular file (file, offset, size): a blob with
+    # no digest to verify is then read in place (inplace.scan_layer_at).
+    place: tuple[Path, int, int] | None = None
+    # The config's rootfs.diff_ids entry: the digest of the uncompressed layer.
+    diff_id: str | None = None
+    # The local file the blob is read from (an OCI layout's): the layer cache trusts
+    # its entry only while this file is the one a read verified.
+    local: Path | None = None
