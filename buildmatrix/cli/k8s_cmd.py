@@ -126,6 +126,7 @@ def k8s() -> None:
 )
 @click.option("--format", "fmt", type=MANIFEST_FORMATS, default="yaml", show_default=True)
 @profiles_option
+# Over 60 lines only by its signature: one parameter per option (20 of them).
 def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     tool_image: str,
     pools: Path | None,
