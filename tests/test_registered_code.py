@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from buildmatrix.binary.elf import read_layout
-from buildmatrix.binary.fatbin import wrapped_containers
+from buildmatrix.binary.registered import wrapped_containers
 from buildmatrix.binary.source import FileSource
 from tests.conftest import CliRunner
 from tests.fixtures.build import BIN

@@ -29,20 +29,19 @@ from packaging.version import Version
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
 from buildmatrix.binary.cubin import cubin_arch, entry_symbols
 from buildmatrix.binary.decompress import COMPRESSION_FLAGS, decompress_payload
-from buildmatrix.binary.elf import SHF_EXECINSTR, ElfInfo, Layout
+from buildmatrix.binary.elf import SHF_EXECINSTR, ElfInfo
 from buildmatrix.binary.ptx import checked_ptx_entry
 from buildmatrix.binary.source import (
     ByteSource,
     BytesSource,
     CorruptBinary,
     SliceSource,
-    find_each_read,
     read_exact,
 )
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
-_CONTAINER = struct.Struct("<IHHQ")
+CONTAINER = struct.Struct("<IHHQ")
 _ENTRY = struct.Struct(
     "<HHIQI4xHHI8xQ8xQ"
 )  # kind, _, hsize, payload, compressed size, minor, major, arch, flags, uncompressed size
@@ -256,14 +255,14 @@ def _containers(
             pos = _skip_zeros(src, pos, end)
             if pos >= end:
                 break
-        head = read_exact(src, pos, _CONTAINER.size, what="fatbin container header")
-        magic, _version, hsize, fat_size = _CONTAINER.unpack(head)
+        head = read_exact(src, pos, CONTAINER.size, what="fatbin container header")
+        magic, _version, hsize, fat_size = CONTAINER.unpack(head)
         if magic != FATBIN_MAGIC:
             raise CorruptBinary(
                 f"{name}: no fatbinary magic at offset {pos:#x} "
                 f"(found {magic:#010x}, expected {FATBIN_MAGIC:#010x})."
             )
-        if not _CONTAINER.size <= hsize <= _MAX_HEADER:
+        if not CONTAINER.size <= hsize <= _MAX_HEADER:
             raise CorruptBinary(f"{name}: fatbin container at {pos:#x} has header size {hsize}.")
         if pos + hsize + fat_size > end:
             raise CorruptBinary(
@@ -278,11 +277,11 @@ def container_header(src: ByteSource, at: int, end: int) -> tuple[int, int] | No
     """(header size, size) of a fatbinary container whose header is at ``at``, or
     None when the bytes there cannot be one that ends by ``end`` (a magic number in
     other data)."""
-    head = src.read_at(at, _CONTAINER.size)
-    if len(head) != _CONTAINER.size:
+    head = src.read_at(at, CONTAINER.size)
+    if len(head) != CONTAINER.size:
         return None
-    magic, _version, hsize, fat_size = _CONTAINER.unpack(head)
-    if magic != FATBIN_MAGIC or not _CONTAINER.size <= hsize <= _MAX_HEADER or fat_size == 0:
+    magic, _version, hsize, fat_size = CONTAINER.unpack(head)
+    if magic != FATBIN_MAGIC or not CONTAINER.size <= hsize <= _MAX_HEADER or fat_size == 0:
         return None
     return (hsize, hsize + fat_size) if at + hsize + fat_size <= end else None
 
@@ -391,73 +390,3 @@ def decompressed_cubin(src: ByteSource, entry: FatbinEntry, *, name: str) -> Byt
         )
     data = read_exact(src, entry.offset + ehsize, packed, what="compressed fatbin entry")
     return BytesSource(decompress_payload(data, flags=flags, size=unc, name=where), name=where)
-
-
-WRAPPER_MAGIC = 0x466243B1  # __fatBinC_Wrapper_t.magic (clang CGCUDANV.cpp; ZLUDA fatbin.rs)
-
-
-def wrapped_containers(
-    src: ByteSource, layout: Layout, regions: list[tuple[int, int]], *, machine: int
-) -> list[tuple[int, int, int]]:
-    """(offset, size, wrapper version) of each container a runtime wrapper in
-    ``regions`` points at.
-
-    The CUDA runtime registers a fatbinary through ``__fatBinC_Wrapper_t {int magic;
-    int version; const void *data; void *filename_or_fatbins}`` (``__cudaRegisterFatBinary``
-    receives the wrapper), which the host code points at whatever the sections are
-    called. The pointer is the value the loader stores, read through the dynamic
-    relocations (buildmatrix.binary.dynrel): in the file it may be 0. A wrapper in no
-    loadable segment is never registered and is passed over; one whose pointer leads
-    to no container in a loadable segment is :class:`CorruptBinary` (docs/security.md).
-    """
-    from buildmatrix.binary.dynrel import pointer_values, read_relocations
-
-    width = 8 if layout.bits == 64 else 4
-    wrapper = struct.Struct(layout.order + ("IIQQ" if layout.bits == 64 else "IIII"))
-    magic = struct.pack(layout.order + "I", WRAPPER_MAGIC)
-    slots: dict[int, int] = {}
-    versions: dict[int, int] = {}
-    for offset, size in regions:
-        for at, record in find_each_read(src, offset, offset + size, magic, read=wrapper.size):
-            if (at - offset) % width or len(record) < wrapper.size:
-                continue
-            _magic, version, pointer, _name = wrapper.unpack(record)
-            slot = layout.address(at + width)
-            if version in (1, 2) and slot is not None:
-                slots.setdefault(slot, pointer)
-                versions.setdefault(slot, version)
-    if not slots:
-        return []
-    relocs = read_relocations(src, layout, machine)
-    values = pointer_values(src, relocs, slots) if relocs is not None else dict(slots)
-    spans: dict[tuple[int, int, int], None] = {}  # in order, each once
-    for slot, value in values.items():
-        span = _wrapped(src, layout, value) if value is not None else None
-        if span is None:
-            target = (
-                "an address this file does not set (a symbol of another object, an IFUNC, "
-                "or several relocations)"
-                if value is None
-                else f"address {value:#x}, where no fatbinary is loaded"
-            )
-            raise CorruptBinary(
-                f"{src.name}: the CUDA runtime wrapper at address {slot - width:#x} points at "
-                f"{target}; what the runtime registers cannot be read, so the file is refused "
-                "(docs/security.md, Device code that tries not to be seen)."
-            )
-        spans[(*span, versions[slot])] = None
-    return list(spans)
-
-
-def _wrapped(src: ByteSource, layout: Layout, pointer: int) -> tuple[int, int] | None:
-    """The container a wrapper's data pointer leads to, if one is there."""
-    start = layout.file_offset(pointer, _CONTAINER.size)
-    if start is None:
-        return None
-    head = src.read_at(start, _CONTAINER.size)
-    if len(head) != _CONTAINER.size:
-        return None
-    c_magic, _v, hsize, fat_size = _CONTAINER.unpack(head)
-    if c_magic != FATBIN_MAGIC or start + hsize + fat_size > src.size:
-        return None
-    return start, hsize + fat_size

@@ -36,10 +36,10 @@ from buildmatrix.binary.fatbin import (
     FatbinEntry,
     container_spans,
     parse_fatbin,
-    wrapped_containers,
 )
 from buildmatrix.binary.kernels import cubin_entry, read_compressed
 from buildmatrix.binary.ptx import looks_like_ptx, ptx_target
+from buildmatrix.binary.registered import wrapped_containers
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
 from buildmatrix.binary.walk import walk
