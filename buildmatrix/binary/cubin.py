@@ -9,14 +9,20 @@ nvcc 13.0 leaves bit 3 clear for ``sm_90a``/``sm_100a`` cubins and records the
 ``a`` instead as attribute 9 (value 1) in ``.nv.compat``, which is what cuobjdump
 reports; both are read. A family-specific ``sm_100f`` cubin is byte-identical to
 ``sm_100`` (the ``f`` exists only at the fatbinary level), so it reads as ``sm_100``.
+
+What a fatbinary's SASS entry holds is read here too (:func:`cubin_facts`): its
+kernels and the release that wrote it, and its arch held to the entry header's.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 
+from packaging.version import Version
+
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
-from buildmatrix.binary.elf import ElfInfo
+from buildmatrix.binary.elf import SHF_EXECINSTR, ElfInfo, is_elf, read_elf
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
 
 _EF_ACCEL_V1 = 0x800
@@ -91,3 +97,73 @@ def entry_symbols(src: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
             end = names.find(b"\0", name_off)
             found.append(names[name_off : end if end >= 0 else None].decode("latin-1"))
     return tuple(dict.fromkeys(found))
+
+
+_RELEASE = re.compile(rb"Cuda compilation tools, release (\d+)\.(\d+)")
+_MAX_NOTE = 4096
+
+
+def _kernels(cubin: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
+    """A cubin's kernels: its ``.text.NAME`` sections, as nvcc names them; where a
+    cubin has none, or executable code (``SHF_EXECINSTR``) in a section named
+    otherwise, also its symbol table's entry functions (:func:`entry_symbols`, what
+    cuobjdump lists as ENTRY). Executable code whose kernels cannot be named so is
+    None (unknown): such a cubin is never taken for a device-link stub."""
+    named = tuple(s.name[6:] for s in info.sections if s.name.startswith(".text."))
+    other_code = any(
+        s.flags & SHF_EXECINSTR and s.size and not s.name.startswith(".text.")
+        for s in info.sections
+    )
+    if named and not other_code:
+        return named
+    entries = entry_symbols(cubin, info)
+    if other_code and not entries:
+        return None
+    return tuple(dict.fromkeys(named + (entries or ())))
+
+
+def cubin_facts(
+    cubin: ByteSource, *, header: Arch | None = None
+) -> tuple[tuple[str, ...] | None, Version | None]:
+    """(kernels, toolkit) of a cubin, read in place from its section table: nvcc puts
+    each kernel in a ``.text.NAME`` section (a device-link stub has none;
+    :func:`_kernels`), and
+    ptxas/nvlink record their release in ``.note.nv.tkinfo`` ("Cuda compilation tools,
+    release 13.0"). (None, None) when it is not a readable ELF.
+
+    ``header``: the arch the fatbinary entry header claims for this cubin, checked
+    against the cubin's own (:func:`check_cubin_arch`); an ELF cubin whose section
+    table cannot be read is then refused too, not passed on its header's word."""
+    try:
+        if not is_elf(cubin.read_at(0, 16)):
+            return None, None
+        info = read_elf(cubin)
+        sections = info.sections
+        kernels = _kernels(cubin, info)
+        note = next((s for s in sections if s.name == ".note.nv.tkinfo"), None)
+        found = (
+            _RELEASE.search(cubin.read_at(note.offset, min(note.size, _MAX_NOTE))) if note else None
+        )
+    except CorruptBinary:
+        if header is not None:
+            raise  # an ELF whose arch cannot be held to its header's (check_cubin_arch)
+        return None, None
+    if header is not None:
+        check_cubin_arch(cubin, info, header)
+    return kernels, Version(f"{int(found[1])}.{int(found[2])}") if found else None
+
+
+def check_cubin_arch(cubin: ByteSource, info: ElfInfo, header: Arch) -> None:
+    """Refuse a cubin whose own arch (ELF ``e_flags``, buildmatrix.binary.cubin) is not
+    the one its fatbinary entry header claims. The CUDA driver runs the cubin, whose
+    code is built for its own SM (cuobjdump names it by ``e_flags`` too), so judging by
+    a relabelled header would pass code that cannot run (docs/security.md, "Device
+    code that tries not to be seen"). The cubin may be *less* specific than the header
+    (nvcc writes ``sm_100f`` cubins identical to ``sm_100``), never more."""
+    own = cubin_arch(cubin, info)
+    if own.cc != header.cc or (own.suffix is Suffix.ARCH and header.suffix is not Suffix.ARCH):
+        raise CorruptBinary(
+            f"{cubin.name}: the fatbinary entry header says {header} but the cubin's ELF "
+            f"header (e_flags {info.flags:#x}) says {own}; the driver runs the cubin, so "
+            "the file is refused rather than judged by either. Rebuild it with nvcc."
+        )

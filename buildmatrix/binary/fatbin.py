@@ -16,7 +16,6 @@ by the tests):
 
 from __future__ import annotations
 
-import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,9 +26,8 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
-from buildmatrix.binary.cubin import cubin_arch, entry_symbols
+from buildmatrix.binary.cubin import cubin_facts
 from buildmatrix.binary.decompress import COMPRESSION_FLAGS, decompress_payload
-from buildmatrix.binary.elf import SHF_EXECINSTR, ElfInfo
 from buildmatrix.binary.ptx import checked_ptx_entry
 from buildmatrix.binary.source import (
     ByteSource,
@@ -150,78 +148,6 @@ def _skip_zeros(src: ByteSource, pos: int, end: int) -> int:
         pos += len(chunk)
         chunk_size = min(chunk_size * 4, _PAD_CHUNK)
     return end
-
-
-_RELEASE = re.compile(rb"Cuda compilation tools, release (\d+)\.(\d+)")
-_MAX_NOTE = 4096
-
-
-def _kernels(cubin: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
-    """A cubin's kernels: its ``.text.NAME`` sections, as nvcc names them; where a
-    cubin has none, or executable code (``SHF_EXECINSTR``) in a section named
-    otherwise, also its symbol table's entry functions (:func:`entry_symbols`, what
-    cuobjdump lists as ENTRY). Executable code whose kernels cannot be named so is
-    None (unknown): such a cubin is never taken for a device-link stub."""
-    named = tuple(s.name[6:] for s in info.sections if s.name.startswith(".text."))
-    other_code = any(
-        s.flags & SHF_EXECINSTR and s.size and not s.name.startswith(".text.")
-        for s in info.sections
-    )
-    if named and not other_code:
-        return named
-    entries = entry_symbols(cubin, info)
-    if other_code and not entries:
-        return None
-    return tuple(dict.fromkeys(named + (entries or ())))
-
-
-def cubin_facts(
-    cubin: ByteSource, *, header: Arch | None = None
-) -> tuple[tuple[str, ...] | None, Version | None]:
-    """(kernels, toolkit) of a cubin, read in place from its section table: nvcc puts
-    each kernel in a ``.text.NAME`` section (a device-link stub has none;
-    :func:`_kernels`), and
-    ptxas/nvlink record their release in ``.note.nv.tkinfo`` ("Cuda compilation tools,
-    release 13.0"). (None, None) when it is not a readable ELF.
-
-    ``header``: the arch the fatbinary entry header claims for this cubin, checked
-    against the cubin's own (:func:`check_cubin_arch`); an ELF cubin whose section
-    table cannot be read is then refused too, not passed on its header's word."""
-    from buildmatrix.binary.elf import is_elf, read_elf
-
-    try:
-        if not is_elf(cubin.read_at(0, 16)):
-            return None, None
-        info = read_elf(cubin)
-        sections = info.sections
-        kernels = _kernels(cubin, info)
-        note = next((s for s in sections if s.name == ".note.nv.tkinfo"), None)
-        found = (
-            _RELEASE.search(cubin.read_at(note.offset, min(note.size, _MAX_NOTE))) if note else None
-        )
-    except CorruptBinary:
-        if header is not None:
-            raise  # an ELF whose arch cannot be held to its header's (check_cubin_arch)
-        return None, None
-    if header is not None:
-        check_cubin_arch(cubin, info, header)
-    return kernels, Version(f"{int(found[1])}.{int(found[2])}") if found else None
-
-
-def check_cubin_arch(cubin: ByteSource, info: ElfInfo, header: Arch) -> None:
-    """Refuse a cubin whose own arch (ELF ``e_flags``, buildmatrix.binary.cubin) is not
-    the one its fatbinary entry header claims. The CUDA driver runs the cubin, whose
-    code is built for its own SM (cuobjdump names it by ``e_flags`` too), so judging by
-    a relabelled header would pass code that cannot run (docs/security.md, "Device
-    code that tries not to be seen"). The cubin may be *less* specific than the header
-    (nvcc writes ``sm_100f`` cubins identical to ``sm_100``), never more."""
-    own = cubin_arch(cubin, info)
-    if own.cc != header.cc or (own.suffix is Suffix.ARCH and header.suffix is not Suffix.ARCH):
-        raise CorruptBinary(
-            f"{cubin.name}: the fatbinary entry header says {header} but the cubin's ELF "
-            f"header (e_flags {info.flags:#x}) says {own}; the driver runs the cubin, so "
-            "the file is refused rather than judged by either. Rebuild it with nvcc."
-        )
 
 
 def container_spans(

@@ -1,7 +1,7 @@
 """Which compressed cubins of a file are decompressed, for their kernels and toolkit.
 
 An uncompressed cubin is read in place for its kernels (``.text.NAME`` sections, or
-entry symbols: buildmatrix.binary.fatbin.cubin_facts) and
+entry symbols: buildmatrix.binary.cubin.cubin_facts) and
 the release that built it (``.note.nv.tkinfo``); a compressed one must first be
 decompressed whole (buildmatrix.binary.decompress), which costs what its
 uncompressed size costs: torch 2.14.1's ``libtorch_cuda.so`` holds 2,975 compressed
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from buildmatrix.arch import Arch, Suffix, serves_wherever
-from buildmatrix.binary.cubin import cubin_arch
+from buildmatrix.binary.cubin import cubin_arch, cubin_facts
 from buildmatrix.binary.elf import ElfInfo
-from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, cubin_facts, decompressed_cubin
+from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, decompressed_cubin
 from buildmatrix.binary.source import ByteSource
 
 

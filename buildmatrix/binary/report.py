@@ -60,7 +60,7 @@ class FileReport:
         Left out: containers with only LTO IR (linked at build time) and containers
         whose cubins provably define no kernel (nvcc's device-link stub: readable
         cubins without any kernel section, entry symbol or other executable code:
-        buildmatrix.binary.fatbin.cubin_facts), since nothing in them is ever launched.
+        buildmatrix.binary.cubin.cubin_facts), since nothing in them is ever launched.
         """
         groups: dict[int, list[FatbinEntry]] = {}
         for e in self.entries:
