@@ -112,6 +112,29 @@ def read_elf(src: ByteSource) -> ElfInfo:
         return ElfInfo(
             elf_type=e_type, machine=machine, abi_version=ident[8], flags=flags, sections=()
         )
+    raw, shstrndx = _section_headers(
+        src,
+        order=order,
+        bits=bits,
+        shoff=shoff,
+        shentsize=shentsize,
+        shnum=shnum,
+        shstrndx=shstrndx,
+    )
+    return ElfInfo(
+        elf_type=e_type,
+        machine=machine,
+        abi_version=ident[8],
+        flags=flags,
+        sections=_named_sections(src, raw, shstrndx),
+    )
+
+
+def _section_headers(
+    src: ByteSource, *, order: str, bits: int, shoff: int, shentsize: int, shnum: int, shstrndx: int
+) -> tuple[list[tuple[int, ...]], int]:
+    """The raw section headers (``Elf_Shdr`` fields) at ``shoff``, their count checked,
+    and the section-name table's index (both from section header 0 where extended)."""
     shdr = struct.Struct(order + _SHDR[bits])
     if shentsize < _SHDR_SIZE[bits]:
         raise CorruptBinary(f"{src.name}: ELF section header size {shentsize} is too small.")
@@ -126,8 +149,14 @@ def read_elf(src: ByteSource) -> ElfInfo:
         )
     _check_table(src, "section header table", shnum * shentsize)
     table = read_exact(src, shoff, shnum * shentsize, what="ELF section header table")
-    raw = [shdr.unpack_from(table, i * shentsize) for i in range(shnum)]
-    if shstrndx >= shnum:
+    return [shdr.unpack_from(table, i * shentsize) for i in range(shnum)], shstrndx
+
+
+def _named_sections(
+    src: ByteSource, raw: list[tuple[int, ...]], shstrndx: int
+) -> tuple[Section, ...]:
+    """The sections of ``raw``, named from the section-name table ``raw[shstrndx]``."""
+    if shstrndx >= len(raw):
         raise CorruptBinary(f"{src.name}: section-name table index {shstrndx} is out of range.")
     str_off, str_size = raw[shstrndx][4], raw[shstrndx][5]
     _check_table(src, "section-name table", str_size)
@@ -147,13 +176,7 @@ def read_elf(src: ByteSource) -> ElfInfo:
                 link=link,
             )
         )
-    return ElfInfo(
-        elf_type=e_type,
-        machine=machine,
-        abi_version=ident[8],
-        flags=flags,
-        sections=tuple(sections),
-    )
+    return tuple(sections)
 
 
 PT_LOAD = 1
