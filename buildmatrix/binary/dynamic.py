@@ -75,29 +75,12 @@ def _read(src: ByteSource) -> DsoInfo:
     if phnum > _MAX_PHNUM:  # ldconfig steps by sizeof(Phdr), whatever e_phentsize says
         return DsoInfo(unknown="its program header table is malformed", machine=machine)
     table = read_exact(src, phoff, phnum * phdr.size, what="ELF program header table")
-    loads: list[tuple[int, int, int]] = []
-    dynamic = (0, 0)
-    for i in range(phnum):
-        v = phdr.unpack_from(table, i * phdr.size)
-        p_type, p_offset, p_vaddr, p_filesz = (
-            (v[0], v[1], v[2], v[4]) if bits == 32 else (v[0], v[2], v[3], v[5])
-        )
-        if p_type == PT_DYNAMIC:
-            dynamic = (p_offset, p_filesz)
-        elif p_type == PT_LOAD:
-            loads.append((p_offset, p_vaddr, p_filesz))
+    loads, dynamic = _segments(table, phdr, bits=bits, phnum=phnum)
     if dynamic[1] == 0:
         return DsoInfo(skip="it has no dynamic segment", machine=machine)
     dyn = struct.Struct(order + ("iI" if bits == 32 else "qQ"))
-    entries: list[tuple[int, int]] = []
-    at = dynamic[0]
-    while len(entries) < _MAX_DYNAMIC:
-        tag, val = dyn.unpack(read_exact(src, at, dyn.size, what="dynamic section"))
-        if tag == DT_NULL:
-            break
-        entries.append((tag, val))
-        at += dyn.size
-    else:
+    entries = _dynamic_entries(src, dynamic[0], dyn)
+    if entries is None:
         return DsoInfo(unknown="its dynamic section has no end in reach", machine=machine)
     strtab = next((val for tag, val in entries if tag == DT_STRTAB), None)
     if strtab is None:
@@ -114,3 +97,35 @@ def _read(src: ByteSource) -> DsoInfo:
         return DsoInfo(unknown="its DT_SONAME string does not end in the file", machine=machine)
     name = raw[: raw.index(b"\0")].decode("utf-8", "surrogateescape")
     return DsoInfo(soname=name, machine=machine)
+
+
+def _segments(
+    table: bytes, phdr: struct.Struct, *, bits: int, phnum: int
+) -> tuple[list[tuple[int, int, int]], tuple[int, int]]:
+    """(offset, vaddr, filesz) of each PT_LOAD and (offset, filesz) of the last
+    PT_DYNAMIC ((0, 0) if none) in the program header table ``table``."""
+    loads: list[tuple[int, int, int]] = []
+    dynamic = (0, 0)
+    for i in range(phnum):
+        v = phdr.unpack_from(table, i * phdr.size)
+        p_type, p_offset, p_vaddr, p_filesz = (
+            (v[0], v[1], v[2], v[4]) if bits == 32 else (v[0], v[2], v[3], v[5])
+        )
+        if p_type == PT_DYNAMIC:
+            dynamic = (p_offset, p_filesz)
+        elif p_type == PT_LOAD:
+            loads.append((p_offset, p_vaddr, p_filesz))
+    return loads, dynamic
+
+
+def _dynamic_entries(src: ByteSource, at: int, dyn: struct.Struct) -> list[tuple[int, int]] | None:
+    """(tag, value) of each dynamic entry from ``at`` up to DT_NULL; None where no
+    DT_NULL comes within :data:`_MAX_DYNAMIC` entries."""
+    entries: list[tuple[int, int]] = []
+    while len(entries) < _MAX_DYNAMIC:
+        tag, val = dyn.unpack(read_exact(src, at, dyn.size, what="dynamic section"))
+        if tag == DT_NULL:
+            return entries
+        entries.append((tag, val))
+        at += dyn.size
+    return None
