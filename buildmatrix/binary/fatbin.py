@@ -248,41 +248,12 @@ def container_entries(
     body_end = pos + size
     p = pos + hsize
     while p < body_end:
-        if body_end - p < _MIN_ENTRY_HEADER:
-            raise CorruptBinary(
-                f"{name}: {body_end - p} stray bytes at {p:#x} inside a fatbin container."
-            )
-        raw = read_exact(src, p, _ENTRY.size, what="fatbin entry header")
-        kind_id, _, ehsize, payload, _packed, minor, major, number, flags, _unc = _ENTRY.unpack(raw)
-        if not _MIN_ENTRY_HEADER <= ehsize <= _MAX_HEADER:
-            raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has header size {ehsize}.")
-        if p + ehsize + payload > body_end:
-            raise CorruptBinary(
-                f"{name}: fatbin entry at {p:#x} claims a {payload}-byte "
-                f"payload that runs past its container."
-            )
-        kind = _KINDS.get(kind_id)
-        if kind is None:
-            raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has unknown kind {kind_id}.")
-        if not 10 <= number <= 999:
-            raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has arch {number}.")
+        kind, ehsize, payload, flags, arch, isa = _entry_header(src, p, body_end, name=name)
         compressed = bool(flags & COMPRESSION_FLAGS)
-        arch = _entry_arch(kind, number, flags)
-        isa = _isa(major, minor) if kind is EntryKind.PTX else None
         facts: tuple[tuple[str, ...] | None, Version | None] = (None, None)
-        if kind is EntryKind.PTX and isa is not None and not compressed:
-            where_ptx = f"{name} PTX at {p + ehsize:#x}"
-            arch, isa = checked_ptx_entry(
-                SliceSource(src, p + ehsize, payload, name=where_ptx),
-                header=arch,
-                isa=isa,
-                name=where_ptx,
-            )
-        if kind is EntryKind.SASS and not compressed:
-            where_cubin = f"{name} cubin at {p + ehsize:#x}"
-            facts = cubin_facts(
-                SliceSource(src, p + ehsize, payload, name=where_cubin),
-                header=arch,
+        if not compressed:
+            arch, isa, facts = _payload_facts(
+                src, p + ehsize, payload, kind=kind, arch=arch, isa=isa, name=name
             )
         entries.append(
             FatbinEntry(
@@ -300,6 +271,61 @@ def container_entries(
         )
         p += ehsize + payload
     return entries
+
+
+def _entry_header(
+    src: ByteSource, p: int, body_end: int, *, name: str
+) -> tuple[EntryKind, int, int, int, Arch, Version | None]:
+    """(kind, header size, payload size, flags, arch, PTX ISA) of the entry header at
+    ``p``, each field checked against the container that ends at ``body_end``."""
+    if body_end - p < _MIN_ENTRY_HEADER:
+        raise CorruptBinary(
+            f"{name}: {body_end - p} stray bytes at {p:#x} inside a fatbin container."
+        )
+    raw = read_exact(src, p, _ENTRY.size, what="fatbin entry header")
+    kind_id, _, ehsize, payload, _packed, minor, major, number, flags, _unc = _ENTRY.unpack(raw)
+    if not _MIN_ENTRY_HEADER <= ehsize <= _MAX_HEADER:
+        raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has header size {ehsize}.")
+    if p + ehsize + payload > body_end:
+        raise CorruptBinary(
+            f"{name}: fatbin entry at {p:#x} claims a {payload}-byte "
+            f"payload that runs past its container."
+        )
+    kind = _KINDS.get(kind_id)
+    if kind is None:
+        raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has unknown kind {kind_id}.")
+    if not 10 <= number <= 999:
+        raise CorruptBinary(f"{name}: fatbin entry at {p:#x} has arch {number}.")
+    isa = _isa(major, minor) if kind is EntryKind.PTX else None
+    return kind, ehsize, payload, flags, _entry_arch(kind, number, flags), isa
+
+
+def _payload_facts(
+    src: ByteSource,
+    at: int,
+    payload: int,
+    *,
+    kind: EntryKind,
+    arch: Arch,
+    isa: Version | None,
+    name: str,
+) -> tuple[Arch, Version | None, tuple[tuple[str, ...] | None, Version | None]]:
+    """(arch, PTX ISA, (kernels, toolkit)) of the uncompressed payload at ``at``: a
+    PTX text's directives (buildmatrix.binary.ptx) and a cubin's own facts
+    (buildmatrix.binary.cubin), each held to what the entry header says."""
+    facts: tuple[tuple[str, ...] | None, Version | None] = (None, None)
+    if kind is EntryKind.PTX and isa is not None:
+        where_ptx = f"{name} PTX at {at:#x}"
+        arch, isa = checked_ptx_entry(
+            SliceSource(src, at, payload, name=where_ptx),
+            header=arch,
+            isa=isa,
+            name=where_ptx,
+        )
+    if kind is EntryKind.SASS:
+        where_cubin = f"{name} cubin at {at:#x}"
+        facts = cubin_facts(SliceSource(src, at, payload, name=where_cubin), header=arch)
+    return arch, isa, facts
 
 
 def decompressed_cubin(src: ByteSource, entry: FatbinEntry, *, name: str) -> BytesSource:
