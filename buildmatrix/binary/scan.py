@@ -269,7 +269,6 @@ def scan_tree(
     tree must not be read.
     """
     for full, rel, entry in walk(root):
-        result: FileReport | CompatLibrary | ScanProblem | None
         if isinstance(entry, OSError):
             yield ScanProblem(path=rel or ".", message=f"cannot list folder: {entry.strerror}")
             continue
@@ -283,32 +282,41 @@ def scan_tree(
             continue
         if not entry.is_file(follow_symlinks=False):
             continue
-        try:
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as exc:
-            result = ScanProblem(path=rel, message=f"cannot open: {exc.strerror}")
-        else:
-            try:
-                src = FileSource(fd, name=rel)
-                head = src.read_at(0, _HEAD)
-                if compat:
-                    result = inspect_image_file(src, path=rel, head=head, deep=deep)
-                else:
-                    result = (
-                        inspect_source(src, path=rel, head=head, deep=deep)
-                        if len(head) >= 4
-                        else None
-                    )
-            except CorruptBinary as exc:
-                result = ScanProblem(path=rel, message=str(exc))
-            except OSError as exc:
-                result = ScanProblem(path=rel, message=f"cannot read: {exc.strerror}")
-            finally:
-                os.close(fd)
+        result = _scan_file(full, rel, compat=compat, deep=deep)
         if on_file is not None:
             on_file(rel, isinstance(result, FileReport))
         if result is not None:
             yield result
+
+
+def _scan_file(
+    full: str, rel: str, *, compat: bool, deep: bool
+) -> FileReport | CompatLibrary | ScanProblem | None:
+    """What the regular file ``full`` (``rel`` in reports) holds, for
+    :func:`scan_tree`: None where it holds no device code, a problem where it cannot
+    be opened or read, or is corrupt. Opened without following a link."""
+    result: FileReport | CompatLibrary | ScanProblem | None
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        result = ScanProblem(path=rel, message=f"cannot open: {exc.strerror}")
+    else:
+        try:
+            src = FileSource(fd, name=rel)
+            head = src.read_at(0, _HEAD)
+            if compat:
+                result = inspect_image_file(src, path=rel, head=head, deep=deep)
+            else:
+                result = (
+                    inspect_source(src, path=rel, head=head, deep=deep) if len(head) >= 4 else None
+                )
+        except CorruptBinary as exc:
+            result = ScanProblem(path=rel, message=str(exc))
+        except OSError as exc:
+            result = ScanProblem(path=rel, message=f"cannot read: {exc.strerror}")
+        finally:
+            os.close(fd)
+    return result
 
 
 def _link_target(full: str) -> str | None:
