@@ -65,10 +65,13 @@ from buildmatrix.errors import InputError
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.forward_semver import parse_semver, semver_newer
 from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick, searched_first
-from buildmatrix.ldshadow import image_libcuda
+from buildmatrix.ldshadow import exempt_libcuda, image_libcuda
+from buildmatrix.ldsoconf import read_loader_conf
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
+
+    from buildmatrix.binary.ldconf_file import ConfFile
 
 __all__ = ["NOTE_SECTION", "CompatLibrary", "read_compat_library"]
 
@@ -114,6 +117,11 @@ class CompatSetup:
     loaded: LdPick | None = None  # libcuda.so.1 of the compat folder after ldconfig
     # A libcuda.so.1 the image's LD_LIBRARY_PATH puts first: (its folder, why).
     preload: tuple[str | None, str] | None = None
+    # The image's own loader configuration (buildmatrix.ldsoconf): whether ldconfig
+    # reads the hook's 00-compat-*.conf (None: unknown), and whether the image names
+    # the hook's compat folder itself.
+    hook_read: bool | None = True
+    named: bool = False
 
 
 def find_compat(
@@ -126,15 +134,17 @@ def find_compat(
     folders: Collection[str] = (),
     library_path: str = "",
     platform: str | None = None,
+    confs: Mapping[str, ConfFile] | None = None,
 ) -> CompatSetup | None:
     """The toolkit's lookup on the final view (rules 1-3 of the module docstring):
     ``libraries`` by final path (hard links share the file's), ``regular`` the
     regular files, ``unreadable`` the files that could not be read, ``entries`` every
     non-folder path, ``folders`` every folder (for ldconfig's view of the compat
     folder, buildmatrix.ldconfig, and the legacy path, buildmatrix.forward_legacy),
-    ``library_path`` the image's LD_LIBRARY_PATH, ``platform`` its os/arch where known.
-    None when neither path finds a compat library and LD_LIBRARY_PATH leads to no
-    libcuda.so.1."""
+    ``library_path`` the image's LD_LIBRARY_PATH, ``platform`` its os/arch where known,
+    ``confs`` the loader's configuration files kept as text (buildmatrix.ldsoconf; a
+    configuration file without text fails closed where it may matter). None when
+    neither path finds a compat library and LD_LIBRARY_PATH leads to no libcuda.so.1."""
     view = FolderView(
         entries=frozenset(entries or {*regular, *symlinks}),
         regular=frozenset(regular),
@@ -154,12 +164,58 @@ def find_compat(
             setup = CompatSetup(library=None, why=shadow, undetermined=shadow)
         else:
             setup = replace(setup, undetermined=setup.undetermined or shadow)
+    setup = _with_conf(setup, view, modelled, confs or {})
     preload = searched_first(library_path, view) if library_path else None
     if preload is None:
         return setup
     if setup is None:
         return CompatSetup(library=None, why=preload[1], preload=preload)
     return replace(setup, preload=preload)
+
+
+def _with_conf(
+    setup: CompatSetup | None,
+    view: FolderView,
+    modelled: Collection[str | None],
+    confs: Mapping[str, ConfFile],
+) -> CompatSetup | None:
+    """The image's own loader configuration, where a compat or stubs folder holds a
+    libcuda (buildmatrix.ldshadow lets those pass only because no stock configuration
+    names their folder): one that names such a folder, other than the hook's, or that
+    cannot be followed, fails closed."""
+    exempt = exempt_libcuda(view, modelled)
+    if not exempt:
+        return setup
+    conf = read_loader_conf(view, confs)
+    hook = posixpath.dirname(setup.library.path) if setup and setup.library else None
+    # ldconfig scans a folder and its hwcap subfolders (search_dir), never "stubs".
+    named = [
+        p
+        for p in exempt
+        for f in conf.folders
+        if p.startswith(f"{f}/") and "stubs" not in p[len(f) + 1 :].split("/")[:-1]
+    ]
+    other = [p for p in named if posixpath.dirname(p) != hook]
+    why = None
+    if conf.unknown is not None:
+        why = (
+            f"the image's loader configuration (/etc/ld.so.conf) cannot be followed: "
+            f"{conf.unknown}; it may name the folder of /{exempt[0]}, a libcuda that "
+            "ldconfig then caches whatever the container toolkit's hook decides"
+        )
+    elif other:
+        why = (
+            f"the image's loader configuration (/etc/ld.so.conf and what it includes) "
+            f"names /{posixpath.dirname(other[0])}, so ldconfig caches /{other[0]} "
+            "whatever the container toolkit's hook decides"
+        )
+    if why is not None:
+        if setup is None:
+            return CompatSetup(library=None, why=why, undetermined=why)
+        return replace(setup, undetermined=setup.undetermined or why)
+    if setup is None:
+        return None
+    return replace(setup, hook_read=conf.hook_read, named=bool(named))
 
 
 def _find(view: FolderView, unreadable: Collection[str]) -> CompatSetup | None:
@@ -261,6 +317,8 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
         return None
     lib = setup.library
     decided = _decide(lib, driver)
+    if (by_conf := _conf_use(setup, lib, decided, driver)) is not None:
+        return by_conf
     if not decided.in_use or setup.loaded is None:
         return decided
     loaded = setup.loaded
@@ -289,6 +347,38 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
         f"on driver {driver} ({other.why})"
     )
     return CompatUse(library=loaded.library, in_use=False, why=why, undetermined=why)
+
+
+def _conf_use(
+    setup: CompatSetup, lib: CompatLibrary, decided: CompatUse, driver: DriverVersion
+) -> CompatUse | None:
+    """Where the image's own configuration decides instead of the hook (buildmatrix.
+    ldsoconf): it names the compat folder itself, or never reads the hook's file."""
+    folder = posixpath.dirname(lib.path)
+    if setup.named:
+        if decided.in_use:
+            return None
+        why = (
+            f"the image's loader configuration names /{folder} itself, so ldconfig "
+            f"caches its libcuda although the hook would not use it ({decided.why}); "
+            f"whether that driver runs on driver {driver} is unknown"
+        )
+        return CompatUse(library=lib, in_use=False, why=why, undetermined=why)
+    if not decided.in_use or setup.hook_read is True:
+        return None
+    if setup.hook_read is False:
+        why = (
+            f"{decided.why}; but the image's /etc/ld.so.conf includes no "
+            "/etc/ld.so.conf.d/*.conf, so ldconfig never reads the hook's "
+            "00-compat-*.conf: the node's own libcuda.so.1 is loaded"
+        )
+        return CompatUse(library=lib, in_use=False, why=why)
+    why = (
+        f"{decided.why}; but whether ldconfig reads the hook's "
+        "/etc/ld.so.conf.d/00-compat-*.conf is unknown: an include pattern of the "
+        "image's /etc/ld.so.conf matches some of the names the hook gives it only"
+    )
+    return CompatUse(library=lib, in_use=False, why=why, undetermined=why)
 
 
 def _driver_version(name: str) -> DriverVersion | None:

@@ -70,6 +70,17 @@ def _exempt(path: str, modelled: Collection[str | None]) -> bool:
     )
 
 
+def exempt_libcuda(view: FolderView, modelled: Collection[str | None]) -> list[str]:
+    """The libcudas :func:`image_libcuda` lets pass (in a compat or stubs folder):
+    those the loader takes only where a configuration file names their folder
+    (buildmatrix.ldsoconf)."""
+    return sorted(
+        p
+        for p in {*view.entries, *view.libraries, *view.unreadable}
+        if _libcuda(p, view) and _exempt(p, modelled)
+    )
+
+
 def image_libcuda(view: FolderView, modelled: Collection[str | None]) -> str | None:
     """Why a file of the image may be loaded as ``libcuda.so.1`` instead of the node's
     driver (None: none can). ``modelled``: the compat folders buildmatrix.ldconfig

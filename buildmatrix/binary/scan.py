@@ -38,6 +38,7 @@ from buildmatrix.binary.fatbin import (
     parse_fatbin,
 )
 from buildmatrix.binary.kernels import cubin_entry, read_compressed
+from buildmatrix.binary.ldconf_file import ConfFile, is_conf, read_conf
 from buildmatrix.binary.ptx import looks_like_ptx, ptx_target
 from buildmatrix.binary.registered import wrapped_containers
 from buildmatrix.binary.report import FileReport, ScanProblem
@@ -66,6 +67,13 @@ def might_hold_code(head: bytes, path: str) -> bool:
         or is_archive(head)
         or looks_like_ptx(head, path)
     )
+
+
+def worth_reading(head: bytes, path: str) -> bool:
+    """Whether the image readers read a file: one that may hold device code, or one
+    of the loader's configuration files (buildmatrix.binary.ldconf_file), whatever
+    its size."""
+    return is_conf(path) or (len(head) >= 4 and might_hold_code(head, path))
 
 
 def inspect_source(
@@ -132,12 +140,15 @@ def inspect_source(
 
 def inspect_image_file(
     src: ByteSource, *, path: str, head: bytes, deep: bool = True
-) -> FileReport | CompatLibrary | None:
+) -> FileReport | CompatLibrary | ConfFile | None:
     """A file of an image's filesystem, for its device code. A file the container
     toolkit may take for a CUDA forward-compatibility driver (an ELF file named
     ``libcuda.so.*.*``, or one with the driver's note section, which a hard link may
     put in the compat folder under that name) is also read for its note
-    (buildmatrix.forward: which one the toolkit uses is known on the final view)."""
+    (buildmatrix.forward: which one the toolkit uses is known on the final view).
+    A loader configuration file is kept as text (buildmatrix.binary.ldconf_file)."""
+    if is_conf(path):
+        return read_conf(src, path)
     if len(head) < 4:
         return None
     code = inspect_source(src, path=path, head=head, deep=deep)
@@ -256,7 +267,7 @@ def scan_tree(
     on_folder: Callable[[str], None] | None = None,
     compat: bool = False,
     deep: bool = True,
-) -> Iterator[FileReport | CompatLibrary | ScanProblem]:
+) -> Iterator[FileReport | CompatLibrary | ConfFile | ScanProblem]:
     """Every file with device code under ``root``, plus a problem for each corrupt one
     and each folder that cannot be listed (it may hold device code, so it is never
     skipped); with ``compat`` (an image root), each CUDA forward-compatibility driver
@@ -291,11 +302,11 @@ def scan_tree(
 
 def _scan_file(
     full: str, rel: str, *, compat: bool, deep: bool
-) -> FileReport | CompatLibrary | ScanProblem | None:
+) -> FileReport | CompatLibrary | ConfFile | ScanProblem | None:
     """What the regular file ``full`` (``rel`` in reports) holds, for
     :func:`scan_tree`: None where it holds no device code, a problem where it cannot
     be opened or read, or is corrupt. Opened without following a link."""
-    result: FileReport | CompatLibrary | ScanProblem | None
+    result: FileReport | CompatLibrary | ConfFile | ScanProblem | None
     try:
         fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:

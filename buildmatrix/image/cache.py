@@ -61,7 +61,7 @@ from pathlib import Path
 from buildmatrix.image.cache_codec import decode, encode
 from buildmatrix.image.tree import LayerSummary
 
-FORMAT = 3  # 3: entries are served only through a blob's binding
+FORMAT = 4  # 3: entries are served only through a blob's binding; 4: loader conf text
 DEFAULT_MAX_BYTES = 1 << 30
 # Package sources whose change may change a summary (paths relative to buildmatrix/).
 SCANNER_SOURCES = (
@@ -73,6 +73,7 @@ SCANNER_SOURCES = (
     "forward*.py",
     "ldconfig.py",
     "ldshadow.py",
+    "ldsoconf.py",
     "verdict.py",
 )
 _ACTIVE: contextvars.ContextVar[LayerCache | None] = contextvars.ContextVar(

@@ -8,6 +8,7 @@ read by a new codec.
 
 from __future__ import annotations
 
+import base64
 import functools
 import gzip
 import hashlib
@@ -18,6 +19,7 @@ from packaging.version import InvalidVersion, Version
 
 from buildmatrix.arch import Arch, parse_arch
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
+from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.errors import BuildmatrixError
 from buildmatrix.forward import CompatLibrary
@@ -82,6 +84,9 @@ def _dump_result(result: Any) -> Any:
         }
     if isinstance(result, ScanProblem):
         return {"problem": {"path": result.path, "message": result.message}}
+    if isinstance(result, ConfFile):
+        text = base64.b64encode(result.text).decode() if result.text is not None else None
+        return {"conf": {"path": result.path, "size": result.size, "text": text}}
     assert isinstance(result, CompatLibrary)
     return {
         "compat": {
@@ -141,6 +146,10 @@ def _load_result(doc: Any) -> Any:
         return FileReport(path=r["path"], format=r["format"], entries=entries)
     if "problem" in doc:
         return ScanProblem(path=doc["problem"]["path"], message=doc["problem"]["message"])
+    if "conf" in doc:
+        f = doc["conf"]
+        text = base64.b64decode(f["text"], validate=True) if f["text"] is not None else None
+        return ConfFile(path=str(f["path"]), size=int(f["size"]), text=text)
     c = doc["compat"]
     code = _load_result(c["code"])
     return CompatLibrary(

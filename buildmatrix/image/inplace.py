@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, cast
 
+from buildmatrix.binary.ldconf_file import is_conf
 from buildmatrix.binary.report import ScanProblem
-from buildmatrix.binary.scan import inspect_image_file, might_hold_code
+from buildmatrix.binary.scan import inspect_image_file, worth_reading
 from buildmatrix.binary.source import CorruptBinary, FileSource, SliceSource
 from buildmatrix.errors import InputError
 from buildmatrix.image.digests import RegionHash
@@ -69,7 +70,7 @@ def scan_layer_at(
             with tarfile.open(fileobj=buffered, mode="r:", tarinfo=StrictTarInfo) as tar:
 
                 def in_place(member: tarfile.TarInfo, path: str) -> Result:
-                    if member.size < 4:
+                    if member.size < 4 and not is_conf(path):
                         return None
                     if member.issparse():  # its bytes are not one run of the file
                         return file_result(tar, member, path, None)
@@ -113,12 +114,15 @@ def _read_ahead(
         buffered = io.BufferedReader(window, buffer_size=TAR_BUFSIZE)
         with tarfile.open(fileobj=buffered, mode="r:", tarinfo=StrictTarInfo) as tar:
             for m in forward_members(tar):
-                if not m.isreg() or m.issparse() or m.size < 4:
+                if not m.isreg() or m.issparse():
                     continue
-                job = _job(file, offset, size, m, clean_member_name(m.name, layer=str(file)))
+                at = clean_member_name(m.name, layer=str(file))
+                if m.size < 4 and not is_conf(at):
+                    continue
+                job = _job(file, offset, size, m, at)
                 _, start, length, path = job
                 head = archive.read_at(start, min(64, length))
-                if len(head) >= 4 and might_hold_code(head, path):
+                if worth_reading(head, path):
                     jobs.append((m.offset, job))
     except refused:
         return None
@@ -155,7 +159,7 @@ def _inspect_in_archive(job: tuple[str, int, int, str], archive: FileSource) -> 
     _, start, length, path = job
     src = SliceSource(archive, start, length, name=path)
     head = src.read_at(0, 64)
-    if len(head) < 4 or not might_hold_code(head, path):
+    if not worth_reading(head, path):
         return None
     try:
         return inspect_image_file(src, path=path, head=head)

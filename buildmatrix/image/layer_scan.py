@@ -9,6 +9,7 @@ from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
+from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
 from buildmatrix.image.blobs import VerifyingReader
@@ -98,6 +99,7 @@ def finish(
     regular: list[str] = []  # hard links included: the toolkit sees regular files
     unreadable: list[str] = []
     compat_libraries: dict[str, CompatLibrary] = {}
+    confs: dict[str, ConfFile] = {}  # the loader's configuration (ldconf_file)
     for path, node in tree.files():
         paths.append(path)
         result = node.result
@@ -109,6 +111,8 @@ def finish(
             files.append(_at(result, path))
         elif isinstance(result, CompatLibrary):
             compat_libraries[path] = replace(result, path=path)
+        elif isinstance(result, ConfFile):
+            confs[path] = replace(result, path=path)
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
             unreadable.append(path)
@@ -121,6 +125,7 @@ def finish(
         folders=list(tree.folders()),
         library_path=config.env.get("LD_LIBRARY_PATH", ""),
         platform=config.platform,
+        confs=confs,
     )
     for path in compat_code(compat, compat_libraries):
         code = compat_libraries[path].code

@@ -17,7 +17,8 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import IO, cast
 
-from buildmatrix.binary.scan import might_hold_code
+from buildmatrix.binary.ldconf_file import is_conf
+from buildmatrix.binary.scan import worth_reading
 from buildmatrix.errors import InputError
 from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.spool import inspect_member
@@ -172,10 +173,10 @@ def file_result(
 ) -> Result:
     """The device code of a regular member read from the tar's stream (spooled as
     buildmatrix.image.spool does), or None where its first bytes show none."""
-    if member.size < 4:
+    if member.size < 4 and not is_conf(path):
         return None
     data = member_data(tar, member)
     head = data.read(64)
-    if not might_hold_code(head, path):
+    if not worth_reading(head, path):
         return None
     return inspect_member(data, member.size, path, head, keep)

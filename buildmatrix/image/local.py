@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
+from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.scan import inspect_file, scan_tree
 from buildmatrix.errors import InputError
@@ -118,6 +119,7 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     files: list[FileReport] = []
     problems: list[str] = []
     libraries: dict[str, CompatLibrary] = {}
+    confs: dict[str, ConfFile] = {}
     unreadable: list[str] = []
     # The regular files and the links (with their targets) that the scan's one walk
     # finds on its way.
@@ -143,6 +145,8 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
                 unreadable.append(result.path)
             elif isinstance(result, CompatLibrary):
                 libraries[result.path] = result
+            elif isinstance(result, ConfFile):
+                confs[result.path] = result
             else:
                 stored = str(path / result.path) if keep else None
                 files.append(replace(result, stored=stored))
@@ -152,7 +156,13 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
             files.append(replace(report, stored=str(path) if keep else None))
     paths = sorted(regular + links) if path.is_dir() else [f.path for f in files]
     compat = find_compat(
-        libraries, sorted(regular), symlinks, unreadable, entries=paths, folders=folders
+        libraries,
+        sorted(regular),
+        symlinks,
+        unreadable,
+        entries=paths,
+        folders=folders,
+        confs=confs,
     )
     for lib_path in compat_code(compat, libraries):
         code = libraries[lib_path].code

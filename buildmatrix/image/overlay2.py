@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 from buildmatrix.binary.report import ScanProblem
-from buildmatrix.binary.scan import inspect_image_file, might_hold_code
+from buildmatrix.binary.scan import inspect_image_file, worth_reading
 from buildmatrix.binary.source import CorruptBinary, FileSource
 from buildmatrix.binary.walk import walk
 from buildmatrix.errors import EnvironmentUnavailable, InputError
@@ -111,7 +111,7 @@ def _stored_candidate(full: str, path: str) -> bool:
         raise UnreadableLayer(f"{full}: cannot read: {exc.strerror}") from None
     finally:
         os.close(fd)
-    return len(head) >= 4 and might_hold_code(head, path)
+    return worth_reading(head, path)
 
 
 def _inspect_stored(job: tuple[str, str]) -> Result:

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NoReturn
 
+from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary
@@ -42,7 +43,7 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 
 Kind = Literal["file", "dir", "symlink", "hardlink", "other"]
-Result = FileReport | CompatLibrary | ScanProblem | None
+Result = FileReport | CompatLibrary | ConfFile | ScanProblem | None
 
 
 @dataclass(frozen=True, slots=True)
