@@ -53,6 +53,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.forward_legacy",
             "buildmatrix.ldconfig",
             "buildmatrix.ldshadow",
+            "buildmatrix.ldsoconf",
             "buildmatrix.forward_semver",
         ),
     ),
