@@ -62,11 +62,11 @@ from typing import TYPE_CHECKING
 from buildmatrix.binary.compat_note import NOTE_SECTION, CompatLibrary, read_compat_library
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
+from buildmatrix.forward_conf import conf_effect, conf_refusal
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.forward_semver import parse_semver, semver_newer
 from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick, searched_first
-from buildmatrix.ldshadow import exempt_libcuda, image_libcuda
-from buildmatrix.ldsoconf import read_loader_conf
+from buildmatrix.ldshadow import image_libcuda
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
@@ -117,7 +117,7 @@ class CompatSetup:
     loaded: LdPick | None = None  # libcuda.so.1 of the compat folder after ldconfig
     # A libcuda.so.1 the image's LD_LIBRARY_PATH puts first: (its folder, why).
     preload: tuple[str | None, str] | None = None
-    # The image's own loader configuration (buildmatrix.ldsoconf): whether ldconfig
+    # The image's own loader configuration (buildmatrix.forward_conf): whether ldconfig
     # reads the hook's 00-compat-*.conf (None: unknown), and whether the image names
     # the hook's compat folder itself.
     hook_read: bool | None = True
@@ -158,64 +158,22 @@ def find_compat(
     setup = _find(view, unreadable)
     cudart = resolve(CUDART_DIR, symlinks)
     modelled = {resolve(COMPAT_DIR, symlinks), resolve(f"{cudart}/compat", symlinks)}
-    if (shadow := image_libcuda(view, modelled)) is not None:
-        # The node's driver is not known to be the one loaded: fail closed.
-        if setup is None:
-            setup = CompatSetup(library=None, why=shadow, undetermined=shadow)
-        else:
-            setup = replace(setup, undetermined=setup.undetermined or shadow)
-    setup = _with_conf(setup, view, modelled, confs or {})
+    hook = posixpath.dirname(setup.library.path) if setup and setup.library else None
+    conf = conf_effect(view, modelled, hook, confs or {})  # buildmatrix.forward_conf
+    # The node's driver is not known to be the one loaded: fail closed.
+    for why in (image_libcuda(view, modelled), conf.undetermined if conf else None):
+        if why is not None and setup is None:
+            setup = CompatSetup(library=None, why=why, undetermined=why)
+        elif why is not None and setup is not None:
+            setup = replace(setup, undetermined=setup.undetermined or why)
+    if conf is not None and conf.undetermined is None and setup is not None:
+        setup = replace(setup, hook_read=conf.hook_read, named=conf.named)
     preload = searched_first(library_path, view) if library_path else None
     if preload is None:
         return setup
     if setup is None:
         return CompatSetup(library=None, why=preload[1], preload=preload)
     return replace(setup, preload=preload)
-
-
-def _with_conf(
-    setup: CompatSetup | None,
-    view: FolderView,
-    modelled: Collection[str | None],
-    confs: Mapping[str, ConfFile],
-) -> CompatSetup | None:
-    """The image's own loader configuration, where a compat or stubs folder holds a
-    libcuda (buildmatrix.ldshadow lets those pass only because no stock configuration
-    names their folder): one that names such a folder, other than the hook's, or that
-    cannot be followed, fails closed."""
-    exempt = exempt_libcuda(view, modelled)
-    if not exempt:
-        return setup
-    conf = read_loader_conf(view, confs)
-    hook = posixpath.dirname(setup.library.path) if setup and setup.library else None
-    # ldconfig scans a folder and its hwcap subfolders (search_dir), never "stubs".
-    named = [
-        p
-        for p in exempt
-        for f in conf.folders
-        if p.startswith(f"{f}/") and "stubs" not in p[len(f) + 1 :].split("/")[:-1]
-    ]
-    other = [p for p in named if posixpath.dirname(p) != hook]
-    why = None
-    if conf.unknown is not None:
-        why = (
-            f"the image's loader configuration (/etc/ld.so.conf) cannot be followed: "
-            f"{conf.unknown}; it may name the folder of /{exempt[0]}, a libcuda that "
-            "ldconfig then caches whatever the container toolkit's hook decides"
-        )
-    elif other:
-        why = (
-            f"the image's loader configuration (/etc/ld.so.conf and what it includes) "
-            f"names /{posixpath.dirname(other[0])}, so ldconfig caches /{other[0]} "
-            "whatever the container toolkit's hook decides"
-        )
-    if why is not None:
-        if setup is None:
-            return CompatSetup(library=None, why=why, undetermined=why)
-        return replace(setup, undetermined=setup.undetermined or why)
-    if setup is None:
-        return None
-    return replace(setup, hook_read=conf.hook_read, named=bool(named))
 
 
 def _find(view: FolderView, unreadable: Collection[str]) -> CompatSetup | None:
@@ -317,8 +275,18 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
         return None
     lib = setup.library
     decided = _decide(lib, driver)
-    if (by_conf := _conf_use(setup, lib, decided, driver)) is not None:
-        return by_conf
+    # The image's own loader configuration may decide instead (buildmatrix.forward_conf).
+    refusal = conf_refusal(
+        folder=posixpath.dirname(lib.path),
+        named=setup.named,
+        hook_read=setup.hook_read,
+        in_use=decided.in_use,
+        decided=decided.why,
+        driver=str(driver),
+    )
+    if refusal is not None:
+        unknown = refusal.why if refusal.undetermined else None
+        return CompatUse(library=lib, in_use=False, why=refusal.why, undetermined=unknown)
     if not decided.in_use or setup.loaded is None:
         return decided
     loaded = setup.loaded
@@ -347,38 +315,6 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
         f"on driver {driver} ({other.why})"
     )
     return CompatUse(library=loaded.library, in_use=False, why=why, undetermined=why)
-
-
-def _conf_use(
-    setup: CompatSetup, lib: CompatLibrary, decided: CompatUse, driver: DriverVersion
-) -> CompatUse | None:
-    """Where the image's own configuration decides instead of the hook (buildmatrix.
-    ldsoconf): it names the compat folder itself, or never reads the hook's file."""
-    folder = posixpath.dirname(lib.path)
-    if setup.named:
-        if decided.in_use:
-            return None
-        why = (
-            f"the image's loader configuration names /{folder} itself, so ldconfig "
-            f"caches its libcuda although the hook would not use it ({decided.why}); "
-            f"whether that driver runs on driver {driver} is unknown"
-        )
-        return CompatUse(library=lib, in_use=False, why=why, undetermined=why)
-    if not decided.in_use or setup.hook_read is True:
-        return None
-    if setup.hook_read is False:
-        why = (
-            f"{decided.why}; but the image's /etc/ld.so.conf includes no "
-            "/etc/ld.so.conf.d/*.conf, so ldconfig never reads the hook's "
-            "00-compat-*.conf: the node's own libcuda.so.1 is loaded"
-        )
-        return CompatUse(library=lib, in_use=False, why=why)
-    why = (
-        f"{decided.why}; but whether ldconfig reads the hook's "
-        "/etc/ld.so.conf.d/00-compat-*.conf is unknown: an include pattern of the "
-        "image's /etc/ld.so.conf matches some of the names the hook gives it only"
-    )
-    return CompatUse(library=lib, in_use=False, why=why, undetermined=why)
 
 
 def _driver_version(name: str) -> DriverVersion | None:

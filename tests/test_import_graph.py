@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "toolkit lookup",
         (
             "buildmatrix.forward",
+            "buildmatrix.forward_conf",
             "buildmatrix.forward_legacy",
             "buildmatrix.ldconfig",
             "buildmatrix.ldshadow",

@@ -1,0 +1,119 @@
+"""Where the image's own loader configuration decides instead of the NVIDIA container
+toolkit's ``enable-cuda-compat`` hook (docs/compatibility.md, "Forward compatibility",
+rule 6 of buildmatrix.forward).
+
+The hook puts the compat folder in use only by naming it in
+``/etc/ld.so.conf.d/00-compat-*.conf`` (nvidia-container-toolkit
+``cmd/nvidia-cdi-hook/cudacompat/cudacompat.go`` ``createLdsoconfdFile``), for
+``ldconfig`` to read. buildmatrix.ldsoconf reads what the image's configuration makes
+``ldconfig`` search; this module says what that means for buildmatrix.forward:
+
+- a configuration that names a compat or stubs folder holding a libcuda, other than
+  the hook's, or that cannot be followed, fails closed (buildmatrix.ldshadow lets such
+  a libcuda pass only because no stock configuration names its folder);
+- one that names the hook's compat folder itself puts its libcuda in the cache even
+  where the hook would not use it;
+- one that never reads the hook's file leaves the node's own libcuda.so.1 loaded.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from buildmatrix.ldshadow import exempt_libcuda
+from buildmatrix.ldsoconf import read_loader_conf
+
+if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
+
+    from buildmatrix.binary.ldconf_file import ConfFile
+    from buildmatrix.ldconfig import FolderView
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfEffect:
+    """What the image's loader configuration does to the toolkit's lookup."""
+
+    undetermined: str | None  # why ldconfig may cache a libcuda whatever the hook decides
+    hook_read: bool | None  # whether ldconfig reads the hook's 00-compat-*.conf (None: unknown)
+    named: bool  # whether the configuration names the hook's compat folder itself
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfRefusal:
+    """Why the compat library the hook would use is not the one loaded."""
+
+    why: str
+    undetermined: bool  # the effect is unknown: check fails closed
+
+
+def conf_effect(
+    view: FolderView,
+    modelled: Collection[str | None],
+    hook: str | None,
+    confs: Mapping[str, ConfFile],
+) -> ConfEffect | None:
+    """The image's own loader configuration, where a compat or stubs folder holds a
+    libcuda (``modelled``: the compat folders the toolkit's lookup models; ``hook``:
+    the folder of the compat library the hook finds, if any). None where no such
+    libcuda is there, so the configuration does not matter."""
+    exempt = exempt_libcuda(view, modelled)
+    if not exempt:
+        return None
+    conf = read_loader_conf(view, confs)
+    # ldconfig scans a folder and its hwcap subfolders (search_dir), never "stubs".
+    named = [
+        p
+        for p in exempt
+        for f in conf.folders
+        if p.startswith(f"{f}/") and "stubs" not in p[len(f) + 1 :].split("/")[:-1]
+    ]
+    other = [p for p in named if posixpath.dirname(p) != hook]
+    why = None
+    if conf.unknown is not None:
+        why = (
+            f"the image's loader configuration (/etc/ld.so.conf) cannot be followed: "
+            f"{conf.unknown}; it may name the folder of /{exempt[0]}, a libcuda that "
+            "ldconfig then caches whatever the container toolkit's hook decides"
+        )
+    elif other:
+        why = (
+            f"the image's loader configuration (/etc/ld.so.conf and what it includes) "
+            f"names /{posixpath.dirname(other[0])}, so ldconfig caches /{other[0]} "
+            "whatever the container toolkit's hook decides"
+        )
+    return ConfEffect(undetermined=why, hook_read=conf.hook_read, named=bool(named))
+
+
+def conf_refusal(
+    *, folder: str, named: bool, hook_read: bool | None, in_use: bool, decided: str, driver: str
+) -> ConfRefusal | None:
+    """Where the image's own configuration decides instead of the hook: it names the
+    compat ``folder`` itself, or never reads the hook's file. ``in_use`` and
+    ``decided`` are the hook's decision and why, on ``driver``."""
+    if named:
+        if in_use:
+            return None
+        why = (
+            f"the image's loader configuration names /{folder} itself, so ldconfig "
+            f"caches its libcuda although the hook would not use it ({decided}); "
+            f"whether that driver runs on driver {driver} is unknown"
+        )
+        return ConfRefusal(why=why, undetermined=True)
+    if not in_use or hook_read is True:
+        return None
+    if hook_read is False:
+        why = (
+            f"{decided}; but the image's /etc/ld.so.conf includes no "
+            "/etc/ld.so.conf.d/*.conf, so ldconfig never reads the hook's "
+            "00-compat-*.conf: the node's own libcuda.so.1 is loaded"
+        )
+        return ConfRefusal(why=why, undetermined=False)
+    why = (
+        f"{decided}; but whether ldconfig reads the hook's "
+        "/etc/ld.so.conf.d/00-compat-*.conf is unknown: an include pattern of the "
+        "image's /etc/ld.so.conf matches some of the names the hook gives it only"
+    )
+    return ConfRefusal(why=why, undetermined=True)
