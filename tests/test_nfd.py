@@ -40,6 +40,12 @@ _NAME = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,10}[a-z0-9])?", fullmatch=True)
 _KEY = st.builds(lambda p, n: f"{p}/{n}" if p else n, st.sampled_from(["", "nvidia.com"]), _NAME)
 _VALUE = st.from_regex(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,20}[A-Za-z0-9])?)?", fullmatch=True)
 LABELS = st.dictionaries(_KEY, _VALUE, max_size=12)
+# A Node's name is a DNS-1123 subdomain (Kubernetes ValidateNodeName ->
+# IsDNS1123Subdomain): dot-separated labels, no empty one.
+_NODE = st.from_regex(
+    r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?){0,2}",
+    fullmatch=True,
+)
 NOW = st.datetimes(
     min_value=datetime(2020, 1, 1), max_value=datetime(2040, 1, 1), timezones=st.just(UTC)
 )
@@ -95,7 +101,7 @@ def _schema() -> dict[str, Any]:
 
 
 @settings(max_examples=100, deadline=None)
-@given(labels=LABELS, node=_NAME)
+@given(labels=LABELS, node=_NODE)
 def test_node_feature_is_valid_for_nfds_crd(labels: dict[str, str], node: str) -> None:
     obj = node_feature(labels, node=node, namespace="node-feature-discovery")
     jsonschema.validate(obj, _schema())
