@@ -107,15 +107,28 @@ def _big_archive(path: Path) -> list[str]:
     return files
 
 
+# Runs its arguments as a child and writes the child's peak RSS (KiB; the child's and
+# its waited-for workers', os.wait4) and exit code to stderr. A process's ru_maxrss
+# keeps the high-water mark of the memory it replaced at execve (Linux fs/exec.c,
+# exec_mmap -> setmax_mm_hiwater_rss), and a child started straight from a long-lived
+# test process would inherit that process's peak: the fresh interpreter in between
+# is small, so what is measured is the checking process's own.
+_MEASURE = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[1:])
+_, status, usage = os.wait4(child.pid, 0)
+print(usage.ru_maxrss, os.waitstatus_to_exitcode(status), file=sys.stderr)
+"""
+
+
 def _peak_rss(argv: list[str]) -> tuple[int, bytes, int]:
     """Exit code, stdout and peak RSS in bytes of ``argv`` and its workers."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, out, usage.ru_maxrss * 1024  # Linux: KiB
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *argv], check=True, cwd=REPO, env=env, capture_output=True
+    )
+    peak, code = proc.stderr.decode().split()[-2:]
+    return int(code), proc.stdout, int(peak) * 1024  # Linux: KiB
 
 
 def test_in_place_archive_layer_is_read_in_bounded_memory(tmp_path: Path) -> None:
