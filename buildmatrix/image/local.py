@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -108,6 +108,51 @@ def scan_oci_layout(
     return replace(image, index_digest=index_digest) if index_digest else image
 
 
+@dataclass(kw_only=True)
+class _FolderWalk:
+    """What the scan's one walk over a root folder finds on its way."""
+
+    files: list[FileReport] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    libraries: dict[str, CompatLibrary] = field(default_factory=dict)
+    confs: dict[str, ConfFile] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)
+    regular: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    symlinks: dict[str, str] = field(default_factory=dict)  # link -> its target
+    folders: list[str] = field(default_factory=list)
+
+    def on_file(self, rel: str, _has_code: bool) -> None:
+        self.regular.append(rel)
+
+    def on_link(self, rel: str, target: str | None) -> None:
+        self.links.append(rel)
+        if target is not None:
+            self.symlinks[rel] = target
+
+
+def _walk_folder(path: Path, *, keep: bool) -> _FolderWalk:
+    found = _FolderWalk()
+    for result in scan_tree(
+        path,
+        compat=True,
+        on_file=found.on_file,
+        on_link=found.on_link,
+        on_folder=found.folders.append,
+    ):
+        if isinstance(result, ScanProblem):
+            found.problems.append(problem_line(result.path, result.message))
+            found.unreadable.append(result.path)
+        elif isinstance(result, CompatLibrary):
+            found.libraries[result.path] = result
+        elif isinstance(result, ConfFile):
+            found.confs[result.path] = result
+        else:
+            stored = str(path / result.path) if keep else None
+            found.files.append(replace(result, stored=stored))
+    return found
+
+
 def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     """``dir:PATH`` or a plain path: a root folder (symlinks not followed) or one file.
 
@@ -116,56 +161,27 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     path = ref.path
     if path is None or not path.exists():
         raise InputError(f"'{ref.given}': no such file or folder.")
-    files: list[FileReport] = []
-    problems: list[str] = []
-    libraries: dict[str, CompatLibrary] = {}
-    confs: dict[str, ConfFile] = {}
-    unreadable: list[str] = []
-    # The regular files and the links (with their targets) that the scan's one walk
-    # finds on its way.
-    regular: list[str] = []
-    links: list[str] = []
-    symlinks: dict[str, str] = {}
-    folders: list[str] = []
-
-    def on_file(rel: str, _has_code: bool) -> None:
-        regular.append(rel)
-
-    def on_link(rel: str, target: str | None) -> None:
-        links.append(rel)
-        if target is not None:
-            symlinks[rel] = target
-
     if path.is_dir():
-        for result in scan_tree(
-            path, compat=True, on_file=on_file, on_link=on_link, on_folder=folders.append
-        ):
-            if isinstance(result, ScanProblem):
-                problems.append(problem_line(result.path, result.message))
-                unreadable.append(result.path)
-            elif isinstance(result, CompatLibrary):
-                libraries[result.path] = result
-            elif isinstance(result, ConfFile):
-                confs[result.path] = result
-            else:
-                stored = str(path / result.path) if keep else None
-                files.append(replace(result, stored=stored))
+        found = _walk_folder(path, keep=keep)
+        paths = sorted(found.regular + found.links)
     else:
+        found = _FolderWalk()
         report = inspect_file(path, display=path.name)
         if report is not None:
-            files.append(replace(report, stored=str(path) if keep else None))
-    paths = sorted(regular + links) if path.is_dir() else [f.path for f in files]
+            found.files.append(replace(report, stored=str(path) if keep else None))
+        paths = [f.path for f in found.files]
     compat = find_compat(
-        libraries,
-        sorted(regular),
-        symlinks,
-        unreadable,
+        found.libraries,
+        sorted(found.regular),
+        found.symlinks,
+        found.unreadable,
         entries=paths,
-        folders=folders,
-        confs=confs,
+        folders=found.folders,
+        confs=found.confs,
     )
-    for lib_path in compat_code(compat, libraries):
-        code = libraries[lib_path].code
+    files = found.files
+    for lib_path in compat_code(compat, found.libraries):
+        code = found.libraries[lib_path].code
         if code is not None:
             stored = str(path / lib_path) if keep else None
             files.append(replace(code, path=lib_path, stored=stored))
@@ -174,9 +190,9 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         digest=None,
         config=ImageConfig(),
         files=files,
-        problems=problems,
+        problems=found.problems,
         paths=paths,
         layers=0,
-        symlinks=symlinks,
+        symlinks=found.symlinks,
         compat=compat,
     )
