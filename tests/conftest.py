@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from buildmatrix.cli import main
+from buildmatrix.profile_files import load_profiles
+from buildmatrix.profiles import ProfileSet
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_PROFILES = REPO / "arch-profiles"
@@ -20,6 +22,13 @@ SHIPPED_PROFILES = REPO / "arch-profiles"
 # $XDG_CACHE_HOME (below), but downloads that never change (a CUDA release's wheels)
 # are kept here across tests and runs, where CI's cache step finds them.
 USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+@pytest.fixture(scope="session")
+def profiles() -> ProfileSet:
+    """The shipped arch profiles (a frozen ProfileSet, loaded once)."""
+    return load_profiles(SHIPPED_PROFILES)
+
 
 # What a test needs, read from the fixtures it uses (directly or through others):
 # the marker each fixture adds. Markers for needs that no fixture names (nvcc, the

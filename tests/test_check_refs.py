@@ -14,16 +14,10 @@ import pytest
 from buildmatrix.check import Options
 from buildmatrix.check_refs import check_refs
 from buildmatrix.cuda import load_cuda_facts
-from buildmatrix.profile_files import load_profiles
 from buildmatrix.profiles import ProfileSet
-from tests.conftest import REPO, SHIPPED_PROFILES
+from tests.conftest import REPO
 
 BIN = REPO / "tests" / "fixtures" / "bin"
-
-
-@pytest.fixture(scope="module")
-def profiles() -> ProfileSet:
-    return load_profiles(SHIPPED_PROFILES)
 
 
 def _rootfs(tmp_path: Path, name: str, lib: str) -> str:

@@ -18,18 +18,12 @@ from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import SMOKE
 from buildmatrix.node.admit import Admission, AdmitOptions, admit
 from buildmatrix.node.pools import Pools, load_pools
-from buildmatrix.profile_files import load_profiles
 from buildmatrix.profiles import ProfileSet
-from tests.conftest import REPO, SHIPPED_PROFILES
+from tests.conftest import REPO
 from tests.test_node_checks import TABLE
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
 BIN = REPO / "tests" / "fixtures" / "bin"
-
-
-@pytest.fixture(scope="module")
-def profiles() -> ProfileSet:
-    return load_profiles(SHIPPED_PROFILES)
 
 
 @pytest.fixture(scope="module")

@@ -21,17 +21,11 @@ from buildmatrix.node.labels import (
 )
 from buildmatrix.node.pools import Pools, PoolSpec, load_pools, pools_from_data
 from buildmatrix.node.values import is_label_key, is_label_value, label_value
-from buildmatrix.profile_files import load_profiles
 from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import RemappedRows, Snapshot, load_snapshot
-from tests.conftest import REPO, SHIPPED_PROFILES
+from tests.conftest import REPO
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
-
-
-@pytest.fixture(scope="module")
-def profiles() -> ProfileSet:
-    return load_profiles(SHIPPED_PROFILES)
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,9 @@ from buildmatrix.node.checks import NodeOptions, NodeReport, evaluate
 from buildmatrix.node.labels import node_labels
 from buildmatrix.node.mig import memory_gb, profile_name
 from buildmatrix.node.values import is_label_key, is_label_value
-from buildmatrix.profile_files import load_profiles
 from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import Snapshot, load_snapshot
-from tests.conftest import REPO, SHIPPED_PROFILES
+from tests.conftest import REPO
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
 MIB = 1 << 20
@@ -106,11 +105,6 @@ def test_profile_attributes_of_go_nvlib() -> None:
 def test_memory_rounds_half_away_from_zero_as_go() -> None:
     # 1/8 of 20 GiB is 2.5 GB: Go's math.Round gives 3 (Python's round() would give 2)
     assert memory_gb(memory_size_mb=2560, parent_total_bytes=20 << 30) == 3
-
-
-@pytest.fixture(scope="module")
-def profiles() -> ProfileSet:
-    return load_profiles(SHIPPED_PROFILES)
 
 
 def _judge(

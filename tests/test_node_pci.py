@@ -15,20 +15,14 @@ from buildmatrix.cuda import load_cuda_facts
 from buildmatrix.node.checks import NodeOptions, evaluate
 from buildmatrix.node.pci import is_nvidia_gpu, read_gpus
 from buildmatrix.node.pools import pools_from_data
-from buildmatrix.profile_files import load_profiles
 from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import bus_id_key, load_snapshot
-from tests.conftest import REPO, SHIPPED_PROFILES
+from tests.conftest import REPO
 from tests.standins import sysfs_tree
 
 HGX = REPO / "tests" / "fixtures" / "sysfs" / "hgx-h100"
 NODES = REPO / "tests" / "fixtures" / "nodes"
 HGX_GPUS = [f"0000:{b}:00.0" for b in ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")]
-
-
-@pytest.fixture(scope="module")
-def profiles() -> ProfileSet:
-    return load_profiles(SHIPPED_PROFILES)
 
 
 def test_hgx_board_has_eight_gpus_not_switches_audio_or_the_bmc() -> None:

@@ -24,21 +24,15 @@ from buildmatrix.node.poolimages import (
     require_images,
 )
 from buildmatrix.node.pools import Pools, load_pools, pools_from_data
-from buildmatrix.profile_files import load_profiles
 from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import load_snapshot
-from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
+from tests.conftest import REPO, CliRunner
 from tests.pool_registry import registry_secret
 from tests.services import Registry
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
 FIXTURES = sorted(NODES.glob("*.json"))
 K8S_VERSION = "1.34.0"  # as tests/test_affinity.py validates the other objects
-
-
-@pytest.fixture(scope="module")
-def profiles() -> ProfileSet:
-    return load_profiles(SHIPPED_PROFILES)
 
 
 def _pools_with_images(profiles: ProfileSet) -> Pools:
