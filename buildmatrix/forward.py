@@ -69,7 +69,7 @@ from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick, searched_
 from buildmatrix.ldshadow import image_libcuda
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping, Sequence
+    from collections.abc import Collection, Mapping
 
     from buildmatrix.binary.ldconf_file import ConfFile
 
@@ -78,16 +78,6 @@ __all__ = ["NOTE_SECTION", "CompatLibrary", "read_compat_library"]
 COMPAT_DIR = "usr/local/cuda/compat"  # where the container toolkit looks
 LIBRARY_GLOB = "libcuda.so.*.*"
 _MAX_LINK_HOPS = 40
-# nvmlBrandType_t values of boards forward compatibility never covers.
-CONSUMER_BRANDS = {
-    3: "NVS",
-    4: "GRID",
-    5: "GeForce",
-    6: "TITAN",
-    15: "GeForce RTX",
-    16: "TITAN RTX",
-}
-_CONSUMER_NAMES = ("geforce", "titan", "nvs ")
 
 
 def is_driver_name(path: str) -> bool:
@@ -389,23 +379,3 @@ def driver_breakpoints(setup: CompatSetup | None) -> set[tuple[int, int, int]]:
         if digits:
             found |= {(int(digits), 0, 0), (int(digits) + 1, 0, 0)}
     return found
-
-
-def device_refusal(
-    library: CompatLibrary, *, products: Sequence[str], brand: int | None = None
-) -> str | None:
-    """Why the compat driver would refuse these GPUs (None: it accepts them).
-
-    With the GPU's NVML brand, the note's device list decides (module docstring);
-    without it, the product names do: GeForce, TITAN and NVS boards are refused.
-    """
-    if brand is not None:
-        if library.devices is not None and brand not in library.devices:
-            return f"NVML brand {brand} is not in the library's device list {list(library.devices)}"
-        if library.devices is None and brand in CONSUMER_BRANDS:
-            return f"a {CONSUMER_BRANDS[brand]} board is not a data-center GPU"
-        return None
-    consumer = [p for p in products if any(w in p.lower() + " " for w in _CONSUMER_NAMES)]
-    if consumer:
-        return ", ".join(consumer) + " (not data-center GPUs)"
-    return None

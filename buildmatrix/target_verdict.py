@@ -21,7 +21,8 @@ from buildmatrix.compat import (
     driver_meets_floors,
 )
 from buildmatrix.cuda import CudaFacts, DriverVersion
-from buildmatrix.forward import CompatUse, device_refusal
+from buildmatrix.forward import CompatUse
+from buildmatrix.forward_devices import device_refusal
 from buildmatrix.profiles import Profile
 from buildmatrix.units import judge_units
 
@@ -157,7 +158,7 @@ def _driver_checks(
     """The driver floors the target's GPU and the image's runtime set, met by the node's
     driver, or with a compat driver in use by the user-mode (``user_driver``: runtime)
     and kernel-mode (``driver``: hardware) drivers apart, and the compat library's
-    device list (buildmatrix.forward.device_refusal)."""
+    device list (buildmatrix.forward_devices.device_refusal)."""
     hw = target.hardware_floor
     runtime_floors = driver_floors(
         cuda_runtime=runtime[0] if runtime else None, hardware_floor=None, facts=facts

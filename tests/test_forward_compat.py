@@ -22,10 +22,10 @@ from buildmatrix.forward import (
     CompatLibrary,
     CompatSetup,
     compat_use,
-    device_refusal,
     read_compat_library,
     resolve,
 )
+from buildmatrix.forward_devices import device_refusal
 from tests.conftest import REPO, CliRunner
 from tests.images import Dir, Image, Symlink, fixture, write_docker_archive
 from tests.standins import NOTE_13_1, compat_library

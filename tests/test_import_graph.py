@@ -51,6 +51,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         (
             "buildmatrix.forward",
             "buildmatrix.forward_conf",
+            "buildmatrix.forward_devices",
             "buildmatrix.forward_legacy",
             "buildmatrix.ldconfig",
             "buildmatrix.ldshadow",
