@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from buildmatrix.errors import InputError
 from buildmatrix.image import digests
+from buildmatrix.image.blobs import VerifyingReader
 from buildmatrix.image.digests import BesideHasher, RegionHash, sha256_at
 from buildmatrix.image.inplace import scan_layer_at
 from buildmatrix.image.layers import scan_layer
@@ -248,3 +249,44 @@ def test_every_in_place_route_checks_the_diff_id() -> None:
         """
     )
     assert out.strip() == "ok"
+
+
+def test_a_digest_closed_midway_still_counts_every_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``close`` ends the thread without dropping what waits, and bytes given after it
+    are hashed too: a finaliser may close the stream a hasher sits in before its owner
+    asks for the digest."""
+    monkeypatch.setattr(digests, "cpus", lambda: 2)
+    first, then = os.urandom(digests.DEPTH * digests.BATCH), os.urandom(3 * digests.BATCH + 7)
+    hasher = BesideHasher()
+    hasher.update(first)  # the queue is full
+    hasher.close()
+    assert not _digest_threads()
+    hasher.update(then)
+    assert "sha256:" + hasher.hexdigest() == _sha(first + then)
+    assert not _digest_threads()
+
+
+def test_a_verifying_reader_closed_by_its_wrapper_still_verifies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tar reader wraps the verifying reader in a buffered one; when the garbage
+    collector frees that wrapper (``io.IOBase.__del__`` closes what it wraps) before
+    ``verify``, the blob is still verified over every byte: the right blob passes
+    and another one is refused. (A 3 GiB content-store image was once refused with
+    "content digest … does not match" by a cache-filling run: the wrapper had been
+    freed while pieces waited for the hashing thread, and they were dropped.)"""
+    monkeypatch.setattr(digests, "cpus", lambda: 2)
+    blob = os.urandom(12 * digests.BATCH + 11)
+    for data, ok in ((blob, True), (blob[:-1] + b"!", False)):
+        reader = VerifyingReader(io.BytesIO(data), digest=_sha(blob), name="layer 0")
+        wrapper = io.BufferedReader(reader, buffer_size=1 << 16)
+        wrapper.read(len(data) - 5000)  # the tar reader stops before the padding
+        wrapper.close()  # what its finaliser does
+        assert reader.closed
+        if ok:
+            reader.verify()
+            assert reader.bytes_read == len(data)
+        else:
+            with pytest.raises(InputError, match="does not match"):
+                reader.verify()
+    assert not _digest_threads()

@@ -67,8 +67,11 @@ class VerifyingReader(io.RawIOBase):
         return n
 
     def verify(self) -> None:
-        """Drain what the tar reader left unread, then compare digests."""
-        while self.read(1 << 20):
+        """Drain what the tar reader left unread, then compare digests. A wrapper may
+        have closed this reader already (its finaliser closes what it wraps): the
+        stream under it is the caller's, still open, and is read to its end."""
+        scratch = bytearray(1 << 20)
+        while self.readinto(scratch):
             pass
         if self._expected is None or self._hash is None:
             return

@@ -20,7 +20,11 @@ in parallel with the reader, whatever the reader holds.
   hashed on a thread; stopped, not finished, when the read is abandoned.
 
 No thread outlives its layer (``close``/``stop``): worker processes are forked only
-from a process that runs no other thread (buildmatrix.image.workers).
+from a process that runs no other thread (buildmatrix.image.workers). ``close``
+never loses bytes: the stream a hasher sits in may be closed by a wrapper's
+finaliser (``io.IOBase.__del__``, run whenever the garbage collector frees the
+wrapper) before its owner asks for the digest, so what was handed over is still
+hashed, and hashing goes on if more comes.
 """
 
 from __future__ import annotations
@@ -54,7 +58,6 @@ class BesideHasher:
         self._pending = bytearray()
         self._queue: queue.Queue[bytearray | None] = queue.Queue(DEPTH)
         self._thread: threading.Thread | None = None
-        self._abandoned = False
 
     def update(self, data: Any) -> None:
         """Hash ``data`` (bytes-like) after what came before; copied, so the caller
@@ -76,8 +79,7 @@ class BesideHasher:
 
     def _run(self) -> None:
         while (piece := self._queue.get()) is not None:
-            if not self._abandoned:
-                self._hash.update(piece)
+            self._hash.update(piece)
 
     def hexdigest(self) -> str:
         """The digest of everything given so far (the thread is done after this)."""
@@ -87,8 +89,9 @@ class BesideHasher:
         return self._hash.hexdigest()
 
     def close(self) -> None:
-        """Stop hashing: the thread drops what waits and ends (no digest follows)."""
-        self._abandoned = True
+        """End the thread once it has hashed what waits (at most ``DEPTH`` pieces).
+        Nothing is dropped: a later :meth:`update` starts a thread again and
+        :meth:`hexdigest` is still the digest of every byte given."""
         self._join()
 
     def _join(self) -> None:
