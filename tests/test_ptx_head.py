@@ -1,0 +1,175 @@
+"""A PTX module's ``.version`` and ``.target`` read as ptxas reads them
+(buildmatrix/binary/ptx.py; docs/security.md, "Device code that tries not to be seen").
+
+The driver's JIT compiles PTX for the ``.target`` its text names and refuses a
+``.version`` newer than it knows. Comments (``//`` and ``/* */``) may come before and
+between the directives; one that holds a ``.version`` or ``.target`` is no directive.
+ptxas, NVIDIA's PTX compiler (the driver's JIT front end), is the oracle: for heads
+drawn by hypothesis, whatever buildmatrix reads must be what ptxas compiles.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from packaging.version import Version
+
+from buildmatrix.arch import ComputeCapability
+from buildmatrix.binary.ptx import looks_like_ptx, ptx_directives
+from buildmatrix.cuda import CudaFacts, load_cuda_facts
+from buildmatrix.jit import ptx_targets
+from tests.conftest import CliRunner
+
+_BODY = b"""
+.address_size 64
+
+.visible .entry _Z1kPf(
+\t.param .u64 _Z1kPf_param_0
+)
+{
+\tret;
+}
+"""
+# The GPUs ptxas compiles each head for: plain, arch-specific, a newer major.
+_SMS = ("sm_80", "sm_90a", "sm_100")
+_HAVE_PTXAS = shutil.which("ptxas") is not None
+needs_ptxas = pytest.mark.skipif(not _HAVE_PTXAS, reason="ptxas is the oracle; .ci/run has it")
+
+
+def _ptxas_isa(facts: CudaFacts) -> Version:
+    """The newest PTX ISA the installed ptxas compiles (its release's, from the table)."""
+    out = subprocess.run(["ptxas", "--version"], capture_output=True, text=True, check=True)
+    found = re.search(r"release (\d+)\.(\d+)", out.stdout)
+    assert found, out.stdout
+    release = Version(f"{found[1]}.{found[2]}")
+    return next(tk.ptx_isa for tk in facts.toolkits if tk.version == release)
+
+
+def _compiles(tmp_path: Path, text: bytes, sm: str) -> bool:
+    source = tmp_path / "k.ptx"
+    source.write_bytes(text)
+    proc = subprocess.run(
+        ["ptxas", f"-arch={sm}", str(source), "-o", str(tmp_path / "k.cubin")],
+        capture_output=True,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+_FAKE = st.sampled_from([b".version 7.0", b".target sm_80", b".version 9.9", b".target sm_90a"])
+_GAP = st.lists(
+    st.one_of(
+        st.sampled_from([b" ", b"\n", b"\t", b"\r\n"]),
+        _FAKE.map(lambda d: b"// " + d + b"\n"),
+        _FAKE.map(lambda d: b"/* " + d + b" */"),
+        _FAKE.map(lambda d: b"/*\n" + d + b"\n*/"),
+    ),
+    max_size=3,
+).map(b"".join)
+_SM_NAME = st.sampled_from([b"sm_80", b"sm_90a", b"sm_90", b"sm_100"])
+_OPTION = st.sampled_from([b"texmode_independent", b"map_f64_to_f32"])
+
+
+@st.composite
+def _heads(draw: st.DrawFn) -> bytes:
+    """A module head: comments with fake directives anywhere between the tokens, a
+    ``.version``, and one or two ``.target`` directives of one or two names."""
+    # 9.0 can target every SM drawn; 9.9 is newer than any ptxas knows.
+    version = draw(st.sampled_from([b"9.0", b"9.9"]))
+    head = draw(_GAP) + b".version" + draw(_GAP).replace(b"\n", b" ") + b" " + version
+    for _ in range(draw(st.integers(1, 2))):
+        names = [draw(_SM_NAME), *draw(st.lists(st.one_of(_SM_NAME, _OPTION), max_size=1))]
+        head += b"\n" + draw(_GAP) + b".target " + (b"," + draw(_GAP)).join(names)
+    return head + b"\n" + draw(_GAP) + _BODY
+
+
+@needs_ptxas
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(text=_heads())
+def test_what_is_read_is_what_ptxas_compiles(tmp_path: Path, text: bytes) -> None:
+    """Where buildmatrix reads a target and a version, ptxas compiles the module for
+    exactly the GPUs that target serves (PTX JIT rules) and only if that version is
+    one it knows; where it reads none, the check fails closed (never a pass)."""
+    found = ptx_directives(text)
+    if found is None:
+        return
+    arch, isa = found
+    newest = _ptxas_isa(load_cuda_facts())
+    for sm in _SMS:
+        cc = ComputeCapability.from_number(int(re.sub(r"\D", "", sm)))
+        expected = ptx_targets(arch, cc) and isa <= newest
+        assert _compiles(tmp_path, text, sm) == expected, (sm, arch, isa, text[:200])
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"/*\n.version 7.0\n.target sm_80\n*/\n.version 9.0\n.target sm_90a\n",
+        b"// .target sm_80\n.version 9.0\n.target sm_90a\n",
+        b".version 9.0\n.target /* sm_80, */ sm_90a\n",
+    ],
+)
+def test_directives_inside_comments_are_no_directives(head: bytes) -> None:
+    found = ptx_directives(head + _BODY)
+    assert found is not None
+    assert (str(found[0]), str(found[1])) == ("compute_90a", "9.0")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b".version 9.0\n.target sm_80\n.target sm_90a\n",  # ptxas takes the last SM
+        b".version 9.0\n.target sm_90a, sm_80\n",
+        b".target sm_90a\n.version 9.0\n",  # ptxas: "Missing .version directive"
+        b".version 9.0\n.address_size 64\n.target sm_90a\n",  # "Missing .target"
+        b".version 9.0\n.target texmode_independent, sm_90a\n",  # "not defined"
+        b"/* unterminated\n.version 9.0\n.target sm_90a\n",
+    ],
+)
+def test_heads_ptxas_refuses_or_that_name_two_sms_are_refused(head: bytes) -> None:
+    assert ptx_directives(head + _BODY) is None
+
+
+def test_a_ptx_file_that_starts_with_a_comment_is_ptx() -> None:
+    assert looks_like_ptx(b"/* kernels */\n// by hand\n.version 9.0\n.target sm_90a\n", "k")
+    assert not looks_like_ptx(b"/* .version 9.0 */ nothing\n", "k")
+
+
+@needs_ptxas
+@pytest.mark.nvcc
+def test_a_ptx_file_is_judged_by_its_real_target(cli: CliRunner, tmp_path: Path) -> None:
+    """nvcc's ``sm_90a`` PTX behind a comment that names ``.version 7.0`` and
+    ``.target sm_80``: ptxas compiles it for 9.0 alone, so it fails on 8.0 and on
+    10.0, and on a driver of CUDA 12.2 (ISA 8.2) too; read as before (the first
+    directive-like lines), it passed all three."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc writes the PTX")
+    (tmp_path / "k.cu").write_text("__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")
+    subprocess.run(
+        ["nvcc", "-arch=compute_90a", "-ptx", "k.cu", "-o", "k.ptx"], cwd=tmp_path, check=True
+    )
+    real = (tmp_path / "k.ptx").read_bytes()
+    text = b"/*\n.version 7.0\n.target sm_80\n*/\n" + real
+    root = tmp_path / "img"
+    root.mkdir()
+    (root / "kernels.ptx").write_bytes(text)
+    assert not _compiles(tmp_path, text, "sm_80") and not _compiles(tmp_path, text, "sm_100")
+    assert _compiles(tmp_path, text, "sm_90a")
+    for args in (["--sm", "8.0"], ["--sm", "10.0", "--driver", "580.65.06"]):
+        result = cli("check", f"dir:{root}", *args, "--json")
+        assert result.code == 1, (args, result.out, result.err)
+    result = cli("check", f"dir:{root}", "--sm", "9.0", "--driver", "535.104.05", "--json")
+    assert result.code == 1, result.out
+    assert "PTX ISA 9.0" in result.out
+    result = cli("check", f"dir:{root}", "--sm", "9.0", "--driver", "580.65.06", "--json")
+    assert result.code == 0, result.out
