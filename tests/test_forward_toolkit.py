@@ -377,3 +377,19 @@ def test_a_candidate_that_is_not_an_elf_library_fails_closed(
         "590.48.01",
     )
     assert code == 0, _problems(doc)
+
+
+@pytest.mark.parametrize(("depth", "in_use"), [(5000, False), (12000, True)])
+def test_a_deeply_nested_note_decides_as_go_reads_it(
+    cli: CliRunner, tmp_path: Path, build: Any, depth: int, in_use: bool
+) -> None:
+    """``json.Unmarshal`` reads a note nested up to 10,000 levels (Go's
+    ``maxNestingDepth``; tests/test_note_json.py holds the decoder to Go): at 5,000
+    its ``driver`` list (R550 only) keeps the compat driver out of use on R535; past
+    10,000 the note fails to decode and the majors decide (590 > 535: in use). Both
+    ended in a RecursionError traceback before."""
+    nested = "[" * (depth - 1) + "]" * (depth - 1)
+    note = '{"format":1,"CUDA Version":"13.1","driver":[550],"x":' + nested + "}"
+    code, doc = _check(cli, tmp_path, _image({f"{DIR}/{LIB}": build(note)}), *R535)
+    assert doc["forward_compat"]["in_use"] is in_use, doc["forward_compat"]
+    assert code == (0 if in_use else 1), _problems(doc)

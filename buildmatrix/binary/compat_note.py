@@ -19,9 +19,9 @@ ibilitySection``, ``trim``, ``alignUp`` and the ``compatElfHeader`` struct that 
 - the description is decoded by Go's ``encoding/json`` into ``{Format int; CUDAVersion
   string "CUDA Version"; Driver []int; Device []int}``: keys match field names without
   regard to case, unknown keys are ignored, ``null`` leaves a field as it is, and any
-  value of the wrong type (or any JSON error) makes the whole note unreadable — the
-  toolkit then ignores the note (``m.logger.Warningf``) and falls back to comparing
-  driver majors.
+  value of the wrong type (or any JSON error, or nesting past Go's ``maxNestingDepth``
+  of 10,000) makes the whole note unreadable — the toolkit then ignores the note
+  (``m.logger.Warningf``) and falls back to comparing driver majors.
 
 The result says which of three things the toolkit sees: a note (with its fields), no
 note, or a note it could not read. Where this reader cannot follow the toolkit (the
@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,8 @@ SHF_COMPRESSED = 0x800
 # The toolkit reads the section whatever its size. This reader holds it in memory, so
 # past this bound it fails closed (``undetermined``) rather than read or ignore it.
 MAX_NOTE = 256 << 20
+# Go's encoding/json refuses JSON nested deeper than this (scanner.go, maxNestingDepth).
+_GO_MAX_DEPTH = 10_000
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # Go's int on the 64-bit hosts the toolkit runs on
 # The compatElfHeader fields, by the name Go's decoder folds each key to.
 _FIELDS = {"FORMAT": "format", "CUDA VERSION": "cuda", "DRIVER": "driver", "DEVICE": "device"}
@@ -192,14 +195,14 @@ def decode_note(desc: bytes) -> dict[str, Any]:
         raise UndecodableNote(f"{name} is not JSON")
 
     # Go reads invalid UTF-8 inside strings as U+FFFD, and fails on it outside them.
+    text = desc.decode("utf-8", errors="replace")
     try:
-        doc = json.loads(
-            desc.decode("utf-8", errors="replace"),
-            object_pairs_hook=_Object,
-            parse_constant=no_constant,
-        )
-    except json.JSONDecodeError as exc:
-        raise UndecodableNote(str(exc)) from None
+        doc = _loads(text, no_constant, depth=0)
+    except RecursionError:  # Python's decoder recurses once per level; Go's reads 10,000
+        depth = _nesting(text)
+        if depth > _GO_MAX_DEPTH:  # Go's scanner: "exceeded max depth"
+            raise UndecodableNote(f"it nests {depth} deep, past Go's {_GO_MAX_DEPTH}") from None
+        doc = _loads(text, no_constant, depth=depth)
     fields: dict[str, Any] = {"format": 0, "cuda": "", "driver": None, "device": None}
     if doc is None:
         return fields  # `null` into a struct: nothing is set, no error
@@ -222,6 +225,47 @@ def decode_note(desc: bytes) -> dict[str, Any]:
     return fields
 
 
+def _loads(text: str, no_constant: Any, *, depth: int) -> Any:
+    """``json.loads`` with the recursion limit raised for ``depth`` levels."""
+    limit = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(max(limit, depth + 200))
+        return json.loads(
+            text, object_pairs_hook=_Object, parse_constant=no_constant, parse_int=_int
+        )
+    except json.JSONDecodeError as exc:
+        raise UndecodableNote(str(exc)) from None
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+class _Overflow(str):
+    """An integer literal too long for Go's int (and past Python's default limit on
+    digits converted): Go skips it under an unknown key, and refuses it in a field."""
+
+
+def _int(literal: str) -> int | _Overflow:
+    return int(literal) if len(literal) <= 20 else _Overflow(literal)
+
+
+def _nesting(text: str) -> int:
+    """How deep the arrays and objects of JSON ``text`` nest (the top object is 1),
+    counted outside strings as Go's scanner counts them (``maxNestingDepth``)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 class UndecodableNote(InputError, ValueError):
     """The note's JSON is one Go's decoder refuses (a ValueError, as Python's JSON
     decoder's own errors are); read_compat_library records it as the library's
@@ -234,8 +278,11 @@ class _Object(list[tuple[str, Any]]):
 
 def _go_int(value: object, key: str) -> int:
     # Go parses the number's literal with strconv.ParseInt: 1.0 and 1e3 are not ints.
+    if isinstance(value, _Overflow):
+        raise UndecodableNote(f"'{key}' holds a {len(value)}-character integer, past Go's int")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise UndecodableNote(f"'{key}' holds {value!r}, not an integer")
+        what = repr(value) if isinstance(value, str | float | bool) else "a list or object"
+        raise UndecodableNote(f"'{key}' holds {what[:40]}, not an integer")
     if not _INT64[0] <= value <= _INT64[1]:
         raise UndecodableNote(f"'{key}' holds {value}, which overflows Go's int")
     return value
