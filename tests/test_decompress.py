@@ -10,6 +10,7 @@ there, and to what ``cuobjdump -xelf`` extracts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tracemalloc
@@ -18,11 +19,14 @@ from pathlib import Path
 import lz4.block
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from buildmatrix.binary.decompress import (
     FLAG_LZ4,
     FLAG_ZSTD,
     MAX_UNCOMPRESSED,
+    decompress_head,
     decompress_payload,
 )
 from buildmatrix.binary.elf import read_elf
@@ -168,3 +172,37 @@ def test_an_lz4_block_is_never_given_more_room_than_it_can_fill() -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 1 << 20
+
+
+@pytest.mark.parametrize("flags", [FLAG_LZ4, FLAG_ZSTD])
+@settings(max_examples=40, deadline=None)
+@given(
+    text=st.binary(min_size=1, max_size=200_000),
+    limit=st.sampled_from([1, 512, 2048, 1 << 16, 1 << 20]),
+)
+def test_a_head_is_the_start_of_the_whole(flags: int, text: bytes, limit: int) -> None:
+    """``decompress_head``: the first ``limit`` bytes of what the payload decompresses
+    to, as lz4's and zstandard's own decoders make it (the Zstandard frame read only
+    that far), for texts drawn by hypothesis, short and long, repetitive and not."""
+    text = text * (1 + 100_000 // len(text)) if len(text) < 64 else text
+    packed = (
+        lz4.block.compress(text, store_size=False)
+        if flags == FLAG_LZ4
+        else zstandard.ZstdCompressor().compress(text)
+    )
+    src = BytesSource(b"pad" + packed + b"tail", name="x")
+    head = decompress_head(src, 3, len(packed), flags=flags, size=len(text), limit=limit, name="x")
+    assert head == text[:limit]
+
+
+@pytest.mark.parametrize("flags", [FLAG_LZ4, FLAG_ZSTD, FLAG_LZ4 | FLAG_ZSTD, 0])
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=300), size=st.integers(-1, MAX_UNCOMPRESSED + 1))
+def test_a_head_of_garbage_is_refused_or_read_never_a_crash(
+    flags: int, data: bytes, size: int
+) -> None:
+    with contextlib.suppress(CorruptBinary):
+        head = decompress_head(
+            BytesSource(data, name="x"), 0, len(data), flags=flags, size=size, limit=4096, name="x"
+        )
+        assert len(head) <= 4096

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
+import zstandard
 
 from buildmatrix.binary.fatbin import parse_fatbin
 from buildmatrix.binary.source import BytesSource, CorruptBinary
@@ -17,13 +20,35 @@ def parse(data: bytes) -> list[tuple[str, str, str | None, bool, int]]:
     ]
 
 
+def _packed_ptx(
+    text: bytes, *, arch: int, version: tuple[int, int], flags: int = 0, header_size: int = 64
+) -> bytes:
+    """A PTX entry compressed as nvcc 13 compresses by default (a Zstandard frame,
+    flag 0x8000), its sizes at +16 (compressed) and +56 (uncompressed)."""
+    packed = zstandard.ZstdCompressor().compress(text)
+    payload = packed + b"\0" * (-len(packed) % 8)
+    raw = bytearray(
+        entry(
+            kind=1,
+            arch=arch,
+            version=version,
+            flags=0x8011 | flags,
+            payload=payload,
+            header_size=header_size,
+        )
+    )
+    struct.pack_into("<I", raw, 16, len(packed))
+    struct.pack_into("<Q", raw, 56, len(text))
+    return bytes(raw)
+
+
 def test_entries_kinds_suffixes_and_flags() -> None:
     data = container(
         entry(arch=80),
         entry(arch=90, flags=0x100011),  # arch-specific
         entry(arch=100, flags=0x1200011, header_size=112),  # family-specific, long header
-        entry(kind=1, arch=90, version=(8, 4), flags=0x8011, header_size=80),  # compressed PTX
-        entry(kind=1, arch=100, version=(9, 0), flags=0x208011),
+        _packed_ptx(b".version 8.4\n.target sm_90\n", arch=90, version=(8, 4), header_size=80),
+        _packed_ptx(b".version 9.0\n.target sm_100f\n", arch=100, version=(9, 0), flags=0x200000),
         entry(kind=8, arch=90, header_size=120),  # LTO IR
         entry(arch=75, flags=0x2011),  # LZ4-compressed (older toolkits)
     )
@@ -31,8 +56,8 @@ def test_entries_kinds_suffixes_and_flags() -> None:
         ("sass", "sm_80", None, False, 32),
         ("sass", "sm_90a", None, False, 32),
         ("sass", "sm_100f", None, False, 32),
-        ("ptx", "compute_90", "8.4", True, 32),
-        ("ptx", "compute_100f", "9.0", True, 32),
+        ("ptx", "compute_90", "8.4", True, 40),
+        ("ptx", "compute_100f", "9.0", True, 40),
         ("ltoir", "lto_90", None, False, 32),
         ("sass", "sm_75", None, True, 32),
     ]

@@ -248,3 +248,86 @@ def test_an_elf_table_past_the_bound_is_refused_unread(
     assert result.code == 1, result.out
     problems = "\n".join(result.json()["problems"])
     assert "libk.so" in problems and "buildmatrix reads at most 16 MiB" in problems
+
+
+# A compressed PTX entry is held to its text as an uncompressed one is: the head of
+# the text is decompressed (buildmatrix.binary.fatbin, ``_compressed_ptx``).
+_MODES = ("speed", "default")  # nvcc 13: a raw LZ4 block, a Zstandard frame
+
+
+@pytest.fixture(scope="module")
+def compressed_ptx(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], bytes]:
+    """kernels.cu as ``compute_90a`` and as ``compute_90`` PTX only, every entry
+    compressed (``-Xfatbin -compress-all``) in each ``--compress-mode``."""
+    if not have_nvcc():
+        pytest.skip("nvcc and gcc build this library; .ci/run has them")
+    out = tmp_path_factory.mktemp("cptx")
+    made: dict[tuple[str, str], bytes] = {}
+    for arch in ("compute_90a", "compute_90"):
+        for mode in _MODES:
+            fixture = Fixture(
+                name=f"lib_{arch}_{mode}.so",
+                kind="shared",
+                extra=("-Xfatbin", "-compress-all", f"--compress-mode={mode}"),
+                gencode=(f"arch={arch},code={arch}",),
+            )
+            (path,) = build(out, [fixture], jobs=1)
+            blob = path.read_bytes()
+            assert [k for _, k, f in _entries(blob) if f & _COMPRESSED] == [_PTX]
+            made[arch, mode] = blob
+    return made
+
+
+def _cuobjdump_ptx(tmp_path: Path, blob: bytes) -> bytes:
+    """The PTX text cuobjdump extracts (and decompresses) from the library."""
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump (nvidia-cuda-cuobjdump) is the oracle here")
+    work = tmp_path / "x"
+    work.mkdir(exist_ok=True)
+    (work / "lib.so").write_bytes(blob)
+    subprocess.run([str(tool), "-xptx", "all", "lib.so"], cwd=work, check=True, capture_output=True)
+    (text,) = work.glob("*.ptx")
+    return text.read_bytes()
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("mode", _MODES)
+def test_a_relabelled_compressed_ptx_entry_fails_the_check(
+    cli: CliRunner, tmp_path: Path, compressed_ptx: dict[tuple[str, str], bytes], mode: str
+) -> None:
+    """``compute_90a`` PTX under a header relabelled plain ``compute_80``: judged by
+    the header it passed on 8.6 and 10.0; ptxas compiles the text for 9.0 alone."""
+    blob, count = _relabel(compressed_ptx["compute_90a", mode], _PTX, 80)
+    assert count == 1
+    if shutil.which("ptxas") is not None:
+        text = _cuobjdump_ptx(tmp_path, blob)
+        assert not _ptxas_accepts(tmp_path, text, "sm_86")
+        assert _ptxas_accepts(tmp_path, text, "sm_90a")
+    for sm in ("8.6", "10.0"):
+        code, problems = _check(cli, tmp_path, blob, "--sm", sm, "--driver", "580.65.06")
+        assert code == 1, (sm, problems)
+        assert "'.target sm_90a'" in problems
+    code, problems = _check(
+        cli, tmp_path, compressed_ptx["compute_90a", mode], "--sm", "9.0", "--driver", "580.65.06"
+    )
+    assert code == 0, problems
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("mode", _MODES)
+def test_a_compressed_ptx_texts_newer_version_counts(
+    cli: CliRunner, tmp_path: Path, compressed_ptx: dict[tuple[str, str], bytes], mode: str
+) -> None:
+    """The header's PTX ISA lowered to 7.8 (CUDA 11.8's, which R535 JITs): the text's
+    ``.version 9.0`` still needs R580, as the driver's JIT reads the text."""
+    blob = bytearray(compressed_ptx["compute_90", mode])
+    (at,) = [at for at, kind, _ in _entries(bytes(blob)) if kind == _PTX]
+    struct.pack_into("<HH", blob, at + 24, 8, 7)
+    if shutil.which("ptxas") is not None:
+        assert b".version 9.0" in _cuobjdump_ptx(tmp_path, bytes(blob))
+    code, problems = _check(cli, tmp_path, bytes(blob), "--sm", "9.0", "--driver", "535.104.05")
+    assert code == 1, problems
+    assert "PTX ISA 9.0" in problems
+    code, problems = _check(cli, tmp_path, bytes(blob), "--sm", "9.0", "--driver", "580.65.06")
+    assert code == 0, problems

@@ -23,7 +23,10 @@ or fewer bytes than its header says is corrupt.
 
 from __future__ import annotations
 
-from buildmatrix.binary.source import CorruptBinary
+import io
+from typing import Any
+
+from buildmatrix.binary.source import ByteSource, CorruptBinary
 
 FLAG_LZ4 = 0x2000
 FLAG_ZSTD = 0x8000
@@ -99,6 +102,60 @@ def _zstd(data: bytes, size: int, name: str) -> bytes:
                 chunk = reader.read(size + 1 - have)
                 if not chunk:
                     break
+                chunks.append(chunk)
+                have += len(chunk)
+    except zstandard.ZstdError as exc:
+        raise CorruptBinary(f"{name}: not a valid Zstandard frame ({exc}).") from None
+    return b"".join(chunks)
+
+
+class _Reader(io.RawIOBase):
+    """``size`` bytes of a source from ``at`` as a file, for a streaming decoder."""
+
+    def __init__(self, src: ByteSource, at: int, size: int) -> None:
+        super().__init__()
+        self._src, self._at, self._end = src, at, at + size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self._src.read_at(self._at, min(len(view), self._end - self._at))
+        view[: len(data)] = data
+        self._at += len(data)
+        return len(data)
+
+
+def decompress_head(
+    src: ByteSource, at: int, packed: int, *, flags: int, size: int, limit: int, name: str
+) -> bytes:
+    """The first ``limit`` uncompressed bytes (fewer where the payload is shorter) of
+    the compressed payload of ``packed`` bytes at ``at`` in ``src``: a PTX text's
+    head, for its directives. A Zstandard frame is decoded only that far (streaming);
+    a raw LZ4 block is decoded whole, which its C decoder does faster than a reader
+    that stops could (cuFFT 12's 8,131 PTX texts: 389 MiB in 0.6 s of CPU)."""
+    method = flags & COMPRESSION_FLAGS
+    if method not in (FLAG_LZ4, FLAG_ZSTD) or not 0 < size <= MAX_UNCOMPRESSED:
+        return decompress_payload(b"", flags=flags, size=size, name=name)  # its refusal
+    if at + packed > src.size:
+        raise CorruptBinary(f"{name}: its {packed} compressed bytes run past the file's end.")
+    want = min(limit, size)
+    if method == FLAG_LZ4:  # no stop inside a block: lz4's C decoder outruns any head reader
+        whole = src.read_at(at, packed)
+        return decompress_payload(whole, flags=flags, size=size, name=name)[:want]
+    import zstandard
+
+    chunks: list[bytes] = []
+    have = 0
+    dctx = zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW)
+    try:
+        with dctx.stream_reader(
+            io.BufferedReader(_Reader(src, at, packed), 16384),
+            read_size=16384,
+            read_across_frames=False,
+        ) as reader:
+            while have < want and (chunk := reader.read(want - have)):
                 chunks.append(chunk)
                 have += len(chunk)
     except zstandard.ZstdError as exc:

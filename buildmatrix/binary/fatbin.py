@@ -27,8 +27,8 @@ from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
 from buildmatrix.binary.cubin import cubin_facts
-from buildmatrix.binary.decompress import COMPRESSION_FLAGS, decompress_payload
-from buildmatrix.binary.ptx import checked_ptx_entry
+from buildmatrix.binary.decompress import COMPRESSION_FLAGS, decompress_head, decompress_payload
+from buildmatrix.binary.ptx import PTX_HEAD, checked_ptx_entry, directives_settled
 from buildmatrix.binary.source import (
     ByteSource,
     BytesSource,
@@ -53,6 +53,8 @@ FLAG_FAMILY_SPECIFIC = 0x200000
 _MAX_HEADER = 4096
 _MIN_ENTRY_HEADER = 64
 _PAD_CHUNK = 1 << 16
+# How much of a compressed PTX text is decoded first for its directives.
+_PTX_GLANCE = 512
 
 
 class EntryKind(StrEnum):
@@ -255,6 +257,8 @@ def container_entries(
             arch, isa, facts = _payload_facts(
                 src, p + ehsize, payload, kind=kind, arch=arch, isa=isa, name=name
             )
+        elif kind is EntryKind.PTX and isa is not None:
+            arch, isa = _compressed_ptx(src, p, arch=arch, isa=isa, name=name)
         entries.append(
             FatbinEntry(
                 kind=kind,
@@ -326,6 +330,31 @@ def _payload_facts(
         where_cubin = f"{name} cubin at {at:#x}"
         facts = cubin_facts(SliceSource(src, at, payload, name=where_cubin), header=arch)
     return arch, isa, facts
+
+
+def _compressed_ptx(
+    src: ByteSource, at: int, *, arch: Arch, isa: Version, name: str
+) -> tuple[Arch, Version]:
+    """(arch, PTX ISA) of the compressed PTX entry whose header is at ``at``: the
+    head of its text decompressed (only that far where it is a Zstandard frame) and
+    held to the header as an uncompressed entry's is (checked_ptx_entry)."""
+    raw = read_exact(src, at, _ENTRY.size, what="fatbin entry header")
+    _, _, ehsize, payload, packed, _, _, _, flags, unc = _ENTRY.unpack(raw)
+    where = f"{name} (compressed {_arch_name(EntryKind.PTX, arch)} PTX at {at + ehsize:#x})"
+    if not 0 < packed <= payload:
+        raise CorruptBinary(
+            f"{where}: compressed entry claims {packed} compressed bytes in a "
+            f"{payload}-byte payload."
+        )
+    head = b""
+    for limit in (_PTX_GLANCE, PTX_HEAD):  # nvcc's directives end within a few hundred bytes
+        head = decompress_head(
+            src, at + ehsize, packed, flags=flags, size=unc, limit=limit, name=where
+        )
+        if len(head) < limit or directives_settled(head):
+            break
+    text = BytesSource(head, name=where)
+    return checked_ptx_entry(text, header=arch, isa=isa, name=where)
 
 
 def decompressed_cubin(src: ByteSource, entry: FatbinEntry, *, name: str) -> BytesSource:

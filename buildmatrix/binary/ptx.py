@@ -49,27 +49,42 @@ def ptx_directives(head: bytes) -> tuple[Arch, Version] | None:
     """The ``.target`` arch (as ``compute_XY``) and ``.version`` of PTX text whose
     first bytes are ``head``; None when its head is not ``.version`` then ``.target``
     as ptxas reads them (comments skipped), or its targets name no SM or several."""
+    return _read_directives(head)[0]
+
+
+def directives_settled(head: bytes) -> bool:
+    """Whether ``head``, the start of a PTX text, already shows its directives: read
+    whole, with the token after them in full view, so no longer text that starts
+    with ``head`` reads otherwise (a compressed entry's head is decoded a little at
+    a time: buildmatrix.binary.fatbin)."""
+    found, end = _read_directives(head)
+    return found is not None and end + 16 <= len(head) and not head.startswith(b"/*", end)
+
+
+def _read_directives(head: bytes) -> tuple[tuple[Arch, Version] | None, int]:
+    """(ptx_directives's answer, where the reading stopped: the next token)."""
     number = _VERSION.match(head, _skip(head, 0))
     if number is None:
-        return None
+        return None, 0
     sms: list[re.Match[str]] = []
-    p = number.end()
-    while target := _TARGET.match(head, _skip(head, p)):
+    p = _skip(head, number.end())
+    while target := _TARGET.match(head, p):
         p = target.end()
         while name := _NAME.match(head, _skip(head, p)):
             sm = _SM.fullmatch(name[0].decode())
             if sm is None and not sms:
-                return None  # ptxas: "Target architecture not defined"
+                return None, p  # ptxas: "Target architecture not defined"
             sms += [sm] if sm else []
             p = _skip(head, name.end())
             if head[p : p + 1] != b",":
                 break
             p += 1
+        p = _skip(head, p)
     if len(sms) != 1:
-        return None  # no SM, or several (ptxas takes the last; nvcc never writes two)
+        return None, p  # no SM, or several (ptxas takes the last; nvcc never writes two)
     cc = ComputeCapability.from_number(int(sms[0][1]))
     isa = Version(f"{int(number[1])}.{int(number[2])}")
-    return Arch(cc, CodeKind.PTX, Suffix(sms[0][2])), isa
+    return (Arch(cc, CodeKind.PTX, Suffix(sms[0][2])), isa), p
 
 
 def ptx_target(src: ByteSource) -> tuple[Arch, Version]:
