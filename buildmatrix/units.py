@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from buildmatrix.arch import Arch, ComputeCapability, Suffix, serves_wherever
+from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix, serves_wherever
 from buildmatrix.binary.demangle import demangle
-from buildmatrix.compat import combine, judge_codes
+from buildmatrix.compat import combine, judge_codes, sass_runs_on
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.verdict import RANK, CodeTarget, Judgement, Unit, Verdict
 
@@ -159,6 +159,27 @@ def _kept_as_data(
     return judged, specialised
 
 
+def _with_kernels_lacking(unit: Unit, cc: ComputeCapability, j: Judgement) -> Judgement:
+    """``j``, or none where the cubin ``cc`` loads lacks kernels the container's other
+    cubins define: the CUDA runtime loads the cubin of the highest SM that runs on
+    the GPU (CUDA C++ Programming Guide, "Binary Compatibility"), and a kernel it does
+    not define cannot be launched ("invalid device function"), whatever the other
+    cubins hold. Where two cubins tie (``sm_90``, ``sm_90a``), either may be loaded."""
+    if j.verdict is not Verdict.NATIVE or not unit.lacking:
+        return j
+    runs = [c.arch for c in unit.codes if c.arch.kind is CodeKind.SASS and sass_runs_on(c.arch, cc)]
+    top = max((a.cc for a in runs), default=None)
+    for arch, missing in unit.lacking:
+        if arch.cc == top and arch in runs:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            why = (
+                f"its {arch} cubin, the one {cc} loads, lacks kernels its other cubins "
+                f"define ({', '.join(missing[:3])}{more}); launching them fails there"
+            )
+            return Judgement(verdict=Verdict.NONE, reasons=(why,))
+    return j
+
+
 # Over 60 lines only by its docstring, which states the per-unit rule it applies.
 def judge_units(
     units: Sequence[Unit],
@@ -199,6 +220,7 @@ def judge_units(
         )
         for u in units
     ]
+    results = [_with_kernels_lacking(u, cc, j) for u, j in zip(units, results, strict=True)]
     judged, specialised = _registered(units, results, cc, strict=strict)
     more, kept_out = _kept_as_data(units, results, cc, strict=strict, alone=not judged)
     judged += more

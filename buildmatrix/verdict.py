@@ -56,6 +56,9 @@ class Unit:
     # Kept as data and loaded by the program itself (cuModuleLoadData), which picks
     # one per GPU: found by content (buildmatrix.binary.embedded).
     embedded: bool = False
+    # Cubins of the container that lack kernels another of its cubins defines (both
+    # read): a GPU that loads such a cubin cannot launch those kernels.
+    lacking: tuple[tuple[Arch, tuple[str, ...]], ...] = ()
 
     @property
     def specific(self) -> bool:

@@ -179,3 +179,61 @@ def test_a_unit_is_not_a_link_stub_by_its_section_names(
     unit = "container 2 (sm_80)" if clear_entry else "container 2 (sm_80; kernels _Z2kbPfPKfi)"
     assert unit in doc["problems"][0]
     assert _check(capsys, lib, "--sm", "8.0")[0] == 0
+
+
+_GUARDED = """
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__global__ void only90(float *x) { x[threadIdx.x] *= 2.0f; }
+#endif
+__global__ void every(float *x) { x[threadIdx.x] += 1.0f; }
+extern "C" void launch(float *x) {
+#if !defined(__CUDA_ARCH__)
+    only90<<<1, 32>>>(x);
+#endif
+    every<<<1, 32>>>(x);
+}
+"""
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_cubin_without_a_kernel_of_its_unit_fails_where_it_is_loaded(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, guarded: bool
+) -> None:
+    """One translation unit built for sm_80 and sm_90 whose kernel ``only90`` is
+    defined for 9.0 and newer alone (``#if __CUDA_ARCH__ >= 900``): its sm_80 cubin
+    lacks it (cuobjdump -elf lists ``.text._Z6only90Pf`` in the sm_90 cubin only), so
+    8.0 and 8.6, which load that cubin, cannot launch it ("invalid device function").
+    It passed on both before. Unguarded, the same library runs everywhere."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc builds the library")
+    source = _GUARDED if guarded else _GUARDED.replace("900", "0")
+    (tmp_path / "guard.cu").write_text(source)
+    lib = tmp_path / "lib" / "libguard.so"
+    lib.parent.mkdir()
+    subprocess.run(
+        [
+            *("nvcc", "-shared", "-Xcompiler", "-fPIC", "-Xfatbin", "-compress=false"),
+            *("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"),
+            *("guard.cu", "-o", str(lib)),
+        ],
+        cwd=tmp_path,
+        check=True,
+    )
+    tool = find_cuobjdump()
+    if tool is not None:
+        elf = subprocess.run(
+            [str(tool), "-elf", str(lib)], capture_output=True, text=True, check=True
+        ).stdout
+        cubins = re.split(r"\n(?=.*arch = sm_)", elf)
+        with_kernel = {
+            m[0] for c in cubins if ".text._Z6only90Pf" in c and (m := re.search(r"sm_\d+", c))
+        }
+        assert with_kernel == ({"sm_90"} if guarded else {"sm_80", "sm_90"})
+    for sm in ("8.0", "8.6"):
+        code, doc = _check(capsys, lib.parent, "--sm", sm)
+        assert code == (1 if guarded else 0), doc["problems"]
+        if guarded:
+            assert "lacks kernels its other cubins define (_Z6only90Pf)" in doc["problems"][0]
+    code, doc = _check(capsys, lib.parent, "--sm", "9.0")
+    assert code == 0, doc["problems"]

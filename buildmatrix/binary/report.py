@@ -81,6 +81,7 @@ class FileReport:
                     index=index,
                     kernels_known=any(e.kernels is not None for e in entries),
                     embedded=any(e.embedded for e in entries),
+                    lacking=_lacking(entries, kernels),
                 )
             )
         return units
@@ -93,6 +94,21 @@ class FileReport:
             "ptx": self.ptx,
             "entries": [e.to_json() for e in self.entries],
         }
+
+
+def _lacking(
+    entries: list[FatbinEntry], kernels: tuple[str, ...]
+) -> tuple[tuple[Arch, tuple[str, ...]], ...]:
+    """Each read cubin of a container that lacks kernels another read cubin of it
+    defines (nvcc compiles a kernel whose definition sits under ``#if __CUDA_ARCH__
+    >= 900`` into the sm_90 cubin alone), with those kernels."""
+    out = []
+    for e in entries:
+        if e.kind is EntryKind.SASS and e.kernels is not None:
+            have = set(e.kernels)
+            if missing := tuple(k for k in kernels if k not in have):
+                out.append((e.arch, missing))
+    return tuple(out)
 
 
 @dataclass(frozen=True, kw_only=True)
