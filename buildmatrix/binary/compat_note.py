@@ -213,7 +213,7 @@ def decode_note(desc: bytes) -> dict[str, Any]:
         if field is None or value is None:
             continue  # unknown keys are ignored; null leaves the field as it is
         if field == "cuda":
-            if not isinstance(value, str):
+            if not isinstance(value, str) or isinstance(value, _Overflow):
                 raise UndecodableNote(f"'{key}' is not a string")
             fields[field] = value
         elif field == "format":
