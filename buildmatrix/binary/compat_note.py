@@ -210,8 +210,14 @@ def decode_note(desc: bytes) -> dict[str, Any]:
         raise UndecodableNote("the note is not a JSON object")
     for key, value in doc:
         field = _FIELDS.get(_fold(key))
-        if field is None or value is None:
-            continue  # unknown keys are ignored; null leaves the field as it is
+        if field is None:
+            continue  # unknown keys are ignored
+        if value is None:
+            # null sets a slice to nil and leaves a string or an int as it is (Go
+            # encoding/json, "Unmarshal": null into a slice sets it to nil)
+            if field in ("driver", "device"):
+                fields[field] = None
+            continue
         if field == "cuda":
             if not isinstance(value, str) or isinstance(value, _Overflow):
                 raise UndecodableNote(f"'{key}' is not a string")
