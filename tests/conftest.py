@@ -43,6 +43,7 @@ FIXTURE_MARKERS = {
     "containerd_socket": ("containerd", "integration"),
     "containerd": ("containerd", "integration"),
     "gotar": ("go", "integration"),
+    "gonote": ("go", "integration"),
 }
 
 

@@ -2,7 +2,7 @@
 container toolkit (buildmatrix/binary/compat_note.py, ``decode_note``;
 docs/compatibility.md, "Forward compatibility").
 
-The oracle is Go itself: tests/gojson/main.go fills the toolkit's ``compatElfHeader``
+The oracle is Go itself: tests/gonote/main.go fills the toolkit's ``compatElfHeader``
 (``cmd/nvidia-cdi-hook/cudacompat/cuda-elf-header.go``) with ``json.Unmarshal``. For
 notes drawn by hypothesis, with the shapes where Python's decoder and Go's part ways
 (nesting thousands deep, integer literals past Python's digit limit and Go's int,
@@ -27,12 +27,12 @@ from buildmatrix.binary.compat_note import UndecodableNote, decode_note
 
 
 @pytest.fixture(scope="module")
-def gojson(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/gojson/main.go built once (standard library only: no network)."""
+def gonote(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/gonote/main.go built once (standard library only: no network)."""
     go = shutil.which("go")
     if go is None:
         pytest.skip("Go is not installed (scripts/test installs golang-go): no Go oracle")
-    out = tmp_path_factory.mktemp("gojson")
+    out = tmp_path_factory.mktemp("gonote")
     env = {
         **os.environ,
         "GOFLAGS": "-mod=mod",
@@ -40,20 +40,20 @@ def gojson(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "GOPATH": str(out / "path"),
         "CGO_ENABLED": "0",
     }
-    src = Path(__file__).parent / "gojson" / "main.go"
+    src = Path(__file__).parent / "gonote" / "main.go"
     subprocess.run(
-        [go, "build", "-o", str(out / "gojson"), str(src)],
+        [go, "build", "-o", str(out / "gonote"), str(src)],
         check=True,
         env=env,
         cwd=src.parent,
         capture_output=True,
     )
-    return out / "gojson"
+    return out / "gonote"
 
 
-def _go(gojson: Path, texts: list[bytes]) -> list[dict[str, Any]]:
+def _go(gonote: Path, texts: list[bytes]) -> list[dict[str, Any]]:
     lines = "".join(base64.b64encode(t).decode() + "\n" for t in texts)
-    proc = subprocess.run([str(gojson)], input=lines, capture_output=True, text=True, check=True)
+    proc = subprocess.run([str(gonote)], input=lines, capture_output=True, text=True, check=True)
     return [json.loads(line) for line in proc.stdout.splitlines()]
 
 
@@ -114,12 +114,12 @@ def _notes(draw: st.DrawFn) -> bytes:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(texts=st.lists(_notes(), min_size=1, max_size=8))
-def test_notes_decode_as_go_decodes_them(gojson: Path, texts: list[bytes]) -> None:
+def test_notes_decode_as_go_decodes_them(gonote: Path, texts: list[bytes]) -> None:
     """``json.Unmarshal`` into ``compatElfHeader``: same fields, or both refuse (Go
     refuses nesting past 10,000 levels, ``maxNestingDepth``; Python's decoder, left to
     itself, overflowed its stack at ~1,000 and refused integers of over 4,300 digits
     under any key, both with a traceback)."""
-    for text, go in zip(texts, _go(gojson, texts), strict=True):
+    for text, go in zip(texts, _go(gonote, texts), strict=True):
         ours = _ours(text)
         if go["err"]:
             assert ours == {"err": True}, text[:120]
