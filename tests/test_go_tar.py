@@ -142,6 +142,15 @@ def long(name: bytes, typ: bytes = b"L") -> bytes:
     return header(b"././@LongLink", typ, len(name) + 1) + padded(name + b"\0")
 
 
+def rechecked(block: bytes, at: int, value: bytes) -> bytes:
+    """A header block with ``value`` written at ``at`` and its checksum made right."""
+    h = bytearray(block)
+    h[at : at + len(value)] = value
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
 def layer(*parts: bytes) -> bytes:
     return file(b"usr/lib/libok.so", HOPPER) + b"".join(parts) + b"\0" * 1024
 
@@ -190,6 +199,23 @@ HOSTILE: dict[str, bytes] = {
     # Found by tests/test_fuzz.py: tarfile makes a folder of type NUL + "NAME/" before
     # it applies the long name; Go decides on the long name (a file).
     "type NUL folder name with GNU L": layer(long(BAD), file(b"usr/lib/", SM80, typ=b"\0")),
+    # Type NUL is a folder when the name ends in "/": Go asks the whole name (prefix +
+    # "/" + name), Python the name field, so Go reads the "file's" data as headers.
+    "type NUL, empty name, ustar prefix": layer(
+        rechecked(header(b"", b"\0", 512 + len(padded(SM80))), 345, b"opt"), file(BAD, SM80)
+    ),
+    # Base-256 numbers: Go takes any first byte with the top bit set, Python's tarfile
+    # only 0x80 and 0xFF and stops at the header as at the end of the archive.
+    "base-256 devmajor 0x81": layer(
+        rechecked(header(BAD, b"0", len(SM80)), 329, b"\x81" + b"\0" * 7) + padded(SM80)
+    ),
+    "base-256 devminor 0xc1, then a zero block": layer(
+        rechecked(header(b"usr/share/zeros", b"0", 512), 337, b"\xc1" + b"\xff" * 7) + b"\0" * 512,
+        file(BAD, SM80),
+    ),
+    "base-256 size past 63 bits": layer(
+        rechecked(header(BAD, b"0"), 124, b"\x80\x80" + b"\0" * 10) + padded(SM80)
+    ),
     "overlay redirect xattr": layer(
         pax((b"SCHILY.xattr.trusted.overlay.redirect", b"/opt/hidden")),
         header(b"usr/lib/cuda", b"5"),

@@ -52,9 +52,18 @@ class StrictTarInfo(ExtendedTarInfo):
 
     @classmethod
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
-        if buf and buf.count(0) != len(buf):  # empty and all-zero blocks: tarfile's ends
-            check_header(bytes(buf))
-        info = super().frombuf(buf, encoding, errors)
+        if not buf or buf.count(0) == len(buf):  # empty and all-zero blocks: tarfile's ends
+            return super().frombuf(buf, encoding, errors)
+        check_header(bytes(buf))
+        try:
+            info = super().frombuf(buf, encoding, errors)
+        except tarfile.HeaderError as exc:
+            # tarfile ends the archive quietly at a header it cannot parse after the
+            # first (TarFile.next); Go's reader either reads on or fails.
+            raise TarHeaderError(
+                f"member '{header_name(bytes(buf))}': a header Python's tar reader cannot "
+                f"parse ({exc}) and would take for the end of the layer"
+            ) from None
         info.raw_type = bytes(buf[156:157])  # tarfile turns "\0" + "NAME/" into a folder
         return info
 
@@ -118,16 +127,26 @@ def check_header(buf: bytes) -> None:
         raise TarHeaderError(f"a header is truncated ({len(buf)} bytes)")
     for start, end in _NUMERIC:
         field = buf[start:end]
-        if field[0] & 0x80 == 0 and not _OCTAL.fullmatch(field):
+        octal = field[0] & 0x80 == 0
+        if (octal and not _OCTAL.fullmatch(field)) or (not octal and not _same_binary(field)):
             raise TarHeaderError(
-                f"a header has a numeric field (bytes {start}..{end}) of {field!r}, which "
-                "tar readers parse differently"
+                f"member '{header_name(buf)}': a header has a numeric field (bytes "
+                f"{start}..{end}) of {field!r}, which tar readers parse differently"
             )
     unsigned = sum(buf[:148]) + 8 * 32 + sum(buf[156:])
     checksum = _field(buf, 148, 156)  # the signed sum only where the unsigned one fails
     if buf[148] & 0x80 or (checksum != unsigned and checksum != _signed(buf)):
         raise TarHeaderError("a header's checksum does not match")
     magic = buf[257:265]
+    if buf[156] == 0 and magic == _USTAR and not buf[0] and buf[345]:
+        # Type NUL is a folder when the name ends in "/". Go decides on the whole name,
+        # prefix + "/" + name (reader.go, Reader.next: TypeRegA), which then always
+        # ends in "/"; Python's tarfile on the name field alone (TarInfo.frombuf): a
+        # file, whose data Go reads as the next headers.
+        raise TarHeaderError(
+            f"member '{header_name(buf)}': type NUL with an empty name and a ustar "
+            "prefix; Go's reader reads a folder and the data as headers, Python's a file"
+        )
     if buf[156] not in _TYPES:
         raise TarHeaderError(f"a header has the type flag {buf[156:157]!r}, not one of a layer")
     if magic == _USTAR:
@@ -141,6 +160,29 @@ def check_header(buf: bytes) -> None:
             raise TarHeaderError("a V7 header has bytes after its link name")
     else:
         raise TarHeaderError(f"a header has the unknown magic {magic!r}")
+
+
+def header_name(buf: bytes) -> str:
+    """The member name one header block gives (ustar prefix joined), for messages."""
+    name = buf[:100].split(b"\0", 1)[0]
+    prefix = buf[345:500].split(b"\0", 1)[0] if buf[257:265] == _USTAR else b""
+    return (prefix + b"/" + name if prefix else name).decode("utf-8", "replace")
+
+
+def _same_binary(field: bytes) -> bool:
+    """Whether a base-256 numeric field reads alike in both readers. Go's
+    ``parser.parseNumeric`` (strconv.go) takes any first byte with the top bit set
+    (the next bit is the sign) and fails past 63 bits; Python's ``tarfile.nti`` takes
+    only 0x80 (positive) and 0xFF (negative) and treats any other as a bad header."""
+    if field[0] not in (0x80, 0xFF):
+        return False
+    inv = 0xFF if field[0] & 0x40 else 0
+    x = 0
+    for i, c in enumerate(field):
+        if x >> 56:
+            return False  # Go: integer overflow, ErrHeader
+        x = x << 8 | ((c ^ inv) & (0x7F if i == 0 else 0xFF))
+    return not x >> 63
 
 
 def _field(buf: bytes, start: int, end: int) -> int:
