@@ -24,6 +24,7 @@ from buildmatrix.errors import InputError
 from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.tree import WHITED_OUT, merge
 from buildmatrix.image.tree import Dir as TreeDir
+from tests.conftest import CliRunner
 from tests.images import (
     Dir,
     Hardlink,
@@ -65,6 +66,10 @@ CASES: dict[str, list[Layer]] = {
     "same-layer-symlinked-parent": [{"real/": Dir(), "d": Symlink("real"), "d/f.so": SM80}],
     "symlink-over-lower-folder": [{"lowerdir/keep.so": SM80}, {"lowerdir": Symlink("x")}],
     "folder-over-lower-symlink": [{"l": Symlink("x"), "x/a.so": SM80}, {"l/b.so": HOPPER}],
+    # A whiteout that names no entry: overlay2's mknod of the folder (or its parent)
+    # fails, so the engine refuses the layer.
+    "whiteout-of-dotdot": [{"d/a.so": SM80}, {"d/.wh..": b""}],
+    "whiteout-of-nothing": [{"d/a.so": SM80}, {"d/.wh.": b""}],
 }
 
 # Generated stacks the engine accepts, drawn toward whiteouts, opaque folders and links
@@ -196,3 +201,49 @@ def test_reading_in_place_matches_the_stream(case: str) -> None:
             assert in_place == f"refused: {exc}"
     else:
         assert in_place == streamed
+
+
+# An opaque mark for the layer's root, written directly, through "./", or through a
+# symlink of the same layer that leads to the root.
+ROOT_OPAQUE: dict[str, list[Layer]] = {
+    "root": [{"usr/lib/libbad.so": SM80}, {".wh..wh..opq": b"", "x.so": HOPPER}],
+    "dot": [{"usr/lib/libbad.so": SM80}, {"./.wh..wh..opq": b"", "x.so": HOPPER}],
+    "symlink": [
+        {"usr/lib/libbad.so": SM80},
+        {"up": Symlink("/"), "up/.wh..wh..opq": b"", "x.so": HOPPER},
+    ],
+}
+
+
+def _driver(host: str) -> str:
+    return subprocess.run(
+        ["docker", "-H", host, "info", "--format", "{{.Driver}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+@pytest.mark.parametrize("case", sorted(ROOT_OPAQUE))
+def test_an_opaque_mark_on_the_root_is_refused(
+    case: str, overlay2_host: str, docker_host: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    """overlayfs never looks at the opaque mark of a layer's root (it is set on the
+    layer folder itself), so the overlay2 engine shows the lower layer's sm_80
+    library; the vfs engine applies the mark and hides it. What the container sees
+    depends on the engine's storage, and buildmatrix refuses the image (it used to
+    apply the mark, and passed the image on 9.0 on the Hopper library alone)."""
+    layers = ROOT_OPAQUE[case]
+    archive = tmp_path / "image.tar"
+    tag = f"bmtest/root-opaque-{case}:v1"
+    write_docker_archive(archive, Image(layers=layers), tag=tag)
+    overlay = _engine(overlay2_host, archive, tag)
+    assert isinstance(overlay, dict) and overlay.get("usr/lib/libbad.so") == "sm80", overlay
+    if _driver(docker_host) == "vfs" and case != "symlink":
+        assert _engine(docker_host, archive, tag) == {"x.so": "hopper"}
+    ours = _ours(layers)
+    assert ours == "refused"
+    with pytest.raises(InputError, match="marks the image root opaque"):
+        scan_layer(io.BytesIO(layer_tar(layers[1])), name="layer 1")
+    result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
+    assert result.code == 2 and "marks the image root opaque" in result.err, result.out

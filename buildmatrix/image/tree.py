@@ -173,24 +173,47 @@ class LayerSummary:
 
     def whiteout(self, path: str) -> None:
         folder, base = self._parent(path)
+        if base in ("", ".", ".."):
+            # overlay: mknod of an existing path fails; vfs: RemoveAll of the folder
+            # or its parent (moby pkg/archive, overlayWhiteoutConverter.ConvertRead
+            # and UnpackLayer)
+            self._refuse(f"whiteout '{WHITEOUT}{base}' names no entry of its folder")
         if base in folder.children:
             self._refuse(f"whiteout of '{path}' over an entry of the same layer")
         folder.children[base] = WHITED_OUT
 
     def make_opaque(self, path: str) -> None:
         """Mark the marker's folder opaque. The engine sets an xattr on whatever the
-        path holds: on a file of this layer that has no effect, so it is accepted."""
-        if not path:
-            self.root.opaque = True
-            return
-        folder, base = self._parent(path)
-        entry = folder.children.get(base)
-        if entry is None:
-            entry = folder.children[base] = Dir()
-        elif isinstance(entry, Leaf) and entry.inode.kind == "symlink":
-            entry = self._folder(path.split("/"), create=False, what=path)
+        path holds: on a file of this layer that has no effect, so it is accepted.
+        A marker for the layer's root is refused (:meth:`_refuse_root_opaque`)."""
+        entry: Entry | None = self.root
+        if path:
+            folder, base = self._parent(path)
+            entry = folder.children.get(base)
+            if entry is None:
+                entry = folder.children[base] = Dir()
+            elif isinstance(entry, Leaf) and entry.inode.kind == "symlink":
+                entry = self._folder(path.split("/"), create=False, what=path)
+        if entry is self.root:
+            self._refuse_root_opaque(path)
         if isinstance(entry, Dir):
             entry.opaque = True
+
+    def _refuse_root_opaque(self, path: str) -> NoReturn:
+        """overlayfs never looks at the opaque xattr of a layer's root folder (Linux
+        fs/overlayfs: ``ovl_lookup`` stops at an opaque folder it looks up, and the
+        root is never looked up), so with the overlay2 driver or containerd's
+        overlayfs snapshotter the lower layers stay visible; the vfs driver and the
+        naive snapshotters apply the mark and remove them (moby pkg/archive/diff.go
+        ``UnpackLayer``; containerd ``archive.applyNaive``). tests/test_layer_semantics.py
+        shows both engines."""
+        marker = f"{path}/{OPAQUE}" if path else OPAQUE
+        raise InputError(
+            f"{self.name}: '{marker}' marks the image root opaque. overlayfs ignores the "
+            "mark on a layer's root and shows the lower layers; the vfs driver and naive "
+            "snapshotters remove them. What the container sees depends on the engine's "
+            "storage, so the image is refused. Nothing was checked."
+        )
 
 
 class ImageTree:
