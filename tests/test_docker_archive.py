@@ -523,3 +523,62 @@ def test_a_layer_member_claiming_more_than_the_layer_is_refused(
         result = cli("check", f"docker-archive:{archive}", "--sm", "8.0")
         assert result.code == 2, stored + result.out + result.err
         assert "not a readable layer tar" in result.err
+
+
+# ------------------------------------------------------------- compressed archives
+
+
+def _compress(kind: str, data: bytes) -> bytes:
+    import bz2
+    import lzma
+
+    import zstandard
+
+    if kind == "gzip":
+        return gzip.compress(data, mtime=0)
+    if kind == "bzip2":
+        return bz2.compress(data)
+    if kind == "xz":
+        return lzma.compress(data)
+    # a skippable frame first, as moby's zstd matcher also accepts
+    skippable = (0x184D2A50).to_bytes(4, "little") + (4).to_bytes(4, "little") + b"skip"
+    return skippable + zstandard.ZstdCompressor().compress(data)
+
+
+def _without_ref(doc: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in doc.items() if k not in ("image", "ref")}
+
+
+@pytest.mark.parametrize("kind", ["gzip", "bzip2", "xz", "zstd"])
+def test_a_compressed_archive_is_read_as_docker_load_reads_it(
+    kind: str, docker_host: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    """``docker load`` decompresses the archive before it extracts it (moby
+    ``chrootarchive.Untar`` -> ``DecompressStream``; Docker's docs load a
+    ``busybox.tar.gz``): the engine loads the compressed bytes, and ``check`` gives
+    the plain archive's report for them (it used to refuse them, exit 2, as a tar
+    header "parsed differently"). The engine here (Docker 20.10) decompresses gzip,
+    bzip2 and xz; zstd came with later engines, so for it only the reports compare."""
+    layer = _lib(SM80, f"packed-{kind}")
+    config_name, config = _image([layer])
+    plain = write_outer(
+        tmp_path / "plain.tar",
+        [
+            (config_name, config),
+            ("l/layer.tar", layer),
+            ("manifest.json", _manifest(config_name, ["l/layer.tar"], f"bmtest/{kind}:v1")),
+        ],
+    )
+    packed = tmp_path / f"image.tar.{kind}"
+    packed.write_bytes(_compress(kind, plain.read_bytes()))
+    if kind != "zstd":
+        with loaded(docker_host, packed) as r:
+            assert r.returncode == 0, r.stderr
+    want = cli("check", f"docker-archive:{plain}", "--sm", "9.0", "--json")
+    got = cli("check", f"docker-archive:{packed}", "--sm", "9.0", "--json")
+    assert want.code == got.code == 1, got.out + got.err
+    assert _without_ref(got.json()) == _without_ref(want.json())
+    cut = tmp_path / f"cut.tar.{kind}"
+    cut.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+    result = cli("check", f"docker-archive:{cut}", "--sm", "9.0")
+    assert result.code == 2 and f"a {kind}-compressed archive that does not" in result.err

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from buildmatrix.errors import InputError
+from buildmatrix.image.archivefile import uncompressed
 from buildmatrix.image.blobs import (
     MAX_JSON,
     check_manifest,
@@ -126,7 +127,22 @@ def scan_docker_archive(
     if path is None or not path.is_file():
         raise InputError(f"'{ref.given}': {path} is not a file.")
     source = f"'{ref.given}'"
-    archive = Archive(path, source=source)
+    with uncompressed(path, source=source) as plain:
+        archive = Archive(plain, source=source)
+        return _scan(ref, archive, path=path, platform=platform, progress=progress, keep=keep)
+
+
+def _scan(
+    ref: ImageRef,
+    archive: Archive,
+    *,
+    path: Path,
+    platform: str,
+    progress: Progress | None,
+    keep: Path | None,
+) -> ScannedImage:
+    """The image of an archive (``path``: the file as given, for messages)."""
+    source = archive.tree.source
     manifest = _json(archive.read("manifest.json", what="manifest"), name=f"{path}:manifest.json")
     if isinstance(manifest, list) and len(manifest) != 1:
         raise InputError(f"{source}: expected one image in manifest.json, found {len(manifest)}.")
