@@ -44,6 +44,7 @@ FIXTURE_MARKERS = {
     "containerd": ("containerd", "integration"),
     "gotar": ("go", "integration"),
     "gonote": ("go", "integration"),
+    "gojson": ("go", "integration"),
 }
 
 
@@ -117,10 +118,21 @@ from tests.services import (  # noqa: E402, F401
 def gotar(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/gotar/main.go (the oracle of tests/test_go_tar.py) built once per session
     (standard library only: no network)."""
+    return _go_program(tmp_path_factory, "gotar")
+
+
+@pytest.fixture(scope="session")
+def gojson(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/gojson/main.go (the oracle of tests/test_go_json.py: Go's encoding/json),
+    built once per session."""
+    return _go_program(tmp_path_factory, "gojson")
+
+
+def _go_program(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     go = shutil.which("go")
     if go is None:
-        pytest.skip("Go is not installed (scripts/test installs golang-go): no Go tar oracle")
-    out = tmp_path_factory.mktemp("gotar")
+        pytest.skip(f"Go is not installed (scripts/test installs golang-go): no {name} oracle")
+    out = tmp_path_factory.mktemp(name)
     env = {
         **os.environ,
         "GOFLAGS": "-mod=mod",
@@ -128,15 +140,15 @@ def gotar(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "GOPATH": str(out / "path"),
         "CGO_ENABLED": "0",
     }
-    src = Path(__file__).parent / "gotar" / "main.go"
+    src = Path(__file__).parent / name / "main.go"
     subprocess.run(
-        [go, "build", "-o", str(out / "gotar"), str(src)],
+        [go, "build", "-o", str(out / name), str(src)],
         check=True,
         env=env,
         cwd=src.parent,
         capture_output=True,
     )
-    return out / "gotar"
+    return out / name
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -80,7 +80,7 @@ def scan_daemon_image(
     (containerd's image store, image/enginestore.py; the overlay2 driver's folders),
     else from its ``docker save`` stream; ``read_from`` says which, and why not."""
     attrs = image.attrs
-    config = ImageConfig.from_json(attrs, image_id=attrs.get("Id"))
+    config = ImageConfig.from_json(attrs, image_id=attrs.get("Id"), blob=False)
     repo = ref.name.rsplit(":", 1)[0] if not ref.digest else ref.name.split("@")[0]
     digests = [d for d in attrs.get("RepoDigests") or [] if d.split("@")[0] == repo]
     digest = digests[0].split("@", 1)[1] if digests else None

@@ -34,6 +34,7 @@ from buildmatrix.image.blobs import (
     layer_diff_ids,
     read_json_blob,
 )
+from buildmatrix.image.gokeys import check_keys
 from buildmatrix.image.layer_scan import finish, scan_blobs
 from buildmatrix.image.manifests import CONFIG, NoPlatformMatch, choose, memo
 from buildmatrix.image.offered import offered_platforms, runnable
@@ -148,6 +149,7 @@ def _scan(
         raise InputError(f"{source}: expected one image in manifest.json, found {len(manifest)}.")
     from buildmatrix import schema
 
+    check_keys(manifest, shape="saveentry", name=f"{path}:manifest.json")
     schema.validate(manifest, "docker-archive-manifest", source=f"{path}:manifest.json")
     entry = manifest[0]
     config_bytes = archive.read(entry["Config"], what="config")
@@ -208,6 +210,7 @@ def _oci_index(archive: Archive) -> dict[str, Any] | None:
     index = _json(archive.read("index.json", what="OCI index"), name="index.json")
     if not isinstance(index, dict):
         raise InputError(f"{source}: index.json is not a JSON object.")
+    check_keys(index, shape="manifest", name=f"{source} index.json")
     return check_manifest(index, name=f"{source} index.json")
 
 
@@ -238,7 +241,9 @@ class _IndexView:
         self.offered, self.also, self.picks = tuple(offered), tuple(sorted(also)), picks
 
     def _config(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        return self.fetch(manifest.get("config") or {}, CONFIG)
+        config = self.fetch(manifest.get("config") or {}, CONFIG)
+        check_keys(config, shape="config", name=f"{self.source} image config")
+        return config
 
     def configs(self) -> set[str]:
         return {str((p.manifest.get("config") or {}).get("digest", "")) for p in self.picks}

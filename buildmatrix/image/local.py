@@ -14,6 +14,7 @@ from buildmatrix.binary.scan import inspect_file, scan_tree
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
 from buildmatrix.image.blobs import check_manifest, is_index, layer_diff_ids, read_json_blob
+from buildmatrix.image.gokeys import check_keys
 from buildmatrix.image.layer_scan import finish, problem_line, scan_blobs
 from buildmatrix.image.manifests import choose, memo
 from buildmatrix.image.offered import offered_platforms
@@ -59,6 +60,7 @@ def scan_oci_layout(
     with (layout / "index.json").open("rb") as f:
         index = read_json_blob(f, name=f"{layout}/index.json", digest=None)
     check_manifest(index, name=f"{layout}/index.json")
+    check_keys(index, shape="manifest", name=f"{layout}/index.json")
     manifests = index.get("manifests") or []
     if ref.tag:
         chosen = [m for m in manifests if (m.get("annotations") or {}).get(REF_NAME) == ref.tag]

@@ -25,6 +25,7 @@ from typing import Any
 
 from buildmatrix.errors import InputError
 from buildmatrix.image.blobs import check_manifest, is_index
+from buildmatrix.image.gokeys import check_keys
 from buildmatrix.image.platform import (
     descriptor_platform,
     format_platform,
@@ -66,6 +67,7 @@ def pick_manifest(
     ``images.Manifest`` does for ``platform`` (``legacy``: containerd 1.6 to 2.2)."""
     single, unplaced, features = not is_index(doc), False, set[str]()
     for _ in range(MAX_DEPTH + 1):
+        check_keys(doc, shape="manifest", name=name)
         if not is_index(doc):
             return Picked(
                 desc=desc,

@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from buildmatrix.errors import InputError
+from buildmatrix.image.gokeys import check_keys
 from buildmatrix.image.manifests import CONFIG, MAX_DEPTH, Fetch, NoPlatformMatch, Picked
 from buildmatrix.image.platform import (
     Platform,
@@ -82,10 +83,12 @@ def present_manifests(
         kind = str(d.get("mediaType", ""))
         if kind in MANIFEST_TYPES:
             manifest = body if body is not None else fetch(d, "a manifest")
+            check_keys(manifest, shape="manifest", name=name)
             unplaced = descriptor_platform(dict(d)) is None
             yield Picked(desc=d, manifest=manifest, unplaced=unplaced, single=single)
         elif kind in INDEX_TYPES:
             index = body if body is not None else fetch(d, "an index")
+            check_keys(index, shape="manifest", name=name)
             for child in index.get("manifests") or []:
                 if isinstance(child, dict) and present(str(child.get("digest", ""))):
                     yield from walk(child, None, depth + 1)
@@ -99,7 +102,9 @@ def platform_of(p: Picked, fetch: Fetch) -> Platform:
     have = descriptor_platform(dict(p.desc))
     if have is not None:
         return have
-    return config_platform(fetch(p.manifest.get("config") or {}, CONFIG))
+    config = fetch(p.manifest.get("config") or {}, CONFIG)
+    check_keys(config, shape="config", name=CONFIG)
+    return config_platform(config)
 
 
 def strict_pick(

@@ -24,12 +24,22 @@ class ImageConfig:
 
     @classmethod
     def from_json(
-        cls, doc: dict[str, Any], *, image_id: str | None = None, source: str = "image config"
+        cls,
+        doc: dict[str, Any],
+        *,
+        image_id: str | None = None,
+        source: str = "image config",
+        blob: bool = True,
     ) -> ImageConfig:
         """From an image config blob (``{"config": {"Labels":…, "Env":[…]}}``); a field of
-        the wrong type is an input error naming it (schema image-config)."""
+        the wrong type is an input error naming it (schema image-config), and so is a
+        key Go's JSON reader would match otherwise (buildmatrix.image.gokeys; not for
+        the engine's own inspect answer, ``blob=False``)."""
         from buildmatrix import schema
+        from buildmatrix.image.gokeys import check_keys
 
+        if blob:
+            check_keys(doc, shape="config", name=source)
         schema.validate(doc, "image-config", source=source)
         cfg = doc.get("config") or doc.get("Config") or {}
         labels = {str(k): str(v) for k, v in (cfg.get("Labels") or {}).items()}
