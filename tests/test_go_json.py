@@ -252,3 +252,53 @@ def test_an_ordinary_document_passes(kind: str) -> None:
         "saveentry": [{"Config": "c.json", "RepoTags": ["a:b"], "Layers": ["l/layer.tar"]}],
     }
     check_keys(docs[kind], shape=kind, name="doc")
+
+
+@pytest.mark.parametrize(
+    ("escape", "refused"),
+    [("\\udc80", True), ("\\ud800", True), ("\\ud83d\\ude00", False), ("\\u00e9", False)],
+)
+def test_lone_surrogate_escapes_are_refused(escape: str, refused: bool, gojson: Path) -> None:
+    """Go reads a lone surrogate escape as U+FFFD, Python keeps the surrogate (and
+    tarfile names a member with the byte 0x80 so): refused; a pair, or any other
+    escape, reads alike and passes."""
+    doc = f'[{{"Config": "c{escape}.json", "Layers": []}}]'
+    go = go_read(gojson, "saveentry", doc)[0]["Config"]
+    python = json.loads(doc)[0]["Config"]
+    assert (go != python) == refused, (go, python)
+    if refused:
+        with pytest.raises(InputError, match="lone UTF-16 surrogate"):
+            check_keys(json.loads(doc), shape="saveentry", name="m")
+    else:
+        check_keys(json.loads(doc), shape="saveentry", name="m")
+
+
+def test_a_save_manifest_naming_members_by_a_lone_surrogate_is_refused(
+    docker_host: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    """``c\\udc80.json`` and ``g\\udc80/layer.tar``: tarfile reads the members whose
+    names hold the byte 0x80 (a Hopper image), docker load the ones named U+FFFD (an
+    sm_80 one). The old reading passed the image on 9.0."""
+    good, bad = layer_tar({"usr/lib/libgood.so": HOPPER}), layer_tar({"usr/lib/libbad.so": SM80})
+    cg = Image(layers=[]).config([f"sha256:{_sha(good)}"])
+    cb = Image(layers=[]).config([f"sha256:{_sha(bad)}"])
+    tag = "bmtest/go-json-surrogate:v1"
+    manifest = f'[{{"Config": "c\\udc80.json", "RepoTags": ["{tag}"], "Layers": ["g\\udc80/l"]}}]'
+    archive = tmp_path / "image.tar"
+    with tarfile.open(
+        archive, "w", format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="surrogateescape"
+    ) as out:
+        for name, data in [
+            ("c\udc80.json", cg),
+            ("c\ufffd.json", cb),
+            ("g\udc80/l", good),
+            ("g\ufffd/l", bad),
+            ("manifest.json", manifest.encode()),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    assert "usr/lib/libbad.so" in _engine_files(docker_host, archive, tag)
+    result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
+    assert result.code == 2, result.out + result.err
+    assert "lone UTF-16 surrogate" in result.err

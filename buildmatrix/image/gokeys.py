@@ -20,6 +20,7 @@ looked into.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -109,7 +110,9 @@ SHAPES: dict[str, _Shape] = {
 
 def check_keys(doc: Any, *, shape: str, name: str) -> None:
     """Refuse ``doc`` (a document of ``shape``, or a list of them) where Go's
-    ``encoding/json`` could read a field from another key than Python does."""
+    ``encoding/json`` could read a field from another key than Python does, or any
+    string of it otherwise (:func:`check_strings`)."""
+    check_strings(doc, name=name)
     stack: list[tuple[Any, str, str]] = [(doc, shape, "")]
     while stack:
         value, kind, where = stack.pop()
@@ -127,6 +130,32 @@ def check_keys(doc: Any, *, shape: str, name: str) -> None:
             if field in value:
                 inner_kind = inner[0] if isinstance(inner, list) else inner
                 stack.append((value[field], inner_kind, f"{where}.{field}"))
+
+
+def check_strings(doc: Any, *, name: str) -> None:
+    """Refuse a document with a lone UTF-16 surrogate escape in any string or key
+    (``"\\udc80"``): Go's decoder reads it as U+FFFD (``encoding/json`` decode.go,
+    ``unquoteBytes``), Python's keeps the surrogate, and tarfile reads a member name
+    with the byte 0x80 as that same surrogate (``surrogateescape``): the two readers
+    would open different members of a ``docker save`` archive. A valid pair is one
+    character to both."""
+    stack = [doc]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            raise InputError(
+                f"{name}: the string {value!r} holds a lone UTF-16 surrogate escape, which "
+                "Go's encoding/json (the engine, containerd) reads as U+FFFD and Python's "
+                "keeps; the two would read different names. The document is refused."
+            )
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _may_match(key: str, field: str) -> bool:
