@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from buildmatrix.errors import InputError
-from buildmatrix.image.gokeys import check_keys
+from buildmatrix.image.gokeys import check_keys, loads
 from tests.conftest import CliRunner
 from tests.images import Image, fixture, layer_tar
 
@@ -302,3 +302,51 @@ def test_a_save_manifest_naming_members_by_a_lone_surrogate_is_refused(
     result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
     assert result.code == 2, result.out + result.err
     assert "lone UTF-16 surrogate" in result.err
+
+
+def test_a_repeated_object_field_is_refused(gojson: Path) -> None:
+    """Go decodes a repeated object-valued field into the one it holds (the two
+    merge), Python keeps the last: the config's Env is Go's only."""
+    doc = '{"os": "linux", "config": {"Env": ["CUDA_VERSION=13.0"]}, "config": {"Labels": {}}}'
+    assert go_read(gojson, "config", doc)["config"]["Env"] == ["CUDA_VERSION=13.0"]
+    assert "Env" not in json.loads(doc)["config"]
+    with pytest.raises(InputError, match="appears twice"):
+        loads(doc.encode(), name="c")
+    assert loads(b'{"config": {"Env": []}}', name="c") == {"config": {"Env": []}}
+
+
+def test_a_config_with_a_repeated_config_object_is_refused(
+    docker_host: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    """The engine's container gets the first object's Env (CUDA_VERSION=13.0, which
+    the NVIDIA toolkit turns into a cuda>=13.0 requirement); buildmatrix read none."""
+    layer = layer_tar({"usr/lib/libgood.so": HOPPER})
+    doc = json.loads(Image(layers=[]).config([f"sha256:{_sha(layer)}"]))
+    pairs = [(k, json.dumps(v)) for k, v in doc.items() if k != "config"]
+    pairs += [("config", '{"Env": ["CUDA_VERSION=13.0"]}'), ("config", '{"Labels": {}}')]
+    config = _object(pairs).encode()
+    tag = "bmtest/go-json-twice:v1"
+    manifest = [{"Config": f"{_sha(config)}.json", "RepoTags": [tag], "Layers": ["l/layer.tar"]}]
+    archive = _archive(
+        tmp_path / "image.tar",
+        [
+            (f"{_sha(config)}.json", config),
+            ("l/layer.tar", layer),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ],
+    )
+    docker = ["docker", "-H", docker_host]
+    subprocess.run([*docker, "load", "-i", str(archive)], capture_output=True, check=True)
+    try:
+        env = subprocess.run(
+            [*docker, "inspect", "--format", "{{json .Config.Env}}", tag],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
+    assert "CUDA_VERSION=13.0" in json.loads(env)
+    result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
+    assert result.code == 2, result.out + result.err
+    assert "appears twice" in result.err

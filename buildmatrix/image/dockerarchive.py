@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import tarfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -34,7 +33,7 @@ from buildmatrix.image.blobs import (
     layer_diff_ids,
     read_json_blob,
 )
-from buildmatrix.image.gokeys import check_keys
+from buildmatrix.image.gokeys import check_keys, loads
 from buildmatrix.image.layer_scan import finish, scan_blobs
 from buildmatrix.image.manifests import CONFIG, NoPlatformMatch, choose, memo
 from buildmatrix.image.offered import offered_platforms, runnable
@@ -192,10 +191,7 @@ def _scan(
 
 
 def _json(data: bytes, *, name: str) -> Any:
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{name}: not valid JSON ({exc}).") from None
+    return loads(data, name=name)  # a key twice is refused (buildmatrix.image.gokeys)
 
 
 def _oci_index(archive: Archive) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ looked into.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
@@ -130,6 +131,30 @@ def check_keys(doc: Any, *, shape: str, name: str) -> None:
             if field in value:
                 inner_kind = inner[0] if isinstance(inner, list) else inner
                 stack.append((value[field], inner_kind, f"{where}.{field}"))
+
+
+def loads(data: bytes, *, name: str) -> Any:
+    """``json.loads``, but an object with a key twice is refused: Go's ``encoding/json``
+    decodes a repeated object-valued field into the value it already holds (two
+    ``"config"`` objects merge: ``Env`` from the first, ``Labels`` from the second),
+    Python's keeps only the last."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise InputError(
+                    f"{name}: the key {key!r} appears twice in one object; Go's "
+                    "encoding/json (the engine, containerd) merges the two values, "
+                    "Python's reader keeps the last. The document is refused."
+                )
+            out[key] = value
+        return out
+
+    try:
+        return json.loads(data, object_pairs_hook=unique)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{name}: not valid JSON ({exc}).") from None
 
 
 def check_strings(doc: Any, *, name: str) -> None:
