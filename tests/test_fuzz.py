@@ -401,7 +401,7 @@ def _extension_headers(draw: st.DrawFn) -> bytes:
     for _ in range(draw(st.integers(0, 3))):
         kind = draw(st.sampled_from([b"x", b"x", b"g", b"L", b"K"]))
         if kind in (b"L", b"K"):
-            out += long(draw(st.sampled_from(_PAX_VALUES[10:])), typ=kind)
+            out += long(draw(st.sampled_from([b"", *_PAX_VALUES[10:]])), typ=kind)
             continue
         pairs = draw(
             st.lists(

@@ -199,6 +199,12 @@ HOSTILE: dict[str, bytes] = {
     # Found by tests/test_fuzz.py: tarfile makes a folder of type NUL + "NAME/" before
     # it applies the long name; Go decides on the long name (a file).
     "type NUL folder name with GNU L": layer(long(BAD), file(b"usr/lib/", SM80, typ=b"\0")),
+    # Go applies a GNU long name or link only where it is not empty; Python takes it.
+    "empty GNU L": layer(header(b"././@LongLink", b"L", 0), file(BAD, SM80)),
+    "GNU L of NULs": layer(long(b"\0\0\0"), file(BAD, SM80)),
+    "empty GNU K": layer(
+        header(b"././@LongLink", b"K", 0), header(b"usr/lib/libl.so", b"2", link=b"libbad.so")
+    ),
     # Type NUL is a folder when the name ends in "/": Go asks the whole name (prefix +
     # "/" + name), Python the name field, so Go reads the "file's" data as headers.
     "type NUL, empty name, ustar prefix": layer(

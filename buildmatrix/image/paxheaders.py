@@ -10,7 +10,9 @@ what is accepted and what is refused.
 - Records are parsed again as ``parsePAXRecord`` (strconv.go) parses them, and
   must equal what tarfile parsed.
 - An empty record: ``mergePAX`` keeps the header's own value, tarfile takes the
-  empty one (an empty ``path`` named no file at all): refused.
+  empty one (an empty ``path`` named no file at all): refused. So is an empty GNU
+  long name or link (``L``/``K`` of no bytes, or NULs only): ``Reader.next`` applies
+  one only where it is not empty.
 - Two headers of one kind before a member: ``Reader.next`` keeps the last, tarfile
   the first: refused. ``path`` with an ``L`` header (or ``linkpath`` with ``K``):
   Go takes the GNU name whatever the order, tarfile the later one: refused.
@@ -128,6 +130,14 @@ def check_member(member: ExtendedTarInfo, kind: bytes, size: int, reads: list[by
         k.encode("utf-8", "surrogateescape"): v.encode("utf-8", "surrogateescape")
         for k, v in member.pax_headers.items()
     }
+    if kind != tarfile.XHDTYPE and not reads[0][:size].split(b"\0", 1)[0]:
+        # Go's Reader.next applies a GNU long name or link only where it is not empty
+        # (after parseString cuts it at the first NUL); tarfile takes the empty one.
+        _refuse(
+            member,
+            f"an empty {_KIND[kind]} header; Go's reader keeps the header's own "
+            "name or link, Python's takes the empty one",
+        )
     if kind == tarfile.XHDTYPE:
         records = parse_records(reads[0][:size], member)
         if records != pax:
