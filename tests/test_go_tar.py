@@ -219,6 +219,9 @@ HOSTILE: dict[str, bytes] = {
         rechecked(header(b"usr/share/zeros", b"0", 512), 337, b"\xc1" + b"\xff" * 7) + b"\0" * 512,
         file(BAD, SM80),
     ),
+    "base-256 negative size": layer(
+        rechecked(header(BAD, b"0"), 124, b"\xff" * 10 + b"\xfe\x00"), file(BAD, SM80)
+    ),
     "base-256 size past 63 bits": layer(
         rechecked(header(BAD, b"0"), 124, b"\x80\x80" + b"\0" * 10) + padded(SM80)
     ),

@@ -133,6 +133,8 @@ def check_header(buf: bytes) -> None:
                 f"member '{header_name(buf)}': a header has a numeric field (bytes "
                 f"{start}..{end}) of {field!r}, which tar readers parse differently"
             )
+    if buf[124] == 0xFF:  # Go: "negative size" is ErrHeader; tarfile seeks backwards
+        raise TarHeaderError(f"member '{header_name(buf)}': a header with a negative size")
     unsigned = sum(buf[:148]) + 8 * 32 + sum(buf[156:])
     checksum = _field(buf, 148, 156)  # the signed sum only where the unsigned one fails
     if buf[148] & 0x80 or (checksum != unsigned and checksum != _signed(buf)):
