@@ -350,3 +350,14 @@ def test_a_config_with_a_repeated_config_object_is_refused(
     result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
     assert result.code == 2, result.out + result.err
     assert "appears twice" in result.err
+
+
+def test_deep_nesting_is_refused_not_a_traceback(cli: CliRunner, tmp_path: Path) -> None:
+    """Python's decoder recurses per level: a manifest.json nested 200,000 deep raised
+    RecursionError (a traceback); it is refused (exit 2)."""
+    deep = b"[" * 200_000 + b"]" * 200_000
+    with pytest.raises(InputError, match="nested deeper"):
+        loads(deep, name="m")
+    archive = _archive(tmp_path / "deep.tar", [("manifest.json", deep)])
+    result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
+    assert result.code == 2 and "nested deeper" in result.err, result.err

@@ -155,6 +155,12 @@ def loads(data: bytes, *, name: str) -> Any:
         return json.loads(data, object_pairs_hook=unique)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{name}: not valid JSON ({exc}).") from None
+    except RecursionError:
+        # Python's decoder recurses per level (about a thousand); no image document
+        # nests past a handful
+        raise InputError(
+            f"{name}: JSON nested deeper than Python's reader follows; refused."
+        ) from None
 
 
 def check_strings(doc: Any, *, name: str) -> None:
