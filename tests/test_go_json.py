@@ -25,7 +25,7 @@ import pytest
 from buildmatrix.errors import InputError
 from buildmatrix.image.gokeys import check_keys, loads
 from tests.conftest import CliRunner
-from tests.images import Image, fixture, layer_tar
+from tests.images import Image, fixture, layer_tar, write_oci_layout
 
 SM80, HOPPER = fixture("libsass_sm80.so"), fixture("libhopper_a.so")
 
@@ -361,3 +361,31 @@ def test_deep_nesting_is_refused_not_a_traceback(cli: CliRunner, tmp_path: Path)
     archive = _archive(tmp_path / "deep.tar", [("manifest.json", deep)])
     result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
     assert result.code == 2 and "nested deeper" in result.err, result.err
+
+
+@pytest.mark.parametrize("kind", ["twice", "deep"])
+def test_an_oci_index_read_as_a_blob_is_held_to_the_same_rules(
+    kind: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    """Documents fetched as blobs (an OCI layout's index and manifests, a registry's, a
+    content store's) are read by the same reader: a key twice in one object (Go
+    merges a repeated ``platform`` object, so the two readers could pick different
+    manifests) and nesting past Python's reader (a RecursionError traceback) are
+    refused with exit 2."""
+    layout = write_oci_layout(tmp_path / "oci", Image(layers=[{"usr/lib/libgood.so": HOPPER}]))
+    index = json.loads((layout / "index.json").read_text())
+    digest = index["manifests"][0]["digest"]
+    blob = layout / "blobs" / "sha256" / digest.split(":")[1]
+    manifest = blob.read_bytes()
+    if kind == "twice":
+        bad = manifest[:-1] + b', "schemaVersion": 2}'
+        needle = "appears twice"
+    else:
+        bad = manifest[:-1] + b', "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        needle = "nested deeper"
+    (layout / "blobs" / "sha256" / _sha(bad)).write_bytes(bad)
+    index["manifests"][0].update(digest=f"sha256:{_sha(bad)}", size=len(bad))
+    (layout / "index.json").write_text(json.dumps(index))
+    result = cli("check", f"oci:{layout}", "--sm", "9.0")
+    assert result.code == 2, result.out + result.err
+    assert needle in result.err and "Traceback" not in result.err

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import re
 from typing import IO, Any
 
 from buildmatrix.errors import InputError
 from buildmatrix.image.digests import BesideHasher
+from buildmatrix.image.gokeys import loads
 from buildmatrix.image.scanned import Progress
 
 MAX_JSON = 16 << 20  # manifests and configs are small; refuse to buffer more
@@ -112,10 +112,8 @@ def read_json_blob(stream: IO[bytes], *, name: str, digest: str | None) -> dict[
         algo, _, expected = digest.partition(":")
         if algo not in ("sha256", "sha512") or hashlib.new(algo, data).hexdigest() != expected:
             raise InputError(f"{name}: content does not match digest {digest}; corrupt blob.")
-    try:
-        doc = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{name}: not valid JSON ({exc}).") from None
+    # A key twice (Go merges the values) or nesting past Python's reader: refused.
+    doc = loads(data, name=name)
     if not isinstance(doc, dict):
         raise InputError(f"{name}: expected a JSON object.")
     return doc
