@@ -66,7 +66,7 @@ from buildmatrix.forward_conf import conf_effect, conf_refusal
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.forward_semver import parse_semver, semver_newer
 from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick, searched_first
-from buildmatrix.ldshadow import image_libcuda
+from buildmatrix.ldshadow import image_libcuda, preloaded_libcuda
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping
@@ -112,6 +112,7 @@ class CompatSetup:
     # the hook's compat folder itself.
     hook_read: bool | None = True
     named: bool = False
+    ahead: tuple[str, ...] = ()  # folders the configuration has ldconfig scan first
 
 
 def find_compat(
@@ -125,13 +126,15 @@ def find_compat(
     library_path: str = "",
     platform: str | None = None,
     confs: Mapping[str, ConfFile] | None = None,
+    ld_preload: str = "",
 ) -> CompatSetup | None:
     """The toolkit's lookup on the final view (rules 1-3 of the module docstring):
     ``libraries`` by final path (hard links share the file's), ``regular`` the
     regular files, ``unreadable`` the files that could not be read, ``entries`` every
     non-folder path, ``folders`` every folder (for ldconfig's view of the compat
     folder, buildmatrix.ldconfig, and the legacy path, buildmatrix.forward_legacy),
-    ``library_path`` the image's LD_LIBRARY_PATH, ``platform`` its os/arch where known,
+    ``library_path`` the image's LD_LIBRARY_PATH, ``ld_preload`` its LD_PRELOAD
+    (buildmatrix.ldshadow.preloaded_libcuda), ``platform`` its os/arch where known,
     ``confs`` the loader's configuration files kept as text (buildmatrix.ldsoconf; a
     configuration file without text fails closed where it may matter). None when
     neither path finds a compat library and LD_LIBRARY_PATH leads to no libcuda.so.1."""
@@ -151,13 +154,18 @@ def find_compat(
     hook = posixpath.dirname(setup.library.path) if setup and setup.library else None
     conf = conf_effect(view, modelled, hook, confs or {})  # buildmatrix.forward_conf
     # The node's driver is not known to be the one loaded: fail closed.
-    for why in (image_libcuda(view, modelled), conf.undetermined if conf else None):
+    shadows = (
+        image_libcuda(view, modelled),
+        preloaded_libcuda(ld_preload, view) if ld_preload else None,
+        conf.undetermined if conf else None,
+    )
+    for why in shadows:
         if why is not None and setup is None:
             setup = CompatSetup(library=None, why=why, undetermined=why)
         elif why is not None and setup is not None:
             setup = replace(setup, undetermined=setup.undetermined or why)
     if conf is not None and conf.undetermined is None and setup is not None:
-        setup = replace(setup, hook_read=conf.hook_read, named=conf.named)
+        setup = replace(setup, hook_read=conf.hook_read, named=conf.named, ahead=conf.ahead)
     preload = searched_first(library_path, view) if library_path else None
     if preload is None:
         return setup
@@ -273,6 +281,7 @@ def compat_use(setup: CompatSetup | None, driver: DriverVersion) -> CompatUse | 
         in_use=decided.in_use,
         decided=decided.why,
         driver=str(driver),
+        ahead=setup.ahead,
     )
     if refusal is not None:
         unknown = refusal.why if refusal.undetermined else None

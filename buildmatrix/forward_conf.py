@@ -13,7 +13,16 @@ The hook puts the compat folder in use only by naming it in
   a libcuda pass only because no stock configuration names its folder);
 - one that names the hook's compat folder itself puts its libcuda in the cache even
   where the hook would not use it;
-- one that never reads the hook's file leaves the node's own libcuda.so.1 loaded.
+- one that never reads the hook's file leaves the node's own libcuda.so.1 loaded;
+- one that names a folder before the compat folder (a line of ``/etc/ld.so.conf``
+  above its ``include``, a file of ``/etc/ld.so.conf.d`` that sorts before
+  ``00-compat-*.conf``) has ldconfig cache that folder's ``libcuda.so.1`` first
+  (``elf/cache.c`` ``add_to_cache`` keeps entries of one SONAME in the order the
+  folders are scanned, ``elf/dl-cache.c`` ``search_cache`` takes the first): where
+  the node's driver lies there, it is loaded, not the compat driver. Which folder the
+  node's driver is in is the host's (the ``update-ldcache`` hook writes it to
+  ``00-nvcr-*.conf`` only where the image's configuration does not name it already,
+  ``internal/ldconfig/ldconfig.go`` ``filterDirectories``), so that fails closed.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ class ConfEffect:
     undetermined: str | None  # why ldconfig may cache a libcuda whatever the hook decides
     hook_read: bool | None  # whether ldconfig reads the hook's 00-compat-*.conf (None: unknown)
     named: bool  # whether the configuration names the hook's compat folder itself
+    ahead: tuple[str, ...] = ()  # the folders ldconfig scans before the compat folder
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,15 +94,38 @@ def conf_effect(
             f"names /{posixpath.dirname(other[0])}, so ldconfig caches /{other[0]} "
             "whatever the container toolkit's hook decides"
         )
-    return ConfEffect(undetermined=why, hook_read=conf.hook_read, named=bool(named))
+    # Where the compat folder comes in ldconfig's order: the hook's file, or where the
+    # configuration names it first; the folders named before it come first.
+    first = len(conf.ahead) if conf.hook_read else len(conf.listed)
+    if hook is not None and hook in conf.listed:
+        first = min(first, conf.listed.index(hook))
+    ahead = conf.listed[:first] if named or conf.hook_read else ()
+    return ConfEffect(undetermined=why, hook_read=conf.hook_read, named=bool(named), ahead=ahead)
 
 
 def conf_refusal(
-    *, folder: str, named: bool, hook_read: bool | None, in_use: bool, decided: str, driver: str
+    *,
+    folder: str,
+    named: bool,
+    hook_read: bool | None,
+    in_use: bool,
+    decided: str,
+    driver: str,
+    ahead: tuple[str, ...] = (),
 ) -> ConfRefusal | None:
     """Where the image's own configuration decides instead of the hook: it names the
-    compat ``folder`` itself, or never reads the hook's file. ``in_use`` and
-    ``decided`` are the hook's decision and why, on ``driver``."""
+    compat ``folder`` itself, or never reads the hook's file, or names folders that
+    ldconfig scans before it (``ahead``). ``in_use`` and ``decided`` are the hook's
+    decision and why, on ``driver``."""
+    if in_use and ahead and (named or hook_read is True):
+        listed = ", ".join(f"/{f}" for f in ahead[:3]) + (" ..." if len(ahead) > 3 else "")
+        why = (
+            f"{decided}; but the image's loader configuration names {listed} before "
+            f"/{folder}, so ldconfig caches a libcuda.so.1 there first: where the node's "
+            "driver is mounted in one of them, the node's driver is loaded, not the "
+            "compat driver, and which folder that is depends on the node"
+        )
+        return ConfRefusal(why=why, undetermined=True)
     if named:
         if in_use:
             return None

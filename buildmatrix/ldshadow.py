@@ -106,3 +106,44 @@ def image_libcuda(view: FolderView, modelled: Collection[str | None]) -> str | N
         "libcuda.so.1 that ldconfig does not replace), and buildmatrix does not read "
         "the loader's configuration"
     )
+
+
+def preloaded_libcuda(value: str, view: FolderView) -> str | None:
+    """Why a library the image's ``LD_PRELOAD`` names may be the ``libcuda.so.1`` a
+    process uses (None: none can). glibc ``elf/rtld.c`` ``handle_preload_list`` splits
+    the value at spaces and colons and maps each entry before the program's own
+    dependencies (``do_preload``, ``_dl_map_object``): one with a ``/`` is opened as
+    written (relative to the working folder; ``$ORIGIN`` and the other dynamic string
+    tokens expanded), any other is searched by file name. A later
+    ``dlopen("libcuda.so.1")`` returns an object already mapped whose ``DT_SONAME`` is
+    that name (``elf/dl-load.c`` ``_dl_map_object``), so a preloaded compat driver or
+    link-time stub is used whatever the container toolkit decided. A bare
+    ``libcuda.so.1`` is searched as the program's own dependency is (the rest of the
+    model); a bare name of another libcuda counts where the image holds a file so
+    named."""
+    libcudas = sorted(
+        p for p in {*view.entries, *view.libraries, *view.unreadable} if _libcuda(p, view)
+    )
+    for raw in re.split("[ :]", value):
+        if not raw or raw == "libcuda.so.1":
+            continue
+        if "/" not in raw:
+            hit = next((p for p in libcudas if posixpath.basename(p) == raw), None)
+        elif not raw.startswith("/") or "$" in raw:
+            hit = libcudas[0] if libcudas else None
+        else:
+            final = view.resolve(raw.lstrip("/"), view.symlinks)
+            if final is None or final not in view.entries:
+                hit = None  # nothing to map: the loader says so and goes on
+            elif final in view.unreadable or _libcuda(final, view) or _libcuda(raw, view):
+                hit = final
+            else:
+                hit = None
+        if hit is not None:
+            return (
+                f"the image's LD_PRELOAD names '{raw}', which glibc's loader maps before "
+                f"anything else and which may be /{hit}, a libcuda: a later dlopen of "
+                "libcuda.so.1 returns it (elf/rtld.c handle_preload_list), whatever the "
+                "container toolkit chose"
+            )
+    return None

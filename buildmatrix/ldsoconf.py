@@ -50,9 +50,21 @@ MAX_DEPTH = 16
 HOOK_DEFAULT = b"include /etc/ld.so.conf.d/*.conf\n"
 _SPACE = " \t\n\v\f\r"  # isspace in the C locale
 _BLANK = " \t"  # isblank
-# os.CreateTemp puts a decimal uint32 in place of the "*" (Go os/tempfile.go
-# nextRandom): 1 to 10 digits.
-_HOOK_NAMES = tuple(f"00-compat-{d * n}.conf" for d in "0123456789" for n in range(1, 11))
+# The hook's file is 00-compat-<R>.conf. Releases before May 2026 made it with
+# os.CreateTemp, which puts a decimal uint32 in place of the "*" (Go os/tempfile.go
+# nextRandom: 1 to 10 digits); later ones put uuid.NewString() there
+# (cmd/nvidia-cdi-hook/cudacompat/cudacompat.go createLdsoconfdFile: 36 characters,
+# lowercase hex in the 8-4-4-4-12 form). Each shape is a template: None a random
+# character of the class given, else the fixed character.
+_HEX, _DIGITS = "0123456789abcdef", "0123456789"
+_HOOK_PREFIX, _HOOK_SUFFIX = "00-compat-", ".conf"
+_HOOK_SHAPES: tuple[tuple[tuple[str, bool], ...], ...] = (
+    *(((_DIGITS, True),) * n for n in range(1, 11)),
+    tuple(("-", False) if i in (8, 13, 18, 23) else (_HEX, True) for i in range(36)),
+)
+# Every name the hook may write sorts, byte for byte, between these two.
+_HOOK_FIRST = f"{_HOOK_PREFIX}0{_HOOK_SUFFIX}"
+_HOOK_LAST = f"{_HOOK_PREFIX}{'f' * 36}{_HOOK_SUFFIX}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +76,12 @@ class LoaderConf:
     # matches some of the names the hook may give it only, or ``unknown``).
     hook_read: bool | None
     unknown: str | None = None  # why the configuration could not be followed
+    # Every folder named, in order, those missing from the image too (the runtime may
+    # mount the node's driver into one), and the first of them that ldconfig reads
+    # before the hook's file (where it reads it; those of files that may sort before
+    # it included): a folder ahead of the compat folder puts its libcuda.so.1 first.
+    listed: tuple[str, ...] = ()
+    ahead: tuple[str, ...] = ()
 
 
 class _Unknown(Exception):
@@ -77,7 +95,9 @@ class _Reader:
     hook_dir: str
     children: dict[str, list[str]]
     folders: list[str] = field(default_factory=list)
+    listed: list[str] = field(default_factory=list)
     hook_votes: list[bool | None] = field(default_factory=list)
+    ahead: tuple[str, ...] | None = None
     files: int = 0
 
     def resolve(self, path: str) -> str | None:
@@ -127,7 +147,11 @@ class _Reader:
         if not path.startswith("/"):
             raise _Unknown(f"the relative folder '{path}' is named")
         final = self.resolve(path)
-        if final is not None and self.is_folder(final) and final not in self.folders:
+        if final is None or final in self.view.entries:
+            return  # stat fails (ELOOP), or a file: no driver is mounted in it
+        if final not in self.listed:
+            self.listed.append(final)
+        if self.is_folder(final) and final not in self.folders:
             self.folders.append(final)
 
     def include(self, config: str, pattern: str, depth: int) -> None:
@@ -144,11 +168,19 @@ class _Reader:
         folder = self.resolve(head or "/")
         if folder is None:
             return
-        if folder == self.hook_dir:
-            self.hook_votes.append(_reads_hook_file(base))
+        # The hook's file, where this glob reads it first, comes after every name
+        # that sorts before all its possible names and those that may sort before it.
+        hook = folder == self.hook_dir and self.ahead is None
+        if hook:
+            self.hook_votes.append(vote := _reads_hook_file(base))
+            hook = vote is True
         names = [n for n in self.children.get(folder, ()) if _match(base, n)]
         for name in sorted(names, key=lambda n: n.encode("utf-8", "surrogateescape")):
+            if hook and self.ahead is None and _hook_order(name) > 0:
+                self.ahead = tuple(self.listed)
             self.open(f"{head}/{name}", depth + 1)
+        if hook and self.ahead is None:
+            self.ahead = tuple(self.listed)
 
 
 def _magic(text: str) -> bool:
@@ -164,16 +196,50 @@ def _match(pattern: str, name: str) -> bool:
 
 
 def _reads_hook_file(base: str) -> bool | None:
-    """Whether a glob's last part matches the hook's ``00-compat-<N>.conf``, for every
-    N (True), none (False), or some only (None). A pattern without digits cannot tell
-    digits apart, so trying each length of N decides it; one with digits is known
-    only where every trial matches."""
-    found = {_match(base, name) for name in _HOOK_NAMES}
-    if found == {True}:
+    """Whether a glob's last part matches every name the hook may give its file
+    (True), none (False), or some only (None); ``base`` holds no ``[`` or ``\\``.
+
+    Exact on each template of :data:`_HOOK_SHAPES`: a match where a random character
+    may meet only ``?`` or ``*`` holds for every character it takes (True), and
+    where it fails even with a random character matching any literal of its class,
+    no name of that shape matches (False)."""
+    if base.startswith("."):  # FNM_PERIOD: the hook's names start with "0"
+        return False
+    every = all(_template_match(base, shape, loose=False) for shape in _HOOK_SHAPES)
+    if every:
         return True
-    if found == {False} and not any(c.isdigit() for c in base):
+    if not any(_template_match(base, shape, loose=True) for shape in _HOOK_SHAPES):
         return False
     return None
+
+
+def _template_match(pattern: str, shape: tuple[tuple[str, bool], ...], *, loose: bool) -> bool:
+    """``fnmatch`` of ``pattern`` (``*``, ``?`` and plain characters) against the
+    hook's name of ``shape``: a random character meets a plain one only where
+    ``loose`` and it is of its class."""
+    name = [(c, False) for c in _HOOK_PREFIX] + list(shape) + [(c, False) for c in _HOOK_SUFFIX]
+
+    def meets(p: str, n: tuple[str, bool]) -> bool:
+        chars, random = n
+        return p == "?" or (chars == p if not random else loose and p in chars)
+
+    # reach[j]: the pattern so far matches the first j characters of the name.
+    reach = [True] + [False] * len(name)
+    for p in pattern:
+        if p == "*":
+            reach = [any(reach[: j + 1]) for j in range(len(name) + 1)]
+        else:
+            reach = [False] + [reach[j] and meets(p, name[j]) for j in range(len(name))]
+    return reach[-1]
+
+
+def _hook_order(name: str) -> int:
+    """Where ``name`` sorts against every name the hook may give its file: -1 before
+    all, 1 after all, 0 between some (glob sorts by strcoll; C locale: bytes)."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if raw < _HOOK_FIRST.encode():
+        return -1
+    return 1 if raw > _HOOK_LAST.encode() else 0
 
 
 def read_loader_conf(view: FolderView, confs: Mapping[str, ConfFile]) -> LoaderConf:
@@ -198,4 +264,9 @@ def read_loader_conf(view: FolderView, confs: Mapping[str, ConfFile]) -> LoaderC
         return LoaderConf(folders=tuple(reader.folders), hook_read=None, unknown=str(exc))
     votes = reader.hook_votes
     read = True if True in votes else (None if None in votes else False)
-    return LoaderConf(folders=tuple(reader.folders), hook_read=read)
+    return LoaderConf(
+        folders=tuple(reader.folders),
+        hook_read=read,
+        listed=tuple(reader.listed),
+        ahead=reader.ahead or (),
+    )

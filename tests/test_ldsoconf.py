@@ -54,6 +54,8 @@ LINES = [
     "include\t/etc/ld.so.conf.d/b.conf  /etc/ld.so.conf.d/x?.conf",
     "include /etc/ld.so.conf.d/.*.conf",
     "include /etc/ld.so.conf.d/0*",
+    "include /etc/ld.so.conf.d/*-*-*-*.conf",  # the hook's UUID names, not its decimal ones
+    "include /etc/ld.so.conf.d/??-compat-??????????.conf",  # ten-digit decimal names only
     "#include /etc/ld.so.conf.d/*.conf",
     "/d/a",
     "  /d/b/ # a comment",
@@ -64,7 +66,10 @@ LINES = [
     "HWCAP 0 x",
     "/d/a\r",
 ]
-CONF_NAMES = ["a.conf", "b.conf", ".h.conf", "x1.conf", "z.txt", "00-x.conf"]
+CONF_NAMES = ["a.conf", "b.conf", ".h.conf", "x1.conf", "z.txt", "00-x.conf", "00-compat-5.conf"]
+# The names the hook has given its file (cmd/nvidia-cdi-hook/cudacompat/cudacompat.go):
+# a decimal uint32 (os.CreateTemp, before May 2026), then uuid.NewString().
+HOOK_NAMES = st.integers(0, 4294967295).map(str) | st.uuids().map(str)
 FILES = st.lists(st.sampled_from(LINES), max_size=4).map(lambda ls: "\n".join(ls) + "\n")
 
 
@@ -143,7 +148,7 @@ def _scanned(root: Path, symlinks: Mapping[str, str]) -> list[str]:
     top=st.none() | FILES,
     confd=st.dictionaries(st.sampled_from(CONF_NAMES), FILES, max_size=4),
     other=st.dictionaries(st.sampled_from(CONF_NAMES), FILES, max_size=2),
-    hook=st.integers(0, 4294967295),
+    hook=HOOK_NAMES,
 )
 def test_the_folders_read_are_those_glibcs_ldconfig_scans(
     kit: dict[str, Path],
@@ -151,7 +156,7 @@ def test_the_folders_read_are_those_glibcs_ldconfig_scans(
     top: str | None,
     confd: dict[str, str],
     other: dict[str, str],
-    hook: int,
+    hook: str,
 ) -> None:
     root = tmp_path_factory.mktemp("conf")
     _write(root, top, confd, other)
@@ -169,6 +174,10 @@ def test_the_folders_read_are_those_glibcs_ldconfig_scans(
     event(f"hook read: {got.hook_read}")
     if got.hook_read is not None:
         assert ("d/hook" in scanned) == got.hook_read
+    if got.hook_read:  # the folders scanned before the hook's are among those said ahead
+        before = scanned[: scanned.index("d/hook")]
+        assert set(before) <= set(got.ahead), (before, got.ahead)
+        assert [f for f in got.ahead if f in got.folders][: len(before)] == before
 
 
 # ------------------------------------------------ (a) the image names the compat folder
@@ -227,7 +236,7 @@ def test_an_image_conf_naming_another_folder_with_a_libcuda_fails_closed(
         ("/usr/lib/x86_64-linux-gnu\n", False),
         ("# include /etc/ld.so.conf.d/*.conf\n", False),
         ("include /etc/ld.so.conf.d/libc*.conf\n", False),
-        ("include /etc/ld.so.conf.d/x86*.conf\n", None),
+        ("include /etc/ld.so.conf.d/x86*.conf\n", False),  # no name the hook gives starts so
         ("include ld.so.conf.d/*.conf\n", True),
         ("include /etc/ld.so.conf.d/*\n", True),
         ("include /etc/ld.so.conf.d/00-compat-?.conf\n", None),

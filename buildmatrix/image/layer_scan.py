@@ -124,6 +124,7 @@ def finish(
         entries=paths,
         folders=list(tree.folders()),
         library_path=config.env.get("LD_LIBRARY_PATH", ""),
+        ld_preload=config.env.get("LD_PRELOAD", ""),
         platform=config.platform,
         confs=confs,
     )

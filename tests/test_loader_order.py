@@ -1,0 +1,207 @@
+"""Two ways an image decides which ``libcuda.so.1`` a process maps before the container
+toolkit's choice counts, each held to glibc's own ``ldconfig`` and loader chrooted in
+the root (as tests/test_ldconfig.py runs them):
+
+- the order ldconfig scans folders in: a folder the image's configuration names
+  before the hook's ``00-compat-*.conf`` is cached first, so the node's driver,
+  mounted there, is loaded instead of the compat driver (buildmatrix.ldsoconf,
+  buildmatrix.forward_conf). Every placement of such a folder is drawn, against
+  both names the hook has given its file (a decimal, a UUID);
+- ``LD_PRELOAD`` in the image's environment: glibc maps what it names first, and a
+  later ``dlopen("libcuda.so.1")`` returns a preloaded object of that SONAME
+  (buildmatrix.ldshadow.preloaded_libcuda).
+
+The node's driver and the compat driver are STAND-INS built by gcc
+(tests/standins); the hook's files are written as the toolkit writes them
+(``cmd/nvidia-cdi-hook/cudacompat/cudacompat.go`` ``createLdsoconfdFile``;
+``internal/ldconfig/ldconfig.go`` ``UpdateLDCache``, ``filterDirectories``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from buildmatrix import schema
+from buildmatrix.cli import main
+from buildmatrix.cuda import parse_driver_version
+from buildmatrix.forward import compat_use
+from buildmatrix.image.local import scan_directory
+from buildmatrix.image.ref import parse_ref
+from tests.images import Entry, Image, Symlink, write_docker_archive
+from tests.test_ldconfig import DIR, ROOTED, _make_root, _place, _real, kit
+
+__all__ = ["kit"]
+pytestmark = pytest.mark.skipif(not ROOTED, reason="chroot needs root; gcc builds the stand-ins")
+
+NODE = "usr/lib/x86_64-linux-gnu"  # where the runtime mounts the node's driver
+COMPAT_LIB = f"{DIR}/libcuda.so.590.44.01"
+NODE_LIB = f"{NODE}/libcuda.so.535.54.03"
+OLD_HOST = parse_driver_version("535.54.03")  # the hook puts the 590 compat driver in use
+APP = Path(__file__).parent / "fixtures/bin/libsass_sm80.so"
+
+# Where the image's configuration names the node's driver folder (None: nowhere).
+PLACES: list[tuple[str, str] | None] = [
+    None,
+    ("top", "before"),  # a line of /etc/ld.so.conf above its include
+    ("top", "after"),  # a line below it
+    ("00-a.conf", ""),  # sorts before every 00-compat-<R>.conf
+    ("00-compat-.conf", ""),  # '.' sorts before any digit
+    ("00-compat-5.conf", ""),  # before or after, by the hook's R
+    ("00-d.conf", ""),  # after: 'c' < 'd'
+    ("x86_64-linux-gnu.conf", ""),  # Debian's own file: after
+]
+# The names the hook has given its file: os.CreateTemp's decimal, then uuid.NewString.
+HOOK_NAMES = [
+    "0",
+    "4021",
+    "4294967295",
+    "0a1b2c3d-0000-4000-8000-00000000abcd",
+    "f" * 8 + "-ffff" * 3 + "-" + "f" * 12,
+]
+
+
+def _image(root: Path, kit: dict[str, Path], place: tuple[str, str] | None, mount: bool) -> None:
+    """The image as it ships: the compat driver and NVIDIA's link, the configuration,
+    and (``mount``) the node driver's folder already there."""
+    _make_root(root, kit, {"libcuda.so.590.44.01": "A", "libcuda.so.1": "Llibcuda.so.590.44.01"})
+    (root / "etc/ld.so.conf.d/00-compat-1.conf").unlink()  # the hook's, written at start
+    top = ["include /etc/ld.so.conf.d/*.conf"]
+    if place is not None and place[0] == "top":
+        top.insert(0 if place[1] == "before" else 1, f"/{NODE}")
+    elif place is not None:
+        (root / "etc/ld.so.conf.d" / place[0]).write_text(f"/{NODE}\n")
+    (root / "etc/ld.so.conf").write_text("\n".join(top) + "\n")
+    if mount:
+        (root / NODE).mkdir(parents=True, exist_ok=True)
+
+
+def _started(root: Path, kit: dict[str, Path], hook: str, named: bool) -> None:
+    """What the runtime adds at start on an old node: the node's driver, the hook's
+    compat file, and update-ldcache's 00-nvcr file for the driver folder where the
+    image does not name it (filterDirectories) and zz-nvcr for the system folders."""
+    _place(kit, "B", root / NODE_LIB)
+    (root / NODE / "libcuda.so.1").symlink_to("libcuda.so.535.54.03")
+    confd = root / "etc/ld.so.conf.d"
+    (confd / f"00-compat-{hook}.conf").write_text("/usr/local/cuda/compat\n")
+    if not named:
+        (confd / "00-nvcr-77.conf").write_text(f"/{NODE}\n")
+    (confd / "zz-nvcr-78.conf").write_text("/lib\n/usr/lib\n/lib64\n/usr/lib64\n")
+
+
+@pytest.mark.parametrize(("place", "mount"), list(itertools.product(PLACES, [False, True])))
+def test_a_folder_named_before_the_compat_folder_is_never_passed_over(
+    kit: dict[str, Path], tmp_path: Path, place: tuple[str, str] | None, mount: bool
+) -> None:
+    """For every placement, and every name the hook may give its file: where
+    buildmatrix says the compat driver is in use, glibc loads it; where it says the
+    node's, glibc loads that; anything else is "unknown" (fails closed)."""
+    image = tmp_path / "image"
+    _image(image, kit, place, mount)
+    setup = scan_directory(parse_ref(f"dir:{image}")).compat
+    use = compat_use(setup, OLD_HOST)
+    assert use is not None
+    loaded = set()
+    for hook in HOOK_NAMES:
+        oracle = tmp_path / f"oracle-{hook}"
+        _image(oracle, kit, place, mount)
+        _started(oracle, kit, hook, named=place is not None)
+        loaded.add(_real(oracle))
+    if use.undetermined is None:
+        expected = COMPAT_LIB if use.in_use else NODE_LIB
+        assert loaded == {expected}, (place, use.why, loaded)
+    else:
+        assert "before /usr/local/cuda-13.1/compat" in use.undetermined
+        assert not use.in_use
+    if loaded != {COMPAT_LIB}:  # the false pass this guards against
+        assert use.undetermined is not None
+
+
+def test_check_fails_closed_where_the_node_driver_folder_comes_first(
+    kit: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The false pass as check met it: a CUDA 13 runtime on driver 535 passed through
+    the compat driver, while glibc maps the node's R535 libcuda from the folder the
+    image's /etc/ld.so.conf names above its include."""
+    for place, expected in ((None, 0), (("top", "before"), 1)):
+        image = tmp_path / f"image{expected}"
+        _image(image, kit, place, mount=False)
+        (image / "usr/local/cuda-13.1/lib64").mkdir(parents=True)
+        (image / "usr/local/cuda-13.1/lib64/libcudart.so.13").write_bytes(b"runtime")
+        shutil.copy(APP, image / "libapp.so")
+        args = ["check", f"dir:{image}", "--sm", "8.0", "--driver", "535.104.05", "--no-cache"]
+        code = main([*args, "--json"])
+        doc = json.loads(capsys.readouterr().out)
+        assert code == expected, doc["problems"]
+        schema.validate(doc, "check", source="check --json")
+        if expected:
+            problem = doc["problems"][0]
+            assert f"names /{NODE} before /{DIR}" in problem and "fail closed" in problem
+
+
+# ------------------------------------------------------------------------ LD_PRELOAD
+
+STUB = "usr/local/cuda-13.1/targets/x86_64-linux/lib/stubs"
+
+
+def _preload_root(root: Path, kit: dict[str, Path]) -> None:
+    """The compat driver (not named by the hook: a new node), the CUDA toolkit's stub
+    (SONAME libcuda.so.1), and the node's driver, cached by ldconfig."""
+    _make_root(root, kit, {"libcuda.so.590.44.01": "A", "libcuda.so.1": "Llibcuda.so.590.44.01"})
+    (root / "etc/ld.so.conf.d/00-compat-1.conf").unlink()
+    _place(kit, "A", root / STUB / "libcuda.so")
+    _place(kit, "B", root / NODE / "libcuda.so.600.10.01")
+    (root / "etc/ld.so.conf.d/zz-nvcr-1.conf").write_text(f"/{NODE}\n")
+
+
+# (LD_PRELOAD, LD_LIBRARY_PATH, the file glibc maps, whether check must fail closed)
+PRELOADS = [
+    ("", "", f"{NODE}/libcuda.so.600.10.01", False),
+    ("/usr/local/cuda/compat/libcuda.so.1", "", COMPAT_LIB, True),
+    (f"/{STUB}/libcuda.so", "", f"{STUB}/libcuda.so", True),
+    (f"/lib/x86_64-linux-gnu/libc.so.6 /{STUB}/libcuda.so", "", f"{STUB}/libcuda.so", True),
+    ("libcuda.so", f"/{STUB}", f"{STUB}/libcuda.so", True),
+    ("libcuda.so.1", "", f"{NODE}/libcuda.so.600.10.01", False),
+    ("/lib/x86_64-linux-gnu/libc.so.6", "", f"{NODE}/libcuda.so.600.10.01", False),
+    ("/opt/missing/libcuda.so.1", "", f"{NODE}/libcuda.so.600.10.01", False),
+]
+
+
+@pytest.mark.parametrize(("preload", "path", "loaded", "fails"), PRELOADS)
+def test_ld_preload_of_a_libcuda_fails_closed(
+    kit: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    preload: str,
+    path: str,
+    loaded: str,
+    fails: bool,
+) -> None:
+    """On driver 600 the hook leaves the node's driver in use; an image whose
+    LD_PRELOAD names the compat driver or the stub has glibc use that instead (the
+    oracle shows which); check must fail closed there, and pass elsewhere."""
+    oracle = tmp_path / "oracle"
+    _preload_root(oracle, kit)
+    env = {k: v for k, v in (("LD_PRELOAD", preload), ("LD_LIBRARY_PATH", path)) if v}
+    assert _real(oracle, env=env) == loaded
+    layer: dict[str, Entry] = {
+        "usr/local/cuda": Symlink("cuda-13.1"),
+        COMPAT_LIB: kit["A"].read_bytes(),
+        f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
+        f"{STUB}/libcuda.so": kit["A"].read_bytes(),
+        "usr/lib/libapp.so": APP.read_bytes(),
+    }
+    archive = write_docker_archive(
+        tmp_path / "img.tar", Image(layers=[layer], env={"CUDA_VERSION": "13.0.0", **env})
+    )
+    args = ["check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", "600.10.01"]
+    code = main([*args, "--no-cache", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == (1 if fails else 0), doc["problems"]
+    if fails:
+        assert any("LD_PRELOAD" in p and "fail closed" in p for p in doc["problems"])
+        schema.validate(doc, "check", source="check --json")
