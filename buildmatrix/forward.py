@@ -65,7 +65,14 @@ from buildmatrix.errors import InputError
 from buildmatrix.forward_conf import conf_effect, conf_refusal
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.forward_semver import parse_semver, semver_newer
-from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick, searched_first
+from buildmatrix.ldconfig import (
+    FolderView,
+    LdPick,
+    driver_first,
+    machine_of,
+    pick,
+    searched_first,
+)
 from buildmatrix.ldshadow import image_libcuda, preloaded_libcuda
 
 if TYPE_CHECKING:
@@ -113,6 +120,9 @@ class CompatSetup:
     hook_read: bool | None = True
     named: bool = False
     ahead: tuple[str, ...] = ()  # folders the configuration has ldconfig scan first
+    # Why LD_LIBRARY_PATH may put the node's driver before the compat driver
+    # (buildmatrix.ldconfig.driver_first): unknown wherever a compat state is in use.
+    node_first: str | None = None
 
 
 def find_compat(
@@ -166,6 +176,9 @@ def find_compat(
             setup = replace(setup, undetermined=setup.undetermined or why)
     if conf is not None and conf.undetermined is None and setup is not None:
         setup = replace(setup, hook_read=conf.hook_read, named=conf.named, ahead=conf.ahead)
+    node = driver_first(library_path, view) if library_path else None
+    if node is not None and setup is not None:
+        setup = replace(setup, node_first=node)
     preload = searched_first(library_path, view) if library_path else None
     if preload is None:
         return setup

@@ -43,6 +43,9 @@ def compat_choice(setup: CompatSetup | None, driver: DriverVersion) -> CompatCho
         same = hook is not None and hook.in_use and other is None and setup.loaded is not None
         if not (same and setup.loaded is not None and folder == setup.loaded.folder):
             unknown = unknown or why
+    in_use = any(s is not None and s.in_use for s in (hook, other))
+    if setup is not None and setup.node_first is not None and in_use:
+        unknown = unknown or setup.node_first
     unknown = unknown or (legacy.undetermined if legacy is not None else None)
     return CompatChoice(hook=hook, legacy=other, undetermined=unknown)
 

@@ -348,3 +348,40 @@ def searched_first(value: str, view: FolderView) -> tuple[str | None, str] | Non
             )
             return folder, why
     return None
+
+
+# The folders the container toolkit mounts a node's driver into: the host's own
+# library folders (CDI keeps the host path) or the image's (libnvidia-container
+# ``cnt->cfg.libs_dir``): glibc's system folders on each platform (the update-ldcache
+# hook's ``debianSystemSearchPaths`` and ``nonDebianSystemSearchPaths``,
+# internal/ldconfig/ldconfig.go).
+DRIVER_FOLDERS = (
+    "lib", "usr/lib", "lib64", "usr/lib64",
+    *(f"{p}lib/{a}-linux-gnu" for p in ("", "usr/") for a in ("x86_64", "aarch64", "powerpc64le")),
+)  # fmt: skip
+
+
+def driver_first(value: str, view: FolderView) -> str | None:
+    """Why the node's own ``libcuda.so.1`` may come first through ``LD_LIBRARY_PATH``
+    (None: it cannot): an entry naming a folder the toolkit mounts the node's driver
+    into (:data:`DRIVER_FOLDERS`) before any entry where the image holds a
+    ``libcuda.so.1``. The loader searches those entries before its cache
+    (``searched_first``), so there the compat driver the cache holds is passed over.
+    A folder the node mounts its driver into elsewhere is not known here."""
+    drivers = {view.resolve(f, view.symlinks) for f in DRIVER_FOLDERS} | set(DRIVER_FOLDERS)
+    for raw in value.replace(";", ":").split(":"):
+        if not raw.startswith("/") or "$" in raw:
+            continue
+        folder = view.resolve(raw, view.symlinks)
+        if folder is None:
+            continue
+        found = view.resolve(f"{folder}/{SONAME}", view.symlinks) if folder else SONAME
+        if found is not None and found in view.entries:
+            return None
+        if folder in drivers:
+            return (
+                f"LD_LIBRARY_PATH names {raw}, a folder the node's driver is mounted into, "
+                "which the loader searches before its cache: there the node's "
+                f"{SONAME} is loaded, not the compat driver"
+            )
+    return None

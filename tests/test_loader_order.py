@@ -205,3 +205,47 @@ def test_ld_preload_of_a_libcuda_fails_closed(
     if fails:
         assert any("LD_PRELOAD" in p and "fail closed" in p for p in doc["problems"])
         schema.validate(doc, "check", source="check --json")
+
+
+# --------------------------------------------- LD_LIBRARY_PATH and the node's driver
+
+# (LD_LIBRARY_PATH, whether glibc maps the node's driver rather than the compat one)
+LIBRARY_PATHS = [
+    (f"/{NODE}", True),
+    (f"/usr/local/cuda/compat:/{NODE}", False),
+    (f"/{NODE}:/usr/local/cuda/compat", True),
+    (f"/opt/none:/{NODE}/", True),
+    ("/usr/local/nvidia/lib64", False),
+]
+
+
+@pytest.mark.parametrize(("path", "node_first"), LIBRARY_PATHS)
+def test_ld_library_path_through_the_node_driver_folder_fails_closed(
+    kit: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    path: str,
+    node_first: bool,
+) -> None:
+    """On driver 535 the hook puts the compat driver in use, through the cache; an
+    LD_LIBRARY_PATH entry naming the folder the node's driver is mounted into is
+    searched first, so glibc maps the node's R535 libcuda and a CUDA 13 runtime
+    cannot start: check must not pass it through the compat driver."""
+    oracle = tmp_path / "oracle"
+    _image(oracle, kit, None, mount=False)
+    _started(oracle, kit, "4021", named=False)
+    assert _real(oracle, env={"LD_LIBRARY_PATH": path}) == (NODE_LIB if node_first else COMPAT_LIB)
+    layer: dict[str, Entry] = {
+        "usr/local/cuda": Symlink("cuda-13.1"),
+        COMPAT_LIB: kit["A"].read_bytes(),
+        f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
+        "usr/lib/libapp.so": APP.read_bytes(),
+    }
+    env = {"CUDA_VERSION": "13.0.0", "LD_LIBRARY_PATH": path}
+    archive = write_docker_archive(tmp_path / "img.tar", Image(layers=[layer], env=env))
+    args = ["check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", "535.104.05"]
+    code = main([*args, "--no-cache", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == (1 if node_first else 0), doc["problems"]
+    if node_first:
+        assert any("the node's driver is mounted into" in p for p in doc["problems"])
