@@ -12,7 +12,9 @@ root, after creating that file, where it is missing, as
 - a conf of the image that names a compat folder puts its libcuda in the cache
   whatever the hook decided;
 - an ``/etc/ld.so.conf`` that includes no ``/etc/ld.so.conf.d`` file leaves the
-  hook's file unread: the compat folder is then not searched.
+  hook's file unread: the compat folder is then not searched;
+- a folder named before the hook's file is cached first (``LoaderConf.ahead``):
+  the node's driver, where it is mounted there, comes before the compat driver.
 
 The files are read as glibc's ``elf/ldconfig.c`` reads them: ``parse_conf`` (each
 line cut at ``#``, leading white space dropped; ``include`` and one or more glob

@@ -340,3 +340,46 @@ def test_the_text_is_carried_through_layers_whiteouts_and_the_cache(compat_lib: 
     assert short is not None and not short.named and short.hook_read is False
     gone = _image(base, {"etc/.wh.ld.so.conf": b"", "etc/ld.so.conf.d/.wh.cuda.conf": b""})
     assert gone is not None and not gone.named and gone.hook_read is True
+
+
+_ODD_LINES = [
+    b"include /etc/ld.so.conf",  # a cycle
+    b"include ld.so.conf.d/*.conf",
+    b"include *",
+    b"include /*",
+    b"include ../etc/ld.so.conf.d/*",
+    b"include /etc/ld.so.conf.d/loop/*.conf",
+    b"include /etc/ld.so.conf.d/self",
+    b"include\t\t/etc/ld.so.conf.d/a.conf\t",
+    b"include ",
+    b"include /etc/ld.so.conf.d/.*",
+    b"/usr/lib/\xff\xfe=\x00x",
+    b"\x7fELF\x02\x01\x01\x00\x00",
+    b"=",
+    b"/",
+    b"   /opt//lib///",
+    b"hwcap",
+    b"HWCAP\tx",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    files=st.dictionaries(
+        st.sampled_from(["etc/ld.so.conf", *(f"etc/ld.so.conf.d/{n}" for n in "ab")]),
+        st.lists(st.sampled_from(_ODD_LINES) | st.binary(max_size=40), max_size=6).map(b"\n".join),
+        min_size=1,
+    )
+)
+def test_odd_configuration_never_raises(files: dict[str, bytes]) -> None:
+    """Garbage, cycles, globs of every shape and symlink loops in /etc/ld.so.conf.d
+    give folders or "unknown", never an exception."""
+    links = {
+        "etc/ld.so.conf.d/loop": "loop",
+        "etc/ld.so.conf.d/self": "self.conf",
+        "etc/ld.so.conf.d/self.conf": "self",
+    }
+    confs = {p: ConfFile(path=p, size=len(t), text=t) for p, t in files.items()}
+    got = read_loader_conf(_pure(files, links), confs)
+    assert set(got.folders) <= set(got.listed)
+    assert got.listed[: len(got.ahead)] == got.ahead  # the folders before the hook's file
