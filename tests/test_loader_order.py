@@ -249,3 +249,97 @@ def test_ld_library_path_through_the_node_driver_folder_fails_closed(
     assert code == (1 if node_first else 0), doc["problems"]
     if node_first:
         assert any("the node's driver is mounted into" in p for p in doc["problems"])
+
+
+# ------------------------------------------------------------ in a real container
+
+START_C = r"""
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+/* What the toolkit's update-ldcache hook runs in the container root before the
+   process starts (internal/ldconfig/ldconfig.go UpdateLDCache), then the process. */
+int main(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/sbin/ldconfig", "ldconfig", "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache",
+          (char *)0);
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  execl("/which", "which", (char *)0);
+  return 127;
+}
+"""
+UUID = "0a1b2c3d-0000-4000-8000-00000000abcd"
+
+# (name, the image's /etc/ld.so.conf, its env, the node's driver, whether the hook
+# names the compat folder, the file glibc maps in the container, check's exit code)
+CONTAINER_CASES = [
+    ("stock", None, {}, "535.104.05", True, COMPAT_LIB, 0),
+    ("node folder first", f"/{NODE}\n", {}, "535.104.05", True, NODE_LIB, 1),
+    ("ld_library_path", None, {"LD_LIBRARY_PATH": f"/{NODE}"}, "535.104.05", True, NODE_LIB, 1),
+    (
+        "ld_preload stub",
+        None,
+        {"LD_PRELOAD": f"/{STUB}/libcuda.so"},
+        "600.10.01",
+        False,
+        f"{STUB}/libcuda.so",
+        1,
+    ),
+]
+
+
+def test_the_container_loads_what_check_assumes_or_check_fails_closed(
+    kit: dict[str, Path], tmp_path: Path, docker_host: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same docker-archive that check reads, loaded into a real Docker engine and
+    run: the engine applies the image's environment, the node's driver and the
+    hook's 00-compat/00-nvcr files are bind-mounted where the toolkit puts them, and
+    ldconfig runs in the container before the process. Where glibc maps another
+    libcuda than the one check credits, check fails; elsewhere it passes."""
+    import subprocess
+
+    start = tmp_path / "start"
+    (tmp_path / "start.c").write_text(START_C)
+    subprocess.run(["gcc", "-o", str(start), str(tmp_path / "start.c")], check=True)
+    hook = tmp_path / "hook.conf"
+    hook.write_text("/usr/local/cuda/compat\n")
+    nvcr = tmp_path / "nvcr.conf"
+    nvcr.write_text(f"/{NODE}\n")
+    docker = ["docker", "-H", docker_host]
+    for name, top, env, driver, named, loaded, code in CONTAINER_CASES:
+        layer: dict[str, Entry] = {
+            "usr/local/cuda": Symlink("cuda-13.1"),
+            COMPAT_LIB: kit["A"].read_bytes(),
+            f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
+            f"{STUB}/libcuda.so": kit["A"].read_bytes(),
+            "usr/lib/libapp.so": APP.read_bytes(),
+            "etc/ld.so.conf": (top or "").encode() + b"include /etc/ld.so.conf.d/*.conf\n",
+            "etc/ld.so.conf.d/x86_64-linux-gnu.conf": b"/lib/x86_64-linux-gnu\n",
+            "sbin/ldconfig": kit["ldconfig"].read_bytes(),
+            "which": kit["which"].read_bytes(),
+            "start": start.read_bytes(),
+            "lib64/ld-linux-x86-64.so.2": kit["ld.so"].read_bytes(),
+            "lib/x86_64-linux-gnu/libc.so.6": kit["libc"].read_bytes(),
+        }
+        tag = f"bmtest/loader:{name.replace(' ', '-')}"
+        image = Image(layers=[layer], env={"CUDA_VERSION": "13.0.0", **env})
+        archive = write_docker_archive(tmp_path / f"{name}.tar", image, tag=tag)
+        subprocess.run([*docker, "load", "-i", str(archive)], check=True, capture_output=True)
+        mounts = ["-v", f"{kit['B']}:/{NODE_LIB}:ro"]
+        if top is None:  # the update-ldcache hook names the driver folder only where
+            mounts += ["-v", f"{nvcr}:/etc/ld.so.conf.d/00-nvcr-77.conf:ro"]  # not named
+        if named:
+            mounts += ["-v", f"{hook}:/etc/ld.so.conf.d/00-compat-{UUID}.conf:ro"]
+        run = [*docker, "run", "--rm", "--network=none", *mounts, tag, "/start"]
+        out = subprocess.run(run, check=True, capture_output=True, text=True, timeout=120)
+        mapped = out.stdout.strip().lstrip("/")
+        assert mapped == loaded, (name, out.stdout, out.stderr)
+        args = ["check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", driver]
+        got = main([*args, "--no-cache", "--json"])
+        doc = json.loads(capsys.readouterr().out)
+        assert got == code, (name, doc["problems"])
+        subprocess.run([*docker, "rmi", "-f", tag], check=False, capture_output=True)
