@@ -87,7 +87,8 @@ def _excluded(path: str, host: str) -> bool:
         return False
     major = name[at + 4 :]
     n = len(major) - len(major.lstrip("0123456789"))  # strspn(maj, "0123456789")
-    return host.encode()[:n] >= major.encode()[:n]  # strncmp(...) >= 0
+    raw = major.encode("utf-8", "surrogateescape")  # a name of any bytes
+    return host.encode()[:n] >= raw[:n]  # strncmp(...) >= 0
 
 
 @dataclass(frozen=True, kw_only=True)

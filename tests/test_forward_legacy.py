@@ -38,6 +38,7 @@ DIR = "usr/local/cuda-13.1/compat"
         ("libnvidia-nvvm.so.4", "535.104.05", True),  # "5" >= "4" over one digit
         ("libfoo.so.x", "535.104.05", True),  # no digits: strncmp over 0 bytes is 0
         ("blob", "535.104.05", False),  # no ".so.": never dropped
+        ("libfoo.so.\udcff1", "535.104.05", True),  # a name of bytes not UTF-8: no digits
         ("libcuda.so.999.1", "1000.1", False),  # a string comparison: "100" < "999"
     ],
 )
@@ -135,3 +136,17 @@ def test_where_both_paths_agree_one_judgement(cli: CliRunner, tmp_path: Path, li
     assert code == 0, doc["problems"]
     assert doc["forward_compat"]["in_use"] is True
     assert doc["forward_compat"]["legacy"] is None
+
+
+def test_a_compat_file_name_of_bytes_not_utf8_is_judged_not_a_traceback(
+    cli: CliRunner, tmp_path: Path
+) -> None:
+    """A tar member name that is not UTF-8 (``compat/libx.so.<0xff>``) reaches the
+    legacy rule as surrogate escapes; strncmp over its zero digits drops it, so the
+    image is judged on the node's driver (it passes on R580, fails on R535)."""
+    app = (REPO / "tests/fixtures/bin/libsass_sm80.so").read_bytes()
+    layer: dict[str, Entry] = {"usr/local/cuda/compat/libx.so.\udcff": app, "usr/lib/a.so": app}
+    archive = write_docker_archive(tmp_path / "img.tar", Image(layers=[layer]))
+    for driver, code in (("580.65.06", 0), ("535.104.05", 1)):
+        r = cli("check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", driver)
+        assert r.code == code, r.out + r.err
