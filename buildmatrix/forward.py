@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING
 from buildmatrix.binary.compat_note import NOTE_SECTION, CompatLibrary, read_compat_library
 from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError
-from buildmatrix.forward_conf import conf_effect, conf_refusal
+from buildmatrix.forward_conf import conf_effect, conf_refusal, older_releases
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.forward_semver import parse_semver, semver_newer
 from buildmatrix.ldconfig import (
@@ -123,6 +123,9 @@ class CompatSetup:
     # Why LD_LIBRARY_PATH may put the node's driver before the compat driver
     # (buildmatrix.ldconfig.driver_first): unknown wherever a compat state is in use.
     node_first: str | None = None
+    # Why the toolkit releases 1.17.5 to 1.18.0 leave the hook's folder unused
+    # (buildmatrix.forward_conf.older_releases): a state of its own where it is in use.
+    older: str | None = None
 
 
 def find_compat(
@@ -176,6 +179,8 @@ def find_compat(
             setup = replace(setup, undetermined=setup.undetermined or why)
     if conf is not None and conf.undetermined is None and setup is not None:
         setup = replace(setup, hook_read=conf.hook_read, named=conf.named, ahead=conf.ahead)
+    if setup is not None and setup.library is not None:
+        setup = replace(setup, older=older_releases(view))
     node = driver_first(library_path, view) if library_path else None
     if node is not None and setup is not None:
         setup = replace(setup, node_first=node)

@@ -1,7 +1,9 @@
 """The cuda-compat states a node may run an image in, on a given driver: the
-``enable-cuda-compat`` hook's choice (buildmatrix.forward), and the legacy runtime's
-where it differs (buildmatrix.forward_legacy); ``check`` judges the image in each
-and the worse counts (docs/compatibility.md, "Forward compatibility")."""
+``enable-cuda-compat`` hook's choice (buildmatrix.forward), the legacy runtime's
+where it differs (buildmatrix.forward_legacy), and the hook's on the toolkit
+releases that leave its folder unused (buildmatrix.forward_conf.older_releases);
+``check`` judges the image in each and the worse counts (docs/compatibility.md,
+"Forward compatibility")."""
 
 from __future__ import annotations
 
@@ -22,10 +24,11 @@ class CompatChoice:
     hook: CompatUse | None
     legacy: CompatUse | None = None
     undetermined: str | None = None
+    older: CompatUse | None = None  # the hook's state on releases 1.17.5 to 1.18.0
 
     @property
     def states(self) -> tuple[CompatUse | None, ...]:
-        return (self.hook,) if self.legacy is None else (self.hook, self.legacy)
+        return (self.hook, *(s for s in (self.legacy, self.older) if s is not None))
 
 
 def compat_choice(setup: CompatSetup | None, driver: DriverVersion) -> CompatChoice:
@@ -47,7 +50,11 @@ def compat_choice(setup: CompatSetup | None, driver: DriverVersion) -> CompatCho
     if setup is not None and setup.node_first is not None and in_use:
         unknown = unknown or setup.node_first
     unknown = unknown or (legacy.undetermined if legacy is not None else None)
-    return CompatChoice(hook=hook, legacy=other, undetermined=unknown)
+    older = None
+    if hook is not None and hook.in_use and setup is not None and setup.older is not None:
+        why = f"the enable-cuda-compat hook on older toolkit releases: {setup.older}"
+        older = CompatUse(library=hook.library, in_use=False, why=why)
+    return CompatChoice(hook=hook, legacy=other, undetermined=unknown, older=older)
 
 
 def _legacy_state(hook: CompatUse | None, legacy: LegacyUse | None) -> CompatUse | None:

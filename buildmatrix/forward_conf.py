@@ -31,6 +31,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from buildmatrix.binary.ldconf_file import CONF
 from buildmatrix.ldshadow import exempt_libcuda
 from buildmatrix.ldsoconf import read_loader_conf
 
@@ -150,3 +151,37 @@ def conf_refusal(
         "image's /etc/ld.so.conf matches some of the names the hook gives it only"
     )
     return ConfRefusal(why=why, undetermined=True)
+
+
+CACHE = "etc/ld.so.cache"
+
+
+def older_releases(view: FolderView) -> str | None:
+    """Why the container toolkit releases that first shipped the ``enable-cuda-compat``
+    hook leave the folder it names unused (None: they use it as the current ones do).
+
+    - Releases 1.17.5 to 1.18.0 do not create a missing ``/etc/ld.so.conf``
+      (``ensureLdsoconfFile`` came in 1.18.1): glibc's ``ldconfig -f /etc/ld.so.conf``
+      then reads no configuration, and never the hook's ``00-compat-*.conf``.
+    - Releases 1.17.5 to 1.18.0-rc.5 run ``ldconfig -N`` (no cache) where the image
+      has no ``/etc/ld.so.cache`` (``cmd/nvidia-cdi-hook/update-ldcache`` ``runLdconfig``,
+      ``containerRoot.hasPath``): the loader then has no cache to find the compat
+      folder in.
+
+    Either way the node's own ``libcuda.so.1`` is loaded there."""
+    top = view.resolve(CONF, view.symlinks)
+    if top is None or (CONF not in view.entries and top not in view.entries):
+        return (
+            "NVIDIA container toolkit releases 1.17.5 to 1.18.0 do not create the "
+            "/etc/ld.so.conf this image lacks (ensureLdsoconfFile came in 1.18.1), so "
+            "their ldconfig never reads the hook's 00-compat-*.conf: the node's own "
+            "libcuda.so.1 is loaded"
+        )
+    cache = view.resolve(CACHE, view.symlinks)
+    if cache is None or (cache not in view.entries and cache not in view.folders):
+        return (
+            "NVIDIA container toolkit releases 1.17.5 to 1.18.0-rc.5 run ldconfig -N (no "
+            "cache) where the image has no /etc/ld.so.cache, as this one, so the loader "
+            "finds no compat folder: the node's own libcuda.so.1 is loaded"
+        )
+    return None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.images import Image, Symlink, fixture, write_docker_archive
+from tests.images import DISTRO_LOADER, Image, Symlink, fixture, write_docker_archive
 from tests.standins import NOTE_13_1, compat_library
 
 COMPAT = "usr/local/cuda-13.1/compat"
@@ -40,6 +40,7 @@ def _images(out: Path) -> dict[str, Image]:
             layers=[
                 {
                     "usr/lib/libsass_ptx.so": fixture("libsass_ptx.so"),
+                    **DISTRO_LOADER,
                     f"{COMPAT}/libcuda.so.590.44.01": lib,
                     f"{COMPAT}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
                     "usr/local/cuda": Symlink("cuda-13.1"),

@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from buildmatrix.image.tree import LayerSummary
 
 
+# The loader's files every Debian or Ubuntu image ships (the stock /etc/ld.so.conf and
+# the cache built with the image). Without them the container toolkit releases 1.17.5
+# to 1.18.0 never use a compat driver (buildmatrix.forward_conf.older_releases).
+DISTRO_LOADER: dict[str, bytes] = {
+    "etc/ld.so.conf": b"include /etc/ld.so.conf.d/*.conf\n",
+    "etc/ld.so.cache": b"",
+}
+
+
 @dataclass(frozen=True)
 class Symlink:
     target: str

@@ -29,6 +29,7 @@ from buildmatrix.profile_files import load_profiles
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 from tests.fixtures.build import BIN
 from tests.images import (
+    DISTRO_LOADER,
     Entry,
     Image,
     Layer,
@@ -319,6 +320,7 @@ def _fixture_images(out: Path) -> dict[str, Image]:
             layers=[
                 {
                     **lib("libsass_ptx.so"),
+                    **DISTRO_LOADER,
                     f"{folder}/libcuda.so.590.44.01": compat,
                     f"{folder}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
                     "usr/local/cuda": Symlink("cuda-13.1"),

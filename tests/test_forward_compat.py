@@ -27,7 +27,7 @@ from buildmatrix.forward import (
 )
 from buildmatrix.forward_devices import device_refusal
 from tests.conftest import REPO, CliRunner
-from tests.images import Dir, Image, Symlink, fixture, write_docker_archive
+from tests.images import DISTRO_LOADER, Dir, Image, Symlink, fixture, write_docker_archive
 from tests.standins import NOTE_13_1, compat_library
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
@@ -134,7 +134,7 @@ def _image(compat: dict[str, Any], *more_layers: dict[str, Any]) -> Image:
     runtime floor is R580) and the given compat folder entries."""
     return Image(
         layers=[
-            {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so"), **compat},
+            {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so"), **DISTRO_LOADER, **compat},
             *more_layers,
         ],
         env={"CUDA_VERSION": "13.1.0"},
@@ -282,6 +282,9 @@ def test_a_root_folder_is_read_the_same_way(
     (root / COMPAT / "libcuda.so.590.44.01").write_bytes(libs["note"])
     (root / "usr" / "local" / "cuda").symlink_to("cuda-13.1")
     (root / "usr" / "lib" / "libsass_ptx.so").write_bytes(fixture("libsass_ptx.so"))
+    (root / "etc").mkdir()
+    for name, data in DISTRO_LOADER.items():
+        (root / name).write_bytes(data)
     r = cli("check", f"dir:{root}", "--sm", "9.0", "--driver", "535.104.05", "--json")
     assert r.code == 0, r.out
     assert r.json()["forward_compat"]["in_use"] is True

@@ -22,7 +22,7 @@ import pytest
 from buildmatrix import schema
 from buildmatrix.forward_legacy import _excluded
 from tests.conftest import REPO, CliRunner
-from tests.images import Entry, Image, Symlink, fixture, write_docker_archive
+from tests.images import DISTRO_LOADER, Entry, Image, Symlink, fixture, write_docker_archive
 from tests.standins import compat_library
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
@@ -72,6 +72,7 @@ def _check(cli: CliRunner, tmp_path: Path, entries: dict[str, Entry], *args: str
     layer: dict[str, Entry] = {
         "usr/lib/libsass_ptx.so": fixture("libsass_ptx.so"),
         "usr/local/cuda": Symlink("cuda-13.1"),
+        **DISTRO_LOADER,
         **entries,
     }
     archive = write_docker_archive(

@@ -27,7 +27,15 @@ from buildmatrix.cuda import parse_driver_version
 from buildmatrix.forward import CompatSetup, compat_use
 from buildmatrix.forward_semver import parse_semver, semver_newer
 from tests.conftest import REPO, CliRunner
-from tests.images import Entry, Hardlink, Image, Symlink, fixture, write_docker_archive
+from tests.images import (
+    DISTRO_LOADER,
+    Entry,
+    Hardlink,
+    Image,
+    Symlink,
+    fixture,
+    write_docker_archive,
+)
 from tests.standins import NOTE_13_1, compat_library
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
@@ -195,7 +203,7 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def _image(entries: dict[str, Any]) -> Image:
     """CUDA 13 device code (cubins of CUDA 13.0: the runtime floor is R580) and the
     given entries; ``usr/local/cuda`` points at cuda-13.1 unless the entries say."""
-    layer: dict[str, Entry] = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so")}
+    layer: dict[str, Entry] = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so"), **DISTRO_LOADER}
     layer.setdefault("usr/local/cuda", Symlink("cuda-13.1"))
     layer.update(entries)
     return Image(layers=[layer], env={"CUDA_VERSION": "13.1.0"})

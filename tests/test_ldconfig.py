@@ -125,6 +125,7 @@ def _make_root(root: Path, kit: dict[str, Path], shape: dict[str, str]) -> None:
     _place(kit, "libc", root / "lib/x86_64-linux-gnu/libc.so.6")
     (root / "etc/ld.so.conf.d").mkdir(parents=True)
     (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    (root / "etc/ld.so.cache").write_bytes(b"")  # a distribution image has one
     (root / "etc/ld.so.conf.d/00-compat-1.conf").write_text("/usr/local/cuda/compat\n")
     for name, kind in shape.items():
         where = root / DIR / name
@@ -410,7 +411,7 @@ def test_ld_library_path_puts_the_compat_driver_first_whatever_the_hook_chooses(
     import json
 
     from buildmatrix.cli import main
-    from tests.images import Entry, Image, Symlink, write_docker_archive
+    from tests.images import DISTRO_LOADER, Entry, Image, Symlink, write_docker_archive
 
     shape = {"libcuda.so.1": "Llibcuda.so.590.44.01", "libcuda.so.590.44.01": "A"}
     root = tmp_path / "root"
@@ -424,6 +425,7 @@ def test_ld_library_path_puts_the_compat_driver_first_whatever_the_hook_chooses(
         f"{DIR}/libcuda.so.590.44.01": kit["A"].read_bytes(),
         f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
         "usr/lib/libapp.so": (Path(__file__).parent / "fixtures/bin/libsass_sm80.so").read_bytes(),
+        **DISTRO_LOADER,
     }
     for extra, expected in ((env, 1), ({}, 0)):
         archive = write_docker_archive(

@@ -32,7 +32,7 @@ from buildmatrix.cuda import parse_driver_version
 from buildmatrix.forward import compat_use
 from buildmatrix.image.local import scan_directory
 from buildmatrix.image.ref import parse_ref
-from tests.images import Entry, Image, Symlink, write_docker_archive
+from tests.images import DISTRO_LOADER, Entry, Image, Symlink, write_docker_archive
 from tests.test_ldconfig import DIR, ROOTED, _make_root, _place, _real, kit
 
 __all__ = ["kit"]
@@ -194,6 +194,7 @@ def test_ld_preload_of_a_libcuda_fails_closed(
         f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
         f"{STUB}/libcuda.so": kit["A"].read_bytes(),
         "usr/lib/libapp.so": APP.read_bytes(),
+        **DISTRO_LOADER,
     }
     archive = write_docker_archive(
         tmp_path / "img.tar", Image(layers=[layer], env={"CUDA_VERSION": "13.0.0", **env})
@@ -240,6 +241,7 @@ def test_ld_library_path_through_the_node_driver_folder_fails_closed(
         COMPAT_LIB: kit["A"].read_bytes(),
         f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
         "usr/lib/libapp.so": APP.read_bytes(),
+        **DISTRO_LOADER,
     }
     env = {"CUDA_VERSION": "13.0.0", "LD_LIBRARY_PATH": path}
     archive = write_docker_archive(tmp_path / "img.tar", Image(layers=[layer], env=env))
@@ -318,6 +320,7 @@ def test_the_container_loads_what_check_assumes_or_check_fails_closed(
             f"{STUB}/libcuda.so": kit["A"].read_bytes(),
             "usr/lib/libapp.so": APP.read_bytes(),
             "etc/ld.so.conf": (top or "").encode() + b"include /etc/ld.so.conf.d/*.conf\n",
+            "etc/ld.so.cache": b"",
             "etc/ld.so.conf.d/x86_64-linux-gnu.conf": b"/lib/x86_64-linux-gnu\n",
             "sbin/ldconfig": kit["ldconfig"].read_bytes(),
             "which": kit["which"].read_bytes(),
@@ -343,3 +346,66 @@ def test_the_container_loads_what_check_assumes_or_check_fails_closed(
         doc = json.loads(capsys.readouterr().out)
         assert got == code, (name, doc["problems"])
         subprocess.run([*docker, "rmi", "-f", tag], check=False, capture_output=True)
+
+
+# ------------------------------------------- the toolkit releases before 1.18.1
+
+
+def _released(root: Path, *, old: bool) -> str | None:
+    """What a node's update-ldcache hook does, then the file glibc maps: the current
+    releases create a missing /etc/ld.so.conf (ensureLdsoconfFile) and always write
+    the cache; 1.17.5 to 1.18.0-rc.5 (cmd/nvidia-cdi-hook/update-ldcache runLdconfig)
+    do neither, and pass -N where the image has no /etc/ld.so.cache."""
+    import subprocess
+
+    conf, cache = root / "etc/ld.so.conf", root / "etc/ld.so.cache"
+    if not old and not conf.exists():
+        conf.write_text("include /etc/ld.so.conf.d/*.conf\n")
+    args = [
+        "-f",
+        "/etc/ld.so.conf",
+        *(["-C", "/etc/ld.so.cache"] if cache.exists() or not old else ["-N"]),
+    ]
+    subprocess.run(["chroot", str(root), "/sbin/ldconfig", *args], check=True, capture_output=True)
+    return _real(root, ldconfig=False)
+
+
+@pytest.mark.parametrize("lacks", [None, "etc/ld.so.cache", "etc/ld.so.conf"])
+def test_an_image_the_older_toolkit_releases_run_without_the_compat_driver(
+    kit: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    lacks: str | None,
+) -> None:
+    """An image without /etc/ld.so.cache or /etc/ld.so.conf gets the compat driver on
+    the current toolkit but the node's R535 driver on releases 1.17.5 to 1.18.0: check
+    judges both states, and the CUDA 13 runtime fails on the second."""
+    loaded = {}
+    for old in (False, True):
+        oracle = tmp_path / f"oracle-{old}"
+        _image(oracle, kit, None, mount=False)
+        _started(oracle, kit, UUID, named=False)
+        (oracle / "etc/ld.so.cache").write_bytes(b"")
+        if lacks is not None:
+            (oracle / lacks).unlink()
+        loaded[old] = _released(oracle, old=old)
+    assert loaded[False] == COMPAT_LIB
+    assert loaded[True] == (COMPAT_LIB if lacks is None else NODE_LIB)
+    layer: dict[str, Entry] = {
+        "usr/local/cuda": Symlink("cuda-13.1"),
+        COMPAT_LIB: kit["A"].read_bytes(),
+        f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
+        "usr/lib/libapp.so": APP.read_bytes(),
+        **{k: v for k, v in DISTRO_LOADER.items() if k != lacks},
+    }
+    archive = write_docker_archive(
+        tmp_path / "img.tar", Image(layers=[layer], env={"CUDA_VERSION": "13.0.0"})
+    )
+    args = ["check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", "535.104.05"]
+    code = main([*args, "--no-cache", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == (0 if lacks is None else 1), doc["problems"]
+    assert doc["forward_compat"]["in_use"] is True  # the current releases' choice
+    if lacks is not None:
+        reasons = " ".join(doc["targets"][0]["reasons"] + doc["problems"])
+        assert "older toolkit releases" in reasons, reasons
