@@ -65,14 +65,7 @@ from buildmatrix.errors import InputError
 from buildmatrix.forward_conf import conf_effect, conf_refusal, older_releases
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.forward_semver import parse_semver, semver_newer
-from buildmatrix.ldconfig import (
-    FolderView,
-    LdPick,
-    driver_first,
-    machine_of,
-    pick,
-    searched_first,
-)
+from buildmatrix.ldconfig import FolderView, LdPick, driver_first, machine_of, pick, searched_first
 from buildmatrix.ldshadow import image_libcuda, preloaded_libcuda
 
 if TYPE_CHECKING:
@@ -120,12 +113,8 @@ class CompatSetup:
     hook_read: bool | None = True
     named: bool = False
     ahead: tuple[str, ...] = ()  # folders the configuration has ldconfig scan first
-    # Why LD_LIBRARY_PATH may put the node's driver before the compat driver
-    # (buildmatrix.ldconfig.driver_first): unknown wherever a compat state is in use.
-    node_first: str | None = None
-    # Why the toolkit releases 1.17.5 to 1.18.0 leave the hook's folder unused
-    # (buildmatrix.forward_conf.older_releases): a state of its own where it is in use.
-    older: str | None = None
+    node_first: str | None = None  # LD_LIBRARY_PATH reaches the node's driver first
+    older: str | None = None  # why toolkit releases 1.17.5 to 1.18.0 leave it unused
 
 
 def find_compat(
@@ -167,12 +156,8 @@ def find_compat(
     hook = posixpath.dirname(setup.library.path) if setup and setup.library else None
     conf = conf_effect(view, modelled, hook, confs or {})  # buildmatrix.forward_conf
     # The node's driver is not known to be the one loaded: fail closed.
-    shadows = (
-        image_libcuda(view, modelled),
-        preloaded_libcuda(ld_preload, view) if ld_preload else None,
-        conf.undetermined if conf else None,
-    )
-    for why in shadows:
+    preloaded = preloaded_libcuda(ld_preload, view)  # None where LD_PRELOAD is unset
+    for why in (image_libcuda(view, modelled), preloaded, conf.undetermined if conf else None):
         if why is not None and setup is None:
             setup = CompatSetup(library=None, why=why, undetermined=why)
         elif why is not None and setup is not None:

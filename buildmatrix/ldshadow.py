@@ -121,6 +121,8 @@ def preloaded_libcuda(value: str, view: FolderView) -> str | None:
     ``libcuda.so.1`` is searched as the program's own dependency is (the rest of the
     model); a bare name of another libcuda counts where the image holds a file so
     named."""
+    if not value.strip(" :"):
+        return None
     libcudas = sorted(
         p for p in {*view.entries, *view.libraries, *view.unreadable} if _libcuda(p, view)
     )
