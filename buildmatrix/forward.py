@@ -66,7 +66,7 @@ from buildmatrix.forward_conf import conf_effect, conf_refusal, older_releases
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.forward_semver import parse_semver, semver_newer
 from buildmatrix.ldconfig import FolderView, LdPick, driver_first, machine_of, pick, searched_first
-from buildmatrix.ldshadow import image_libcuda, preloaded_libcuda
+from buildmatrix.ldshadow import image_libcuda, preloaded_libcuda, searched_by_rpath
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping
@@ -129,6 +129,7 @@ def find_compat(
     platform: str | None = None,
     confs: Mapping[str, ConfFile] | None = None,
     ld_preload: str = "",
+    searches: Mapping[str, tuple[str, ...]] | None = None,
 ) -> CompatSetup | None:
     """The toolkit's lookup on the final view (rules 1-3 of the module docstring):
     ``libraries`` by final path (hard links share the file's), ``regular`` the
@@ -136,7 +137,8 @@ def find_compat(
     non-folder path, ``folders`` every folder (for ldconfig's view of the compat
     folder, buildmatrix.ldconfig, and the legacy path, buildmatrix.forward_legacy),
     ``library_path`` the image's LD_LIBRARY_PATH, ``ld_preload`` its LD_PRELOAD
-    (buildmatrix.ldshadow.preloaded_libcuda), ``platform`` its os/arch where known,
+    (buildmatrix.ldshadow.preloaded_libcuda), ``searches`` the ELF files' DT_RPATH
+    and DT_RUNPATH (buildmatrix.ldshadow.searched_by_rpath), ``platform`` its os/arch where known,
     ``confs`` the loader's configuration files kept as text (buildmatrix.ldsoconf; a
     configuration file without text fails closed where it may matter). None when
     neither path finds a compat library and LD_LIBRARY_PATH leads to no libcuda.so.1."""
@@ -169,7 +171,12 @@ def find_compat(
     node = driver_first(library_path, view) if library_path else None
     if node is not None and setup is not None:
         setup = replace(setup, node_first=node)
-    preload = searched_first(library_path, view) if library_path else None
+    # Found before the cache: fails closed unless it is the folder the hook puts in use.
+    first = searched_first(library_path, view) if library_path else None
+    found = [first, searched_by_rpath(searches or {}, view)]
+    hook = setup.loaded.folder if setup is not None and setup.loaded is not None else None
+    preload = next((f for f in found if f is not None and f[0] != hook), None)
+    preload = preload or next((f for f in found if f is not None), None)
     if preload is None:
         return setup
     if setup is None:

@@ -1,6 +1,8 @@
 """Whether a file of the image itself may be loaded as ``libcuda.so.1`` in place of the
 node's driver, outside the folders buildmatrix models (the compat folder,
-buildmatrix.ldconfig; ``LD_LIBRARY_PATH``, ``ldconfig.searched_first``).
+buildmatrix.ldconfig; ``LD_LIBRARY_PATH``, ``ldconfig.searched_first``), and the
+other ways the loader reaches one first: ``LD_PRELOAD`` (:func:`preloaded_libcuda`)
+and the ELF files' ``DT_RPATH``/``DT_RUNPATH`` (:func:`searched_by_rpath`).
 
 The node's driver is mounted into the image's own library folder (legacy runtime:
 NVIDIA/libnvidia-container ``src/nvc_mount.c`` ``nvc_driver_mount``, ``mount_files``
@@ -40,9 +42,10 @@ import re
 from typing import TYPE_CHECKING
 
 from buildmatrix.binary.compat_note import LIBCUDA
+from buildmatrix.ldconfig import SONAME
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Collection, Mapping
 
     from buildmatrix.ldconfig import FolderView
 
@@ -148,4 +151,54 @@ def preloaded_libcuda(value: str, view: FolderView) -> str | None:
                 "libcuda.so.1 returns it (elf/rtld.c handle_preload_list), whatever the "
                 "container toolkit chose"
             )
+    return None
+
+
+def searched_by_rpath(
+    searches: Mapping[str, tuple[str, ...]], view: FolderView
+) -> tuple[str | None, str] | None:
+    """A ``libcuda.so.1`` the loader finds through the ``DT_RPATH`` or ``DT_RUNPATH`` of
+    an ELF file of the image (``searches``: the strings by the file's final path), which
+    it searches before its cache (glibc ``elf/dl-load.c`` ``_dl_map_object``: the
+    calling object's, its loaders' and the program's ``DT_RPATH`` before
+    ``LD_LIBRARY_PATH``, ``DT_RUNPATH`` after it; entries split at ``:``,
+    ``fillin_rpath``): (the folder, why), or None. Which objects ``dlopen`` libcuda is
+    not known, so every file's count. ``$ORIGIN`` is the folder the object is mapped
+    from (``_dl_new_object``): its own, or that of a symlink to it; an entry with
+    another dynamic string token, or relative (the working folder), or unread, counts
+    where the image holds any ``libcuda.so.1`` (folder None)."""
+    if not searches:
+        return None
+    anywhere = sorted(p for p in view.entries if posixpath.basename(p) == SONAME)
+    if not anywhere:
+        return None  # ldconfig makes one only in the folders it scans (the model's)
+    origins: dict[str, set[str]] = {p: {posixpath.dirname(p)} for p in searches}
+    if any("ORIGIN" in s for strings in searches.values() for s in strings):
+        for link in view.symlinks:
+            final = view.resolve(link, view.symlinks)
+            if final in origins:
+                origins[final].add(posixpath.dirname(link))
+    for path in sorted(searches):
+        for string in searches[path]:
+            for raw in string.split(":"):
+                entry = raw.replace("${ORIGIN}", "$ORIGIN")
+                for where in sorted({entry.replace("$ORIGIN", f"/{o}") for o in origins[path]}):
+                    if not where.startswith("/") or "$" in where:
+                        why = (
+                            f"/{path} has the search path '{raw}' (DT_RPATH/DT_RUNPATH), "
+                            "which the loader searches before its cache and which may be "
+                            f"the folder of /{anywhere[0]}"
+                        )
+                        return None, why
+                    folder = view.resolve(where.lstrip("/"), view.symlinks)
+                    if folder is None:
+                        continue
+                    found = view.resolve(f"{folder}/{SONAME}", view.symlinks)
+                    if found is not None and found in view.entries:
+                        why = (
+                            f"/{path} has the search path '{raw}' (DT_RPATH/DT_RUNPATH), "
+                            f"where the loader finds /{folder}/{SONAME} before its cache, "
+                            "whatever the container toolkit chooses"
+                        )
+                        return folder, why
     return None

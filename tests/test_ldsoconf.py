@@ -34,7 +34,7 @@ from buildmatrix.image.ref import parse_ref
 from buildmatrix.image.scanned import ImageConfig
 from buildmatrix.ldconfig import FolderView
 from buildmatrix.ldsoconf import MAX_FILES, read_loader_conf
-from tests.images import Dir, Entry, layer_tar, scan_in_place
+from tests.images import Dir, Entry, Symlink, layer_tar, scan_in_place
 from tests.test_ldconfig import CHROOT, ROOTED, _make_root, _place, _real, kit
 
 __all__ = ["kit"]
@@ -383,3 +383,31 @@ def test_odd_configuration_never_raises(files: dict[str, bytes]) -> None:
     got = read_loader_conf(_pure(files, links), confs)
     assert set(got.folders) <= set(got.listed)
     assert got.listed[: len(got.ahead)] == got.ahead  # the folders before the hook's file
+
+
+def test_search_paths_are_carried_through_layers_and_the_cache(
+    compat_lib: bytes, tmp_path: Path
+) -> None:
+    """A program's DT_RUNPATH read from a layer tar, through the layer cache's codec, to
+    the final view: naming the stubs folder where a libcuda.so.1 stands, it is found
+    there (buildmatrix.ldshadow.searched_by_rpath); a whiteout of that link clears it."""
+    import shutil
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc builds the program")
+    stubs = "usr/local/cuda-13.1/targets/x86_64-linux/lib/stubs"
+    (tmp_path / "run.c").write_text("int main(void) { return 0; }\n")
+    program = tmp_path / "run"
+    rpath = f"-Wl,--enable-new-dtags,-rpath,$ORIGIN/../../{stubs}"
+    subprocess.run(["gcc", "-o", str(program), str(tmp_path / "run.c"), rpath], check=True)
+    base: dict[str, Entry] = {
+        "usr/local/cuda-13.1/compat/libcuda.so.590.44.01": compat_lib,
+        f"{stubs}/libcuda.so": compat_lib,
+        f"{stubs}/libcuda.so.1": Symlink("libcuda.so"),
+        "opt/app/run": program.read_bytes(),
+    }
+    setup = _image(base)
+    assert setup is not None and setup.preload is not None
+    assert setup.preload[0] == stubs and "/opt/app/run" in setup.preload[1]
+    gone = _image(base, {f"{stubs}/.wh.libcuda.so.1": b""})
+    assert gone is None or gone.preload is None  # nothing for the loader to find there

@@ -33,7 +33,7 @@ from buildmatrix.forward import compat_use
 from buildmatrix.image.local import scan_directory
 from buildmatrix.image.ref import parse_ref
 from tests.images import DISTRO_LOADER, Entry, Image, Symlink, write_docker_archive
-from tests.test_ldconfig import DIR, ROOTED, _make_root, _place, _real, kit
+from tests.test_ldconfig import CHROOT, DIR, ROOTED, WHICH_C, _make_root, _place, _real, kit
 
 __all__ = ["kit"]
 pytestmark = pytest.mark.skipif(not ROOTED, reason="chroot needs root; gcc builds the stand-ins")
@@ -409,3 +409,89 @@ def test_an_image_the_older_toolkit_releases_run_without_the_compat_driver(
     if lacks is not None:
         reasons = " ".join(doc["targets"][0]["reasons"] + doc["problems"])
         assert "older toolkit releases" in reasons, reasons
+
+
+# ------------------------------------------------------------ DT_RPATH, DT_RUNPATH
+
+# (where the program lies, how it is linked, its search path, a stub libcuda.so.1 beside
+# the toolkit's libcuda.so, the node's driver: glibc's file, check's exit code)
+ORIGIN_STUB = "$ORIGIN/../local/cuda-13.1/targets/x86_64-linux/lib/stubs"
+SEARCHES = [
+    ("opt/app/run", "rpath", "/usr/local/cuda/compat", False, "600.10.01", COMPAT_LIB, 1),
+    ("opt/app/run", "rpath", "/usr/local/cuda/compat", False, "535.104.05", COMPAT_LIB, 0),
+    ("opt/app/run", "runpath", f"/{STUB}", True, "600.10.01", f"{STUB}/libcuda.so", 1),
+    ("opt/app/run", "runpath", f"/{STUB}", False, "600.10.01", f"{NODE}/libcuda.so.600.10.01", 0),
+    ("usr/bin/run", "runpath", ORIGIN_STUB, True, "600.10.01", f"{STUB}/libcuda.so", 1),
+    ("opt/app/run", "runpath", "/opt/none", True, "600.10.01", f"{NODE}/libcuda.so.600.10.01", 0),
+    ("opt/app/run", "runpath", "$LIB/none", True, "600.10.01", f"{NODE}/libcuda.so.600.10.01", 1),
+]
+
+
+@pytest.mark.parametrize(("where", "kind", "search", "stub", "driver", "loaded", "code"), SEARCHES)
+def test_a_search_path_to_a_libcuda_fails_closed_unless_it_is_the_hooks_folder(
+    kit: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+    kind: str,
+    search: str,
+    stub: bool,
+    driver: str,
+    loaded: str,
+    code: int,
+) -> None:
+    """A program linked with a DT_RPATH or DT_RUNPATH naming the compat folder or the
+    toolkit's stubs (where a libcuda.so.1 stands beside libcuda.so, as build recipes
+    leave it): glibc's loader finds libcuda.so.1 there before its cache. check must
+    fail unless that is the folder the hook puts in use (R535), and pass where the
+    folder holds no libcuda.so.1; a search path it cannot place ($LIB) fails closed."""
+    import subprocess
+
+    program = tmp_path / "run"
+    (tmp_path / "run.c").write_text(WHICH_C)
+    tags = "--enable-new-dtags" if kind == "runpath" else "--disable-new-dtags"
+    link = ["gcc", "-o", str(program), str(tmp_path / "run.c"), f"-Wl,{tags},-rpath,{search}"]
+    subprocess.run(link, check=True)
+    image, oracle = tmp_path / "image", tmp_path / "oracle"
+    for root in (image, oracle):
+        _preload_root(root, kit)
+        (root / NODE / "libcuda.so.600.10.01").unlink()  # the node's: the oracle's only
+        (root / where).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(program, root / where)
+        if stub:
+            (root / STUB / "libcuda.so.1").symlink_to("libcuda.so")
+    shutil.copy(APP, image / "libapp.so")
+    _place(kit, "B", oracle / NODE / "libcuda.so.600.10.01")
+    if driver.startswith("535"):  # the hook puts the compat folder in use
+        (oracle / f"etc/ld.so.conf.d/00-compat-{UUID}.conf").write_text("/usr/local/cuda/compat\n")
+    subprocess.run(
+        [
+            "chroot",
+            str(oracle),
+            "/sbin/ldconfig",
+            "-f",
+            "/etc/ld.so.conf",
+            "-C",
+            "/etc/ld.so.cache",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    # Through the loader named: the program's $ORIGIN is then its path's folder without
+    # /proc/self/exe (elf/dl-origin.c), which a chroot lacks and a container has.
+    mapped = subprocess.run(
+        [CHROOT, str(oracle), "/lib64/ld-linux-x86-64.so.2", f"/{where}"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={},
+    ).stdout.strip()
+    assert mapped.lstrip("/") == loaded
+    (image / "usr/local/cuda-13.1/lib64").mkdir(parents=True)
+    (image / "usr/local/cuda-13.1/lib64/libcudart.so.13").write_bytes(b"runtime")
+    args = ["check", f"dir:{image}", "--sm", "8.0", "--driver", driver, "--no-cache", "--json"]
+    got = main(args)
+    doc = json.loads(capsys.readouterr().out)
+    assert got == code, doc["problems"]
+    if code:
+        assert any("DT_RPATH/DT_RUNPATH" in p for p in doc["problems"]), doc["problems"]

@@ -13,6 +13,11 @@
   known ``DT_NEEDED``), so with several ``DT_SONAME`` entries which one it keeps
   depends on its table of known libraries: such a file is marked unknown.
 
+It also reads what the dynamic loader searches for the object's own dependencies
+and ``dlopen`` calls before its cache: the ``DT_RPATH`` and ``DT_RUNPATH`` strings
+(glibc ``elf/dl-load.c`` ``_dl_map_object``, ``decompose_rpath``), for
+buildmatrix.ldshadow.
+
 Where this reader cannot follow (a table past the end of the file, a big-endian
 file, which an x86-64 or Arm host's ldconfig reads in its own byte order), the file
 is marked ``unknown`` and buildmatrix.ldconfig fails closed.
@@ -24,10 +29,12 @@ import struct
 from dataclasses import dataclass
 
 from buildmatrix.binary.elf import ET_DYN
+from buildmatrix.binary.report import FileReport
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
 
 PT_LOAD, PT_DYNAMIC = 1, 2
-DT_NULL, DT_STRTAB, DT_SONAME = 0, 5, 14
+DT_NULL, DT_STRTAB, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 5, 14, 15, 29
+UNREAD = "$UNREAD"  # a search path string that does not end in the file
 _MAX_SONAME = 4096
 _MAX_PHNUM = 1 << 16
 _MAX_DYNAMIC = 1 << 16
@@ -43,6 +50,17 @@ class DsoInfo:
     skip: str | None = None
     unknown: str | None = None
     machine: str = ""
+    search: tuple[str, ...] = ()  # DT_RPATH and DT_RUNPATH strings (UNREAD: unended)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchPaths:
+    """An ELF file of an image with ``DT_RPATH`` or ``DT_RUNPATH`` (``search``: the
+    strings as written, ``$ORIGIN`` unexpanded), and its device code, if any."""
+
+    path: str
+    search: tuple[str, ...]
+    code: FileReport | None = None
 
 
 def read_dso(src: ByteSource) -> DsoInfo:
@@ -86,17 +104,32 @@ def _read(src: ByteSource) -> DsoInfo:
     if strtab is None:
         return DsoInfo(skip="its dynamic section has no DT_STRTAB", machine=machine)
     base = next((vaddr - off for off, vaddr, size in loads if 0 <= strtab - vaddr < size), 0)
+    search = tuple(
+        _string(src, strtab - base + val) or UNREAD
+        for tag, val in entries
+        if tag in (DT_RPATH, DT_RUNPATH)
+    )
     sonames = [val for tag, val in entries if tag == DT_SONAME]
     if len(sonames) > 1:
-        return DsoInfo(unknown="it has several DT_SONAME entries", machine=machine)
+        why = "it has several DT_SONAME entries"
+        return DsoInfo(unknown=why, machine=machine, search=search)
     if not sonames:
-        return DsoInfo(machine=machine)
-    start = strtab - base + sonames[0]
-    raw = read_exact(src, start, min(_MAX_SONAME, src.size - start), what="DT_SONAME")
+        return DsoInfo(machine=machine, search=search)
+    name = _string(src, strtab - base + sonames[0])
+    if name is None:
+        why = "its DT_SONAME string does not end in the file"
+        return DsoInfo(unknown=why, machine=machine, search=search)
+    return DsoInfo(soname=name, machine=machine, search=search)
+
+
+def _string(src: ByteSource, start: int) -> str | None:
+    """The NUL-ended string at ``start`` (None: none ends within reach)."""
+    if not 0 <= start < src.size:
+        return None
+    raw = read_exact(src, start, min(_MAX_SONAME, src.size - start), what="dynamic string")
     if b"\0" not in raw:
-        return DsoInfo(unknown="its DT_SONAME string does not end in the file", machine=machine)
-    name = raw[: raw.index(b"\0")].decode("utf-8", "surrogateescape")
-    return DsoInfo(soname=name, machine=machine)
+        return None
+    return raw[: raw.index(b"\0")].decode("utf-8", "surrogateescape")
 
 
 def _segments(

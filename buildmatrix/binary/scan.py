@@ -16,7 +16,7 @@ from buildmatrix.binary.compat_note import (
     named_compat_driver,
     read_compat_library,
 )
-from buildmatrix.binary.dynamic import read_dso
+from buildmatrix.binary.dynamic import SearchPaths, read_dso
 from buildmatrix.binary.elf import (
     EM_CUDA,
     ET_DYN,
@@ -140,13 +140,14 @@ def inspect_source(
 
 def inspect_image_file(
     src: ByteSource, *, path: str, head: bytes, deep: bool = True
-) -> FileReport | CompatLibrary | ConfFile | None:
+) -> FileReport | CompatLibrary | ConfFile | SearchPaths | None:
     """A file of an image's filesystem, for its device code. A file the container
     toolkit may take for a CUDA forward-compatibility driver (an ELF file named
     ``libcuda.so.*.*``, or one with the driver's note section, which a hard link may
     put in the compat folder under that name) is also read for its note
     (buildmatrix.forward: which one the toolkit uses is known on the final view).
-    A loader configuration file is kept as text (buildmatrix.binary.ldconf_file)."""
+    A loader configuration file is kept as text (buildmatrix.binary.ldconf_file), and
+    an ELF file's ``DT_RPATH``/``DT_RUNPATH`` (buildmatrix.binary.dynamic)."""
     if is_conf(path):
         return read_conf(src, path)
     if len(head) < 4:
@@ -167,6 +168,8 @@ def inspect_image_file(
         return replace(
             lib, soname=dso.soname, ld_skip=dso.skip, ld_unknown=dso.unknown, machine=dso.machine
         )
+    if dso.search:
+        return SearchPaths(path=path, search=dso.search, code=code)
     return code
 
 
@@ -267,7 +270,7 @@ def scan_tree(
     on_folder: Callable[[str], None] | None = None,
     compat: bool = False,
     deep: bool = True,
-) -> Iterator[FileReport | CompatLibrary | ConfFile | ScanProblem]:
+) -> Iterator[FileReport | CompatLibrary | ConfFile | SearchPaths | ScanProblem]:
     """Every file with device code under ``root``, plus a problem for each corrupt one
     and each folder that cannot be listed (it may hold device code, so it is never
     skipped); with ``compat`` (an image root), each CUDA forward-compatibility driver
@@ -302,11 +305,11 @@ def scan_tree(
 
 def _scan_file(
     full: str, rel: str, *, compat: bool, deep: bool
-) -> FileReport | CompatLibrary | ConfFile | ScanProblem | None:
+) -> FileReport | CompatLibrary | ConfFile | SearchPaths | ScanProblem | None:
     """What the regular file ``full`` (``rel`` in reports) holds, for
     :func:`scan_tree`: None where it holds no device code, a problem where it cannot
     be opened or read, or is corrupt. Opened without following a link."""
-    result: FileReport | CompatLibrary | ConfFile | ScanProblem | None
+    result: FileReport | CompatLibrary | ConfFile | SearchPaths | ScanProblem | None
     try:
         fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:

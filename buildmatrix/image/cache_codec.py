@@ -18,6 +18,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from buildmatrix.arch import Arch, parse_arch
+from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
 from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
@@ -87,6 +88,13 @@ def _dump_result(result: Any) -> Any:
     if isinstance(result, ConfFile):
         text = base64.b64encode(result.text).decode() if result.text is not None else None
         return {"conf": {"path": result.path, "size": result.size, "text": text}}
+    if isinstance(result, SearchPaths):
+        doc = {
+            "path": result.path,
+            "search": list(result.search),
+            "code": _dump_result(result.code),
+        }
+        return {"search": doc}
     assert isinstance(result, CompatLibrary)
     return {
         "compat": {
@@ -150,6 +158,11 @@ def _load_result(doc: Any) -> Any:
         f = doc["conf"]
         text = base64.b64decode(f["text"], validate=True) if f["text"] is not None else None
         return ConfFile(path=str(f["path"]), size=int(f["size"]), text=text)
+    if "search" in doc:
+        f, code = doc["search"], _load_result(doc["search"]["code"])
+        search = tuple(str(s) for s in f["search"])
+        report = code if isinstance(code, FileReport) else None
+        return SearchPaths(path=str(f["path"]), search=search, code=report)
     c = doc["compat"]
     code = _load_result(c["code"])
     return CompatLibrary(

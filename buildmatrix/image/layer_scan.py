@@ -9,6 +9,7 @@ from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
+from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
@@ -100,6 +101,7 @@ def finish(
     unreadable: list[str] = []
     compat_libraries: dict[str, CompatLibrary] = {}
     confs: dict[str, ConfFile] = {}  # the loader's configuration (ldconf_file)
+    searches: dict[str, tuple[str, ...]] = {}  # DT_RPATH/DT_RUNPATH (binary.dynamic)
     for path, node in tree.files():
         paths.append(path)
         result = node.result
@@ -113,6 +115,10 @@ def finish(
             compat_libraries[path] = replace(result, path=path)
         elif isinstance(result, ConfFile):
             confs[path] = replace(result, path=path)
+        elif isinstance(result, SearchPaths):
+            searches[path] = result.search
+            if result.code is not None:
+                files.append(_at(result.code, path))
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
             unreadable.append(path)
@@ -127,6 +133,7 @@ def finish(
         ld_preload=config.env.get("LD_PRELOAD", ""),
         platform=config.platform,
         confs=confs,
+        searches=searches,
     )
     for path in compat_code(compat, compat_libraries):
         code = compat_libraries[path].code

@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
+from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.scan import inspect_file, scan_tree
@@ -118,6 +119,7 @@ class _FolderWalk:
     problems: list[str] = field(default_factory=list)
     libraries: dict[str, CompatLibrary] = field(default_factory=dict)
     confs: dict[str, ConfFile] = field(default_factory=dict)
+    searches: dict[str, tuple[str, ...]] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)
     regular: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
@@ -149,6 +151,11 @@ def _walk_folder(path: Path, *, keep: bool) -> _FolderWalk:
             found.libraries[result.path] = result
         elif isinstance(result, ConfFile):
             found.confs[result.path] = result
+        elif isinstance(result, SearchPaths):
+            found.searches[result.path] = result.search
+            if result.code is not None:
+                stored = str(path / result.path) if keep else None
+                found.files.append(replace(result.code, stored=stored))
         else:
             stored = str(path / result.path) if keep else None
             found.files.append(replace(result, stored=stored))
@@ -180,6 +187,7 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         entries=paths,
         folders=found.folders,
         confs=found.confs,
+        searches=found.searches,
     )
     files = found.files
     for lib_path in compat_code(compat, found.libraries):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import IO
 
 from buildmatrix.binary.compat_note import named_compat_driver
+from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.scan import inspect_image_file
 from buildmatrix.binary.source import BytesSource, CorruptBinary, FileSource
@@ -43,6 +44,8 @@ def inspect_member(data: IO[bytes], size: int, path: str, head: bytes, keep: Pat
             report = inspect_image_file(FileSource(spool.fileno(), name=path), path=path, head=head)
         if keep is None:
             return report
+        if isinstance(report, SearchPaths) and report.code is not None:
+            return replace(report, code=replace(report.code, stored=spool.name))
         if not isinstance(report, FileReport):  # no device code: nothing to keep
             Path(spool.name).unlink()
             return report
