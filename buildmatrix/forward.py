@@ -65,8 +65,8 @@ from buildmatrix.errors import InputError
 from buildmatrix.forward_conf import conf_effect, conf_refusal, older_releases
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.forward_semver import parse_semver, semver_newer
-from buildmatrix.ldconfig import FolderView, LdPick, driver_first, machine_of, pick, searched_first
-from buildmatrix.ldshadow import image_libcuda, preloaded_libcuda, searched_by_rpath
+from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick
+from buildmatrix.ldshadow import before_cache, image_libcuda, preloaded_libcuda
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping
@@ -168,15 +168,11 @@ def find_compat(
         setup = replace(setup, hook_read=conf.hook_read, named=conf.named, ahead=conf.ahead)
     if setup is not None and setup.library is not None:
         setup = replace(setup, older=older_releases(view))
-    node = driver_first(library_path, view) if library_path else None
+    # What the loader finds before its cache (buildmatrix.ldshadow.before_cache).
+    hook = setup.loaded.folder if setup is not None and setup.loaded is not None else None
+    preload, node = before_cache(library_path, searches or {}, view, hook)
     if node is not None and setup is not None:
         setup = replace(setup, node_first=node)
-    # Found before the cache: fails closed unless it is the folder the hook puts in use.
-    first = searched_first(library_path, view) if library_path else None
-    found = [first, searched_by_rpath(searches or {}, view)]
-    hook = setup.loaded.folder if setup is not None and setup.loaded is not None else None
-    preload = next((f for f in found if f is not None and f[0] != hook), None)
-    preload = preload or next((f for f in found if f is not None), None)
     if preload is None:
         return setup
     if setup is None:

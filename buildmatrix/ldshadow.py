@@ -42,10 +42,10 @@ import re
 from typing import TYPE_CHECKING
 
 from buildmatrix.binary.compat_note import LIBCUDA
-from buildmatrix.ldconfig import SONAME
+from buildmatrix.ldconfig import DRIVER_FOLDERS, SONAME, driver_first, searched_first
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping
+    from collections.abc import Collection, Iterator, Mapping
 
     from buildmatrix.ldconfig import FolderView
 
@@ -154,24 +154,13 @@ def preloaded_libcuda(value: str, view: FolderView) -> str | None:
     return None
 
 
-def searched_by_rpath(
+def _search_entries(
     searches: Mapping[str, tuple[str, ...]], view: FolderView
-) -> tuple[str | None, str] | None:
-    """A ``libcuda.so.1`` the loader finds through the ``DT_RPATH`` or ``DT_RUNPATH`` of
-    an ELF file of the image (``searches``: the strings by the file's final path), which
-    it searches before its cache (glibc ``elf/dl-load.c`` ``_dl_map_object``: the
-    calling object's, its loaders' and the program's ``DT_RPATH`` before
-    ``LD_LIBRARY_PATH``, ``DT_RUNPATH`` after it; entries split at ``:``,
-    ``fillin_rpath``): (the folder, why), or None. Which objects ``dlopen`` libcuda is
-    not known, so every file's count. ``$ORIGIN`` is the folder the object is mapped
-    from (``_dl_new_object``): its own, or that of a symlink to it; an entry with
-    another dynamic string token, or relative (the working folder), or unread, counts
-    where the image holds any ``libcuda.so.1`` (folder None)."""
-    if not searches:
-        return None
-    anywhere = sorted(p for p in view.entries if posixpath.basename(p) == SONAME)
-    if not anywhere:
-        return None  # ldconfig makes one only in the folders it scans (the model's)
+) -> Iterator[tuple[str, str, str]]:
+    """(file, entry as written, entry with ``$ORIGIN`` expanded) for every entry of
+    every file's ``DT_RPATH``/``DT_RUNPATH`` (split at ``:``, glibc ``fillin_rpath``).
+    ``$ORIGIN`` is the folder the object is mapped from (``_dl_new_object``): its own,
+    or that of a symlink to it."""
     origins: dict[str, set[str]] = {p: {posixpath.dirname(p)} for p in searches}
     if any("ORIGIN" in s for strings in searches.values() for s in strings):
         for link in view.symlinks:
@@ -183,22 +172,74 @@ def searched_by_rpath(
             for raw in string.split(":"):
                 entry = raw.replace("${ORIGIN}", "$ORIGIN")
                 for where in sorted({entry.replace("$ORIGIN", f"/{o}") for o in origins[path]}):
-                    if not where.startswith("/") or "$" in where:
-                        why = (
-                            f"/{path} has the search path '{raw}' (DT_RPATH/DT_RUNPATH), "
-                            "which the loader searches before its cache and which may be "
-                            f"the folder of /{anywhere[0]}"
-                        )
-                        return None, why
-                    folder = view.resolve(where.lstrip("/"), view.symlinks)
-                    if folder is None:
-                        continue
-                    found = view.resolve(f"{folder}/{SONAME}", view.symlinks)
-                    if found is not None and found in view.entries:
-                        why = (
-                            f"/{path} has the search path '{raw}' (DT_RPATH/DT_RUNPATH), "
-                            f"where the loader finds /{folder}/{SONAME} before its cache, "
-                            "whatever the container toolkit chooses"
-                        )
-                        return folder, why
+                    yield path, raw, where
+
+
+def searched_by_rpath(
+    searches: Mapping[str, tuple[str, ...]], view: FolderView
+) -> tuple[str | None, str] | None:
+    """A ``libcuda.so.1`` the loader finds through the ``DT_RPATH`` or ``DT_RUNPATH`` of
+    an ELF file of the image (``searches``: the strings by the file's final path), which
+    it searches before its cache (glibc ``elf/dl-load.c`` ``_dl_map_object``: the
+    calling object's, its loaders' and the program's ``DT_RPATH`` before
+    ``LD_LIBRARY_PATH``, ``DT_RUNPATH`` after it): (the folder, why), or None. Which
+    objects ``dlopen`` libcuda is not known, so every file's count. An entry with
+    another dynamic string token than ``$ORIGIN``, or relative (the working folder), or
+    unread, counts where the image holds any ``libcuda.so.1`` (folder None)."""
+    if not searches:
+        return None
+    anywhere = sorted(p for p in view.entries if posixpath.basename(p) == SONAME)
+    if not anywhere:
+        return None  # ldconfig makes one only in the folders it scans (the model's)
+    for path, raw, where in _search_entries(searches, view):
+        said = f"/{path} has the search path '{raw}' (DT_RPATH/DT_RUNPATH)"
+        if not where.startswith("/") or "$" in where:
+            why = (
+                f"{said}, which the loader searches before its cache and which may be the "
+                f"folder of /{anywhere[0]}"
+            )
+            return None, why
+        folder = view.resolve(where.lstrip("/"), view.symlinks)
+        if folder is None:
+            continue
+        found = view.resolve(f"{folder}/{SONAME}", view.symlinks)
+        if found is not None and found in view.entries:
+            why = (
+                f"{said}, where the loader finds /{folder}/{SONAME} before its cache, "
+                "whatever the container toolkit chooses"
+            )
+            return folder, why
     return None
+
+
+def rpath_driver_first(searches: Mapping[str, tuple[str, ...]], view: FolderView) -> str | None:
+    """Why the node's own ``libcuda.so.1`` may come first through a search path (None:
+    it cannot): an entry naming a folder the toolkit mounts the node's driver into
+    (buildmatrix.ldconfig.DRIVER_FOLDERS) that holds no ``libcuda.so.1`` of the
+    image; the loader searches it before its cache, passing over the compat driver."""
+    if not searches:
+        return None
+    drivers = {view.resolve(f, view.symlinks) for f in DRIVER_FOLDERS} | set(DRIVER_FOLDERS)
+    for path, raw, where in _search_entries(searches, view):
+        folder = view.resolve(where.lstrip("/"), view.symlinks) if where.startswith("/") else None
+        if folder in drivers and f"{folder}/{SONAME}" not in view.entries:
+            return (
+                f"/{path} has the search path '{raw}' (DT_RPATH/DT_RUNPATH), a folder the "
+                "node's driver is mounted into, which the loader searches before its "
+                f"cache: there the node's {SONAME} is loaded, not the compat driver"
+            )
+    return None
+
+
+def before_cache(
+    library_path: str, searches: Mapping[str, tuple[str, ...]], view: FolderView, hook: str | None
+) -> tuple[tuple[str | None, str] | None, str | None]:
+    """What the loader finds before its cache, through ``LD_LIBRARY_PATH`` and the search
+    paths: (a ``libcuda.so.1`` of the image found first, as (its folder, why): one in
+    another folder than ``hook``, the compat folder the hook puts in use, where there
+    is one; why the node's driver may be found first)."""
+    first = searched_first(library_path, view) if library_path else None
+    found = [f for f in (first, searched_by_rpath(searches, view)) if f is not None]
+    preload = next((f for f in found if f[0] != hook), found[0] if found else None)
+    node = driver_first(library_path, view) if library_path else None
+    return preload, node or rpath_driver_first(searches, view)

@@ -424,6 +424,8 @@ SEARCHES = [
     ("usr/bin/run", "runpath", ORIGIN_STUB, True, "600.10.01", f"{STUB}/libcuda.so", 1),
     ("opt/app/run", "runpath", "/opt/none", True, "600.10.01", f"{NODE}/libcuda.so.600.10.01", 0),
     ("opt/app/run", "runpath", "$LIB/none", True, "600.10.01", f"{NODE}/libcuda.so.600.10.01", 1),
+    # the node's driver folder, on the node whose hook puts the compat driver in use
+    ("opt/app/run", "runpath", f"/{NODE}", False, "535.104.05", f"{NODE}/libcuda.so.600.10.01", 1),
 ]
 
 
