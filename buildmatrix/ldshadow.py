@@ -163,7 +163,12 @@ def _search_entries(
     or that of a symlink to it."""
     origins: dict[str, set[str]] = {p: {posixpath.dirname(p)} for p in searches}
     if any("ORIGIN" in s for strings in searches.values() for s in strings):
-        for link in view.symlinks:
+        # Only a link whose target is named like a searched file or another link can end
+        # at one (a folder link gives the same physical folders).
+        names = {posixpath.basename(p) for p in (*searches, *view.symlinks)}
+        for link, target in view.symlinks.items():
+            if posixpath.basename(target.rstrip("/")) not in names:
+                continue
             final = view.resolve(link, view.symlinks)
             if final in origins:
                 origins[final].add(posixpath.dirname(link))
@@ -175,60 +180,60 @@ def _search_entries(
                     yield path, raw, where
 
 
+def _said(path: str, raw: str) -> str:
+    return f"/{path} has the search path '{raw}' (DT_RPATH/DT_RUNPATH)"
+
+
 def searched_by_rpath(
     searches: Mapping[str, tuple[str, ...]], view: FolderView
-) -> tuple[str | None, str] | None:
-    """A ``libcuda.so.1`` the loader finds through the ``DT_RPATH`` or ``DT_RUNPATH`` of
-    an ELF file of the image (``searches``: the strings by the file's final path), which
-    it searches before its cache (glibc ``elf/dl-load.c`` ``_dl_map_object``: the
-    calling object's, its loaders' and the program's ``DT_RPATH`` before
-    ``LD_LIBRARY_PATH``, ``DT_RUNPATH`` after it): (the folder, why), or None. Which
-    objects ``dlopen`` libcuda is not known, so every file's count. An entry with
-    another dynamic string token than ``$ORIGIN``, or relative (the working folder), or
-    unread, counts where the image holds any ``libcuda.so.1`` (folder None)."""
+) -> tuple[list[tuple[str | None, str]], str | None]:
+    """What the loader finds through the ``DT_RPATH`` or ``DT_RUNPATH`` of the image's
+    ELF files (``searches``: the strings by the file's final path), which it searches
+    before its cache (glibc ``elf/dl-load.c`` ``_dl_map_object``: the calling
+    object's, its loaders' and the program's ``DT_RPATH`` before ``LD_LIBRARY_PATH``,
+    ``DT_RUNPATH`` after it): (each ``libcuda.so.1`` of the image it may find there,
+    as (its folder, why), one per folder;
+    why the node's driver may be found first: an entry naming a folder the toolkit
+    mounts it into, buildmatrix.ldconfig.DRIVER_FOLDERS, that holds no ``libcuda.so.1``
+    of the image). Which objects ``dlopen`` libcuda is not known, so every file's
+    count. An entry with another dynamic string token than ``$ORIGIN``, or relative
+    (the working folder), or unread, counts where the image holds any
+    ``libcuda.so.1`` (folder None)."""
     if not searches:
-        return None
-    anywhere = sorted(p for p in view.entries if posixpath.basename(p) == SONAME)
-    if not anywhere:
-        return None  # ldconfig makes one only in the folders it scans (the model's)
-    for path, raw, where in _search_entries(searches, view):
-        said = f"/{path} has the search path '{raw}' (DT_RPATH/DT_RUNPATH)"
-        if not where.startswith("/") or "$" in where:
-            why = (
-                f"{said}, which the loader searches before its cache and which may be the "
-                f"folder of /{anywhere[0]}"
-            )
-            return None, why
-        folder = view.resolve(where.lstrip("/"), view.symlinks)
-        if folder is None:
-            continue
-        found = view.resolve(f"{folder}/{SONAME}", view.symlinks)
-        if found is not None and found in view.entries:
-            why = (
-                f"{said}, where the loader finds /{folder}/{SONAME} before its cache, "
-                "whatever the container toolkit chooses"
-            )
-            return folder, why
-    return None
-
-
-def rpath_driver_first(searches: Mapping[str, tuple[str, ...]], view: FolderView) -> str | None:
-    """Why the node's own ``libcuda.so.1`` may come first through a search path (None:
-    it cannot): an entry naming a folder the toolkit mounts the node's driver into
-    (buildmatrix.ldconfig.DRIVER_FOLDERS) that holds no ``libcuda.so.1`` of the
-    image; the loader searches it before its cache, passing over the compat driver."""
-    if not searches:
-        return None
+        return [], None
+    anywhere = sorted(p for p in view.entries if p.endswith(f"/{SONAME}") or p == SONAME)
     drivers = {view.resolve(f, view.symlinks) for f in DRIVER_FOLDERS} | set(DRIVER_FOLDERS)
+    folders: dict[str, str | None] = {}  # entry -> final folder, each resolved once
+    found: dict[str | None, str] = {}  # folder -> why
+    seen: set[str] = set()
+    node: str | None = None
     for path, raw, where in _search_entries(searches, view):
-        folder = view.resolve(where.lstrip("/"), view.symlinks) if where.startswith("/") else None
-        if folder in drivers and f"{folder}/{SONAME}" not in view.entries:
-            return (
-                f"/{path} has the search path '{raw}' (DT_RPATH/DT_RUNPATH), a folder the "
-                "node's driver is mounted into, which the loader searches before its "
-                f"cache: there the node's {SONAME} is loaded, not the compat driver"
+        if not where.startswith("/") or "$" in where:
+            if anywhere and None not in found:
+                found[None] = (
+                    f"{_said(path, raw)}, which the loader searches before its cache and "
+                    f"which may be the folder of /{anywhere[0]}"
+                )
+            continue
+        if where not in folders:
+            folders[where] = view.resolve(where.lstrip("/"), view.symlinks)
+        folder = folders[where]
+        if folder is None or folder in seen:
+            continue
+        seen.add(folder)
+        here = view.resolve(f"{folder}/{SONAME}", view.symlinks) if anywhere else None
+        if here is not None and here in view.entries:
+            found[folder] = (
+                f"{_said(path, raw)}, where the loader finds /{folder}/{SONAME} before its "
+                "cache, whatever the container toolkit chooses"
             )
-    return None
+        elif folder in drivers and node is None:
+            node = (
+                f"{_said(path, raw)}, a folder the node's driver is mounted into, which the "
+                f"loader searches before its cache: there the node's {SONAME} is loaded, not "
+                "the compat driver"
+            )
+    return list(found.items()), node
 
 
 def before_cache(
@@ -239,7 +244,7 @@ def before_cache(
     another folder than ``hook``, the compat folder the hook puts in use, where there
     is one; why the node's driver may be found first)."""
     first = searched_first(library_path, view) if library_path else None
-    found = [f for f in (first, searched_by_rpath(searches, view)) if f is not None]
+    by_rpath, node = searched_by_rpath(searches, view)
+    found = [f for f in (first, *by_rpath) if f is not None]
     preload = next((f for f in found if f[0] != hook), found[0] if found else None)
-    node = driver_first(library_path, view) if library_path else None
-    return preload, node or rpath_driver_first(searches, view)
+    return preload, (driver_first(library_path, view) if library_path else None) or node
