@@ -26,6 +26,7 @@ is marked ``unknown`` and buildmatrix.ldconfig fails closed.
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import dataclass
 
 from buildmatrix.binary.elf import ET_DYN
@@ -104,8 +105,9 @@ def _read(src: ByteSource) -> DsoInfo:
     if strtab is None:
         return DsoInfo(skip="its dynamic section has no DT_STRTAB", machine=machine)
     base = next((vaddr - off for off, vaddr, size in loads if 0 <= strtab - vaddr < size), 0)
+    # Interned: the many files of an image that share a search path share its string.
     search = tuple(
-        _string(src, strtab - base + val) or UNREAD
+        sys.intern(_string(src, strtab - base + val) or UNREAD)
         for tag, val in entries
         if tag in (DT_RPATH, DT_RUNPATH)
     )

@@ -13,6 +13,7 @@ import functools
 import gzip
 import hashlib
 import json
+import sys
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
@@ -160,7 +161,7 @@ def _load_result(doc: Any) -> Any:
         return ConfFile(path=str(f["path"]), size=int(f["size"]), text=text)
     if "search" in doc:
         f, code = doc["search"], _load_result(doc["search"]["code"])
-        search = tuple(str(s) for s in f["search"])
+        search = tuple(sys.intern(str(s)) for s in f["search"])
         report = code if isinstance(code, FileReport) else None
         return SearchPaths(path=str(f["path"]), search=search, code=report)
     c = doc["compat"]
