@@ -96,6 +96,11 @@ def test_whiteout_under_a_symlinked_folder_does_not_reach_its_target() -> None:
     ("layer", "message"),
     [
         ({"a.so": SM80, "b.so": Hardlink("missing.so")}, "hard link 'b.so' points at"),
+        # the target's folder comes later in the tar, or never
+        (
+            {"b.so": Hardlink("lib/a.so"), "lib/a.so": SM80},
+            "hard link 'b.so': 'lib/a.so' is under 'lib', which the layer does not hold",
+        ),
         ({"loop": Symlink("loop"), "loop/x.so": SM80}, "written through a symlink loop"),
         ({"d": Symlink("nowhere"), "d/x.so": SM80}, "whose target the layer does not hold"),
         ({"f": b"file", "f/x.so": SM80}, "under 'f', which is not a folder"),

@@ -128,11 +128,13 @@ class LayerSummary:
                 continue
             child = current.children.get(part)
             if child is None:
-                if via_link or not create:
+                if via_link:
                     self._refuse(
                         f"'{what}' is written through a symlink whose target the layer "
                         "does not hold"
                     )
+                if not create:
+                    self._refuse(f"'{what}' is under '{part}', which the layer does not hold")
                 child = current.children[part] = Dir()
             if isinstance(child, Leaf) and child.inode.kind == "symlink":
                 hops += 1
@@ -166,7 +168,11 @@ class LayerSummary:
     def add_hardlink(self, path: str, target: str) -> None:
         """Bound to what ``target`` holds now, in this layer (the engine links in it)."""
         *folders, base = target.split("/")
-        entry = self._folder(folders, create=False, what=target).children.get(base)
+        try:
+            entry = self._folder(folders, create=False, what=target).children.get(base)
+        except InputError as exc:  # said of the link, not only of its target
+            why = str(exc).removeprefix(f"{self.name}: ")
+            raise InputError(f"{self.name}: hard link '{path}': {why}") from None
         if not isinstance(entry, Leaf):
             self._refuse(f"hard link '{path}' points at '{target}', which the layer does not hold")
         folder, name = self._parent(path)
