@@ -364,3 +364,20 @@ def test_what_a_newer_amd64_host_runs_is_judged_too(
         ("linux/amd64", plain, "pass"),
         ("linux/amd64/v3", newer, "fail"),
     ], judged
+
+
+def test_where_no_manifest_is_the_nodes_docker_falls_back(
+    engine: StandinEngine, cli: CliRunner, tmp_path: Path
+) -> None:
+    """An index [linux/amd64, linux/arm/v6]: no arm/v7 manifest, so ``docker run``
+    on an arm/v7 node runs the arm/v6 one (``platforms.Only(host)``'s order, moby
+    ``matchRequestedOrDefault``); it is judged for ``--platform linux/arm/v7`` (this
+    was exit 2), and an arm/v5 node, which runs neither, is still refused."""
+    arm_v6 = {"os": "linux", "architecture": "arm", "variant": "v6"}
+    v6_image = Image(layers=MISLABELED.layers, labels=MISLABELED.labels, platform=arm_v6)
+    tag, (_, v6) = _import_index(engine, tmp_path, [(AMD64, LAYERED), (arm_v6, v6_image)])
+    code, doc = run_check(cli, f"docker-daemon:{tag}", "--platform", "linux/arm/v7")
+    assert code == 1 and doc["digest"] == v6, doc
+    refused = cli("check", f"docker-daemon:{tag}", "--platform", "linux/arm/v5")
+    assert refused.code == 2 and "does not run it natively" in refused.err, refused.err
+    assert engine.saves == 0

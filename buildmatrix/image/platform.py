@@ -174,9 +174,10 @@ def _version(variant: str) -> int | None:
     return int(digits)
 
 
-def _matches(want: Platform, have: Platform, *, legacy: bool = False) -> bool:
-    """``matcher.Match``: both sides normalised; OS version is not compared on Linux;
-    OS features a subset of the request's, or (``legacy``) not compared at all."""
+def matches(want: Platform, have: Platform, *, legacy: bool = False) -> bool:
+    """``NewMatcher(want).Match(have)`` (``matcher.Match``): both sides normalised; OS
+    version is not compared on Linux; OS features a subset of the request's, or
+    (``legacy``) not compared at all."""
     want, have = normalize(want), normalize(have)
     return (
         (want.os, want.architecture, want.variant) == (have.os, have.architecture, have.variant)
@@ -186,11 +187,12 @@ def _matches(want: Platform, have: Platform, *, legacy: bool = False) -> bool:
 def rank(requested: Platform, have: Platform, *, legacy: bool = False) -> tuple[int, int] | None:
     """Where ``have`` sorts among the platforms ``Only(requested)`` matches (lower is
     preferred: the first matcher that matches it, then more OS features first,
-    ``orderedPlatformComparer.Less``; ``legacy``: the matcher only), or None if it
-    does not match."""
+    ``orderedPlatformComparer.Less``, which counts them as the entry lists them,
+    repeats too: ``len(p1.OSFeatures)`` of the platform as given; ``legacy``: the
+    matcher only), or None if it does not match."""
     for i, want in enumerate(platform_vector(normalize(requested))):
-        if _matches(want, have, legacy=legacy):
-            return i, 0 if legacy else -len(set(have.os_features))
+        if matches(want, have, legacy=legacy):
+            return i, 0 if legacy else -len(have.os_features)
     return None
 
 
