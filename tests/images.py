@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -142,9 +143,16 @@ def write_archive_blobs(
 
 
 def write_oci_layout(
-    path: Path, image: Image, *, tag: str = "latest", compress: bool = True
+    path: Path,
+    image: Image,
+    *,
+    tag: str = "latest",
+    compress: bool = True,
+    pack: Callable[[bytes], bytes] | None = None,
 ) -> Path:
-    """An OCI image layout with gzip (or plain) layers, tagged ``tag``."""
+    """An OCI image layout with gzip (or plain) layers, tagged ``tag``; ``pack``:
+    how each layer tar is compressed instead of gzip (the media type stays
+    ``tar+gzip``)."""
     blobs = path / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
 
@@ -156,7 +164,7 @@ def write_oci_layout(
     tars = [layer_tar(layer) for layer in image.layers]
     layers = []
     for t in tars:
-        data = gzip.compress(t, mtime=0) if compress else t
+        data = (pack or (lambda b: gzip.compress(b, mtime=0)))(t) if compress else t
         kind = "tar+gzip" if compress else "tar"
         layers.append(
             {

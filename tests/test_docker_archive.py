@@ -21,8 +21,10 @@ import pytest
 from buildmatrix.errors import InputError
 from buildmatrix.image.savetar import SavedMember, SaveTree, clean_name
 from tests.conftest import CliRunner
+from tests.containerd_service import Containerd, containerd  # noqa: F401
 from tests.images import Dir, Entry, Image, Symlink, fixture, layer_tar, write_oci_layout
 from tests.services import Registry
+from tests.test_containerd import oci_archive
 from tests.test_image_sources import skopeo
 
 Member = tuple[str, bytes | Symlink | Dir | tuple[str, str]]  # ("hardlink", target): links
@@ -582,3 +584,71 @@ def test_a_compressed_archive_is_read_as_docker_load_reads_it(
     cut.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
     result = cli("check", f"docker-archive:{cut}", "--sm", "9.0")
     assert result.code == 2 and f"a {kind}-compressed archive that does not" in result.err
+
+
+@pytest.mark.parametrize("kind", ["gzip", "bzip2", "xz", "zstd"])
+def test_compressed_layers_are_read_as_docker_load_reads_them(
+    kind: str, docker_host: str, cli: CliRunner, tmp_path: Path
+) -> None:
+    """A layer inside the archive compressed with gzip, bzip2, xz or zstd: ``docker
+    load`` inflates it (moby ``image/tarexport/load.go`` ``loadLayer`` ->
+    ``DecompressStream``, by magic bytes) and checks it against its diff_id, so the
+    engine here (Docker 20.10: gzip, bzip2, xz) loads it with the plain layer's
+    diff_id, and ``check`` gives the plain archive's report (bzip2 and xz layers
+    were read as plain tars and refused for a tar header "parsed differently"). zstd
+    layers came with later engines (moby/go-archive), so for it only the reports
+    compare."""
+    layer = _lib(SM80, f"layer-{kind}")
+    config_name, config = _image([layer])
+
+    def archive(path: Path, stored: bytes) -> Path:
+        members = [(config_name, config), ("l/layer.tar", stored)]
+        tag = f"bmtest/layer-{kind}:v1"
+        return write_outer(
+            path, [*members, ("manifest.json", _manifest(config_name, ["l/layer.tar"], tag))]
+        )
+
+    plain = archive(tmp_path / "plain.tar", layer)
+    packed = archive(tmp_path / "packed.tar", _compress(kind, layer))
+    if kind != "zstd":
+        with loaded(docker_host, packed) as r:
+            assert r.returncode == 0, r.stderr
+            inspect = subprocess.run(
+                ["docker", "-H", docker_host, "image", "inspect", f"bmtest/layer-{kind}:v1"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            assert json.loads(inspect.stdout)[0]["RootFS"]["Layers"] == [_sha(layer)]
+    want = cli("check", f"docker-archive:{plain}", "--sm", "9.0", "--json")
+    got = cli("check", f"docker-archive:{packed}", "--sm", "9.0", "--json")
+    assert want.code == got.code == 1, got.out + got.err
+    assert _without_ref(got.json()) == _without_ref(want.json())
+    cut = archive(tmp_path / "cut.tar", _compress(kind, layer)[:-40])
+    result = cli("check", f"docker-archive:{cut}", "--sm", "9.0")
+    assert result.code == 2 and "not a readable layer tar" in result.err, result.err
+
+
+@pytest.mark.parametrize("kind", ["bzip2", "xz"])
+def test_bzip2_and_xz_layers_are_refused_where_containerd_unpacks_them(
+    kind: str,
+    containerd: Containerd,  # noqa: F811
+    cli: CliRunner,
+    tmp_path: Path,
+) -> None:
+    """Outside ``docker load``, layers are unpacked by containerd, which tells gzip
+    and zstd apart (``pkg/archive/compression`` ``DetectCompression``) and takes
+    anything else for a plain tar: the real containerd fails to unpack a bzip2 or xz
+    layer of an OCI layout (``ctr images import``), and ``check oci:`` refuses it
+    (exit 2) saying so, where it said "not a readable layer tar"."""
+    image = Image(layers=[{"usr/lib/libk.so": _lib(SM80, f"oci-{kind}")}])
+    layout = write_oci_layout(
+        tmp_path / "layout", image, tag="v1", pack=lambda b: _compress(kind, b)
+    )
+    archive = oci_archive(layout, tmp_path / "layout.tar")
+    # containerd: "failed to extract layer …: archive/tar: invalid tar header"
+    with pytest.raises(AssertionError, match=r"failed to extract layer .*invalid tar header"):
+        containerd.ctr("images", "import", "--base-name", f"bm/{kind}", str(archive))
+    result = cli("check", f"oci:{layout}:v1", "--sm", "9.0")
+    assert result.code == 2, result.out + result.err
+    assert f"the layer is {kind}-compressed. containerd reads gzip and zstd" in result.err

@@ -183,6 +183,7 @@ def _scan(
                 open=partial(archive.open, member),
                 place=archive.place(member),
                 diff_id=diff_id,
+                engine_load=True,  # docker load inflates it (moby loadLayer)
             )
         )
     layers = scan_blobs(blobs, progress, keep=keep)

@@ -30,19 +30,26 @@ from buildmatrix.image.layers import (
 )
 from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.tarheaders import StrictTarInfo
-from buildmatrix.image.tarstream import GZIP_MAGIC, TAR_BUFSIZE, ZSTD_MAGIC
+from buildmatrix.image.tarstream import CONTAINERD, TAR_BUFSIZE, detect
 from buildmatrix.image.tree import LayerSummary, Result
 from buildmatrix.image.workers import run_all
 
 
 def scan_layer_at(
-    file: Path, offset: int, size: int, *, name: str, diff_id: str | None = None
+    file: Path,
+    offset: int,
+    size: int,
+    *,
+    name: str,
+    diff_id: str | None = None,
+    kinds: frozenset[str] = CONTAINERD,
 ) -> LayerSummary:
     """One layer whose tar lies in ``[offset, offset + size)`` of a regular file (a
     ``docker save`` archive): as :func:`scan_layer` reads it, but an uncompressed tar
     is read in place — headers only, each file that may hold device code inspected
     where it lies, the rest skipped — instead of streamed and spooled. A compressed
-    layer is streamed. With ``diff_id``, the layer's bytes must have that SHA-256
+    layer is streamed (``kinds``: the compressions read, tarstream.open_tar_stream).
+    With ``diff_id``, the layer's bytes must have that SHA-256
     (:func:`layers.check_diff_id`), hashed on a thread beside the reading
     (buildmatrix.image.digests): from the start where this process reads the
     candidates, else once the workers that read them are forked."""
@@ -50,9 +57,9 @@ def scan_layer_at(
     hashing = None
     try:
         window = _Window(fd, offset, size)
-        head = os.pread(fd, min(4, size), offset)
-        if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
-            return scan_layer(cast(IO[bytes], window), name=name, diff_id=diff_id)
+        head = os.pread(fd, min(8, size), offset)
+        if detect(head) is not None:
+            return scan_layer(cast(IO[bytes], window), name=name, diff_id=diff_id, kinds=kinds)
         archive = FileSource(fd, name=str(file))
         hashing = RegionHash(fd, offset, size) if diff_id is not None else None
         with read_as_layer(name):

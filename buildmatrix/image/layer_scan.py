@@ -17,13 +17,16 @@ from buildmatrix.image.blobs import VerifyingReader
 from buildmatrix.image.inplace import scan_layer_at
 from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.scanned import ImageConfig, LayerBlob, Progress, ScannedImage
+from buildmatrix.image.tarstream import CONTAINERD, ENGINE_LOAD
 from buildmatrix.image.tree import ImageTree, LayerSummary, merge
 
 
 def scan_blob(blob: LayerBlob, progress: Progress | None, keep: Path | None = None) -> LayerSummary:
     if blob.place is not None and blob.digest is None and keep is None:
         file, offset, size = blob.place
-        summary = scan_layer_at(file, offset, size, name=blob.name, diff_id=blob.diff_id)
+        summary = scan_layer_at(
+            file, offset, size, name=blob.name, diff_id=blob.diff_id, kinds=_kinds(blob)
+        )
         if progress is not None:
             progress(size)
         return summary
@@ -39,9 +42,14 @@ def scan_blob(blob: LayerBlob, progress: Progress | None, keep: Path | None = No
             keep=keep,
             diff_id=blob.diff_id,
             blob_digest=blob.digest,
+            kinds=_kinds(blob),
         )
         reader.verify()
     return summary
+
+
+def _kinds(blob: LayerBlob) -> frozenset[str]:
+    return ENGINE_LOAD if blob.engine_load else CONTAINERD
 
 
 def scan_blobs(

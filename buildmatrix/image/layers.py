@@ -23,6 +23,7 @@ from buildmatrix.errors import InputError
 from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.spool import inspect_member
 from buildmatrix.image.tarstream import (
+    CONTAINERD,
     DiffIdMismatch,
     check_end,
     member_data,
@@ -51,17 +52,21 @@ def scan_layer(
     keep: Path | None = None,
     diff_id: str | None = None,
     blob_digest: str | None = None,
+    kinds: frozenset[str] = CONTAINERD,
 ) -> LayerSummary:
     """Read one layer tar stream into a summary; device code is inspected on the way.
 
     With ``keep`` (a private folder), every file with device code is kept there and
     its report says where (``FileReport.stored``). With ``diff_id``, the layer's
     uncompressed content must have that digest (``blob_digest``: the blob's own,
-    verified by the caller, which is the diff_id of an uncompressed blob).
+    verified by the caller, which is the diff_id of an uncompressed blob). ``kinds``:
+    the compressions read (tarstream.open_tar_stream).
     """
     with read_as_layer(name):
         try:
-            tar = open_tar_stream(stream, name=name, diff_id=diff_id, blob_digest=blob_digest)
+            tar = open_tar_stream(
+                stream, name=name, diff_id=diff_id, blob_digest=blob_digest, kinds=kinds
+            )
         except DiffIdMismatch as exc:
             check_diff_id(name, diff_id, str(exc))
             raise  # pragma: no cover - check_diff_id raises on a mismatch
@@ -140,14 +145,24 @@ def read_as_layer(name: str) -> Iterator[None]:
 
 
 def unreadable() -> tuple[type[Exception], ...]:
-    """What the tar, gzip (ISA-L and zlib) and zstd readers raise on corrupt input."""
+    """What the tar, gzip (ISA-L and zlib), zstd, bzip2 (OSError) and xz readers
+    raise on corrupt input."""
+    import lzma
     import zlib
 
     import zstandard
     from isal import igzip_lib
 
     isal_error = cast(type[Exception], igzip_lib.IsalError)
-    return (tarfile.TarError, EOFError, OSError, zlib.error, isal_error, zstandard.ZstdError)
+    return (
+        tarfile.TarError,
+        EOFError,
+        OSError,
+        zlib.error,
+        isal_error,
+        zstandard.ZstdError,
+        lzma.LZMAError,
+    )
 
 
 def forward_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:

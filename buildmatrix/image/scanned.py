@@ -99,3 +99,7 @@ class LayerBlob:
     # The local file the blob is read from (an OCI layout's): the layer cache trusts
     # its entry only while this file is the one a read verified.
     local: Path | None = None
+    # A layer of a docker save archive that docker load reads: bzip2 and xz are
+    # inflated too, as moby's DecompressStream does (tarstream.ENGINE_LOAD); every
+    # other layer is decompressed as containerd does (tarstream.CONTAINERD).
+    engine_load: bool = False

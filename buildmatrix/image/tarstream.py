@@ -1,5 +1,5 @@
-"""Tar streams read once, front to back: plain, gzip or zstd (told by magic bytes),
-through tarfile's seekable reader over a forward-only stream."""
+"""Tar streams read once, front to back: plain or compressed (told by magic bytes, as
+the engines tell it), through tarfile's seekable reader over a forward-only stream."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import io
 import tarfile
 from typing import IO, Any, cast
 
+from buildmatrix.errors import InputError
 from buildmatrix.image.digests import BesideHasher
 from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.tarheaders import StrictTarInfo
@@ -19,12 +20,51 @@ TAR_BUFSIZE = 256 << 10
 CHUNK = 1 << 20  # read buffer for decompression and for bytes a seek skips
 
 GZIP_MAGIC, ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"  # how compression is told
+# The compressions a layer may carry. Docker's ``docker load`` (moby
+# ``image/tarexport/load.go`` ``loadLayer`` -> ``DecompressStream``, moby/go-archive
+# ``compression/compression.go``; Docker 20.10: ``pkg/archive/archive.go``) inflates
+# gzip, bzip2, xz and (Docker 23 on) zstd layers; containerd (its applier and
+# ``core/images/archive/importer.go``, by ``pkg/archive/compression``
+# ``DetectCompression``) knows gzip and zstd only and takes anything else for a
+# plain tar.
+ENGINE_LOAD = frozenset({"gzip", "bzip2", "xz", "zstd"})
+CONTAINERD = frozenset({"gzip", "zstd"})
+
+
+def detect(head: bytes) -> str | None:
+    """The compression ``head`` (a stream's first 8 bytes or more) opens with, by
+    the magic bytes of moby/go-archive ``compression_detect.go`` ``Detect`` (a zstd
+    stream may open with a skippable frame, 0x184D2A5?), gzip by its two ID bytes;
+    None: a plain tar."""
+    if head[:2] == GZIP_MAGIC:
+        return "gzip"
+    if head[:3] == b"BZh":
+        return "bzip2"
+    if head[:6] == b"\xfd7zXZ\x00":
+        return "xz"
+    if head[:4] == ZSTD_MAGIC or (
+        len(head) >= 8 and int.from_bytes(head[:4], "little") & 0xFFFFFFF0 == 0x184D2A50
+    ):
+        return "zstd"
+    return None
+
+
+class UnsupportedCompression(InputError):
+    """A layer compressed in a way the runtime that would unpack it does not read."""
 
 
 def open_tar_stream(
-    stream: IO[bytes], *, name: str, diff_id: str | None = None, blob_digest: str | None = None
+    stream: IO[bytes],
+    *,
+    name: str,
+    diff_id: str | None = None,
+    blob_digest: str | None = None,
+    kinds: frozenset[str] = CONTAINERD,
 ) -> tarfile.TarFile:
-    """A streaming tar reader over a plain, gzip or zstd layer (by magic bytes).
+    """A streaming tar reader over a plain or compressed layer (by magic bytes,
+    :func:`detect`); ``kinds``: the compressions the runtime that unpacks it reads
+    (:data:`CONTAINERD`, or :data:`ENGINE_LOAD` for a ``docker load`` archive), any
+    other is refused (:class:`UnsupportedCompression`).
 
     With ``diff_id`` (the config's digest of the uncompressed layer), the tar stream
     is hashed as it is read, on a thread beside the reader (buildmatrix.image.digests;
@@ -38,26 +78,41 @@ def open_tar_stream(
         if isinstance(stream, io.BufferedReader)
         else io.BufferedReader(cast(io.RawIOBase, stream), buffer_size=CHUNK)
     )
-    magic = buffered.peek(4)[:4]
-    compressed = magic[:2] == GZIP_MAGIC or magic == ZSTD_MAGIC
+    kind = detect(buffered.peek(8)[:8])
+    if kind is not None and kind not in kinds:
+        raise UnsupportedCompression(
+            f"{name}: the layer is {kind}-compressed. containerd reads gzip and zstd "
+            "layers only (pkg/archive/compression, DetectCompression) and takes any "
+            "other for a plain tar, which this is not, so no node's containerd unpacks "
+            "it (only Docker's docker load of a docker save archive inflates bzip2 and "
+            "xz layers). Refused; recompress the layer with gzip or zstd."
+        )
     hasher = None
     if diff_id is not None:
-        if not compressed and blob_digest is not None and blob_digest.startswith("sha256:"):
+        if kind is None and blob_digest is not None and blob_digest.startswith("sha256:"):
             if blob_digest != diff_id:
                 raise DiffIdMismatch(blob_digest)
         else:
             hasher = BesideHasher()
-    if magic[:2] == GZIP_MAGIC:
+    if kind == "gzip":
         # ISA-L's gzip reader decompresses ~1.7x faster than zlib's (docs/check.md).
         from isal import igzip
 
         gunzipped = igzip.IGzipFile(fileobj=buffered, mode="rb")  # type: ignore[no-untyped-call]
         return _open(cast(IO[bytes], gunzipped), hasher)
-    if magic == ZSTD_MAGIC:
+    if kind == "zstd":
         import zstandard
 
         reader = zstandard.ZstdDecompressor().stream_reader(buffered, read_size=CHUNK)
         return _open(reader, hasher)
+    if kind == "bzip2":  # streams one after another, as Go's compress/bzip2 reads them
+        import bz2
+
+        return _open(cast(IO[bytes], bz2.BZ2File(buffered)), hasher)
+    if kind == "xz":  # streams one after another, as xz -d (moby's xzDecompress) reads
+        import lzma
+
+        return _open(cast(IO[bytes], lzma.LZMAFile(buffered)), hasher)
     return _open(buffered, hasher)
 
 
