@@ -369,3 +369,15 @@ def _platform(spec: str) -> Platform:
     assert isinstance(p, dict)
     features = p.get("os.features", [])
     return Platform(os=p["os"], architecture=p["architecture"], os_features=tuple(features))
+
+
+def test_os_features_are_counted_as_the_entry_lists_them() -> None:
+    """containerd's ``images.Manifest`` sorts entries by ``Less``, which prefers more
+    OS features by ``len(p1.OSFeatures)`` of the entry's platform as stored (compare.go,
+    ``orderedPlatformComparer.Less``): [f, f] and [f, g] tie for ``linux(+f+g)/amd64``,
+    so the first in index order wins either way (counting the set, [f, g] won)."""
+    twice = {"os": "linux", "architecture": "amd64", "os.features": ["f", "f"]}
+    both = {"os": "linux", "architecture": "amd64", "os.features": ["f", "g"]}
+    for entries in ([twice, both], [both, twice]):
+        index = [{"digest": str(i), "platform": p} for i, p in enumerate(entries)]
+        assert select_platform(index, "linux(+f+g)/amd64", name="t")["digest"] == "0"
