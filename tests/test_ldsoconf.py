@@ -388,15 +388,19 @@ def test_odd_configuration_never_raises(files: dict[str, bytes]) -> None:
 def test_search_paths_are_carried_through_layers_and_the_cache(
     compat_lib: bytes, tmp_path: Path
 ) -> None:
-    """A program's DT_RUNPATH read from a layer tar, through the layer cache's codec, to
-    the final view: naming the stubs folder where a libcuda.so.1 stands, it is found
-    there (buildmatrix.ldshadow.searched_by_rpath); a whiteout of that link clears it."""
+    """A program's DT_RUNPATH (it dlopens libcuda) read from a layer tar, through the
+    layer cache's codec, to the final view: naming the stubs folder where a libcuda.so.1
+    stands, it is found there (buildmatrix.ldshadow.searched_by_rpath); a whiteout of
+    that link clears it."""
     import shutil
 
     if shutil.which("gcc") is None:
         pytest.skip("gcc builds the program")
     stubs = "usr/local/cuda-13.1/targets/x86_64-linux/lib/stubs"
-    (tmp_path / "run.c").write_text("int main(void) { return 0; }\n")
+    # It loads libcuda itself, so its DT_RUNPATH is searched (buildmatrix.binary.dynamic).
+    (tmp_path / "run.c").write_text(
+        '#include <dlfcn.h>\nint main(void) { return dlopen("libcuda.so.1", RTLD_NOW) == 0; }\n'
+    )
     program = tmp_path / "run"
     rpath = f"-Wl,--enable-new-dtags,-rpath,$ORIGIN/../../{stubs}"
     subprocess.run(["gcc", "-o", str(program), str(tmp_path / "run.c"), rpath], check=True)

@@ -16,7 +16,17 @@
 It also reads what the dynamic loader searches for the object's own dependencies
 and ``dlopen`` calls before its cache: the ``DT_RPATH`` and ``DT_RUNPATH`` strings
 (glibc ``elf/dl-load.c`` ``_dl_map_object``, ``decompose_rpath``), for
-buildmatrix.ldshadow.
+buildmatrix.ldshadow, of programs too (``ET_EXEC`` as well as ``ET_DYN``: a program
+linked ``-no-pie`` is searched by its own ``DT_RPATH``/``DT_RUNPATH``, though ldconfig
+skips it). ``DsoInfo.libcuda_search`` keeps those that may be searched for
+``libcuda.so.1``: a ``DT_RPATH`` always (it also serves the objects loaded below the
+file, and a program's serves the whole process), a ``DT_RUNPATH`` only where the file
+may ask for a library itself by a name it does not hold: ``_dl_map_object`` searches
+the ``DT_RUNPATH`` of the requesting object only (``loader``: the object whose
+``DT_NEEDED`` names the library, or that calls ``dlopen``), so it counts where the
+file's dynamic string table names a libcuda (a ``DT_NEEDED``) or a ``dl*`` entry point
+that loads or finds one (``dlopen``, ``dlmopen``, ``dlsym``, ``dlvsym``), or cannot be
+read whole (over ``_MAX_STRTAB`` bytes, or past the end of the file).
 
 Where this reader cannot follow (a table past the end of the file, a big-endian
 file, which an x86-64 or Arm host's ldconfig reads in its own byte order), the file
@@ -27,18 +37,24 @@ from __future__ import annotations
 
 import struct
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from buildmatrix.binary.elf import ET_DYN
+from buildmatrix.binary.elf import ET_DYN, ET_EXEC
 from buildmatrix.binary.report import FileReport
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
 
 PT_LOAD, PT_DYNAMIC = 1, 2
-DT_NULL, DT_STRTAB, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 5, 14, 15, 29
+DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME = 0, 1, 5, 10, 14
+DT_RPATH, DT_RUNPATH = 15, 29
 UNREAD = "$UNREAD"  # a search path string that does not end in the file
 _MAX_SONAME = 4096
 _MAX_PHNUM = 1 << 16
 _MAX_DYNAMIC = 1 << 16
+_MAX_STRTAB = 1 << 24
+# What a dynamic string table names where its object may ask the loader for
+# libcuda.so.1 itself: a DT_NEEDED of it, or an entry point that loads by name (the
+# substring also finds __libc_dlopen_mode and versioned names).
+_ASKS = (b"libcuda", b"dlopen", b"dlmopen", b"dlsym", b"dlvsym")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +68,7 @@ class DsoInfo:
     unknown: str | None = None
     machine: str = ""
     search: tuple[str, ...] = ()  # DT_RPATH and DT_RUNPATH strings (UNREAD: unended)
+    libcuda_search: tuple[str, ...] = ()  # those the loader may search for libcuda.so.1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,8 +105,25 @@ def _read(src: ByteSource) -> DsoInfo:
     machine = f"ELF{bits} {'LSB' if order == '<' else 'MSB'} machine {e_machine}"
     if order == ">":
         return DsoInfo(unknown="a big-endian ELF file", machine=machine)
-    if e_type != ET_DYN:
+    if e_type not in (ET_DYN, ET_EXEC):
         return DsoInfo(skip=f"it is not a shared object (ELF type {e_type})", machine=machine)
+    try:
+        info = _dynamic(src, order=order, bits=bits, phoff=phoff, phnum=phnum, machine=machine)
+    except CorruptBinary:
+        if e_type != ET_EXEC:
+            raise
+        info = DsoInfo()
+    if e_type == ET_EXEC:  # ldconfig skips a program; its loader reads its search paths
+        why = f"it is not a shared object (ELF type {e_type})"
+        return DsoInfo(
+            skip=why, machine=machine, search=info.search, libcuda_search=info.libcuda_search
+        )
+    return info
+
+
+def _dynamic(
+    src: ByteSource, *, order: str, bits: int, phoff: int, phnum: int, machine: str
+) -> DsoInfo:
     phdr = struct.Struct(order + ("IIIIIIII" if bits == 32 else "IIQQQQQQ"))
     if phnum > _MAX_PHNUM:  # ldconfig steps by sizeof(Phdr), whatever e_phentsize says
         return DsoInfo(unknown="its program header table is malformed", machine=machine)
@@ -106,22 +140,35 @@ def _read(src: ByteSource) -> DsoInfo:
         return DsoInfo(skip="its dynamic section has no DT_STRTAB", machine=machine)
     base = next((vaddr - off for off, vaddr, size in loads if 0 <= strtab - vaddr < size), 0)
     # Interned: the many files of an image that share a search path share its string.
-    search = tuple(
-        sys.intern(_string(src, strtab - base + val) or UNREAD)
+    tagged = [
+        (tag, sys.intern(_string(src, strtab - base + val) or UNREAD))
         for tag, val in entries
         if tag in (DT_RPATH, DT_RUNPATH)
-    )
+    ]
+    search = tuple(s for _tag, s in tagged)
+    asks = any(tag == DT_RUNPATH for tag, _s in tagged) and _asks(src, entries, strtab - base)
+    kept = tuple(s for tag, s in tagged if tag == DT_RPATH or asks)
+    found = DsoInfo(machine=machine, search=search, libcuda_search=kept)
     sonames = [val for tag, val in entries if tag == DT_SONAME]
     if len(sonames) > 1:
-        why = "it has several DT_SONAME entries"
-        return DsoInfo(unknown=why, machine=machine, search=search)
+        return replace(found, unknown="it has several DT_SONAME entries")
     if not sonames:
-        return DsoInfo(machine=machine, search=search)
+        return found
     name = _string(src, strtab - base + sonames[0])
     if name is None:
-        why = "its DT_SONAME string does not end in the file"
-        return DsoInfo(unknown=why, machine=machine, search=search)
-    return DsoInfo(soname=name, machine=machine, search=search)
+        return replace(found, unknown="its DT_SONAME string does not end in the file")
+    return replace(found, soname=name)
+
+
+def _asks(src: ByteSource, entries: list[tuple[int, int]], at: int) -> bool:
+    """Whether the object may ask the loader for ``libcuda.so.1`` itself (its own
+    ``DT_RUNPATH`` then searched): its dynamic string table (``DT_STRSZ`` bytes at
+    ``at``) names one of :data:`_ASKS`, or cannot be read whole."""
+    size = next((val for tag, val in entries if tag == DT_STRSZ), None)
+    if size is None or size > _MAX_STRTAB or not 0 <= at <= src.size - size:
+        return True
+    table = read_exact(src, at, size, what="dynamic string table")
+    return any(word in table for word in _ASKS)
 
 
 def _string(src: ByteSource, start: int) -> str | None:

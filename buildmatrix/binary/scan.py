@@ -168,8 +168,8 @@ def inspect_image_file(
         return replace(
             lib, soname=dso.soname, ld_skip=dso.skip, ld_unknown=dso.unknown, machine=dso.machine
         )
-    if dso.search:
-        return SearchPaths(path=path, search=dso.search, code=code)
+    if dso.libcuda_search:
+        return SearchPaths(path=path, search=dso.libcuda_search, code=code)
     return code
 
 
