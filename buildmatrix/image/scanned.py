@@ -45,8 +45,12 @@ class ImageConfig:
         labels = {str(k): str(v) for k, v in (cfg.get("Labels") or {}).items()}
         env = {}
         for item in cfg.get("Env") or []:
-            key, _, value = str(item).partition("=")
-            env[key] = value
+            key, eq, value = str(item).partition("=")
+            # A bare KEY unsets only a default of the engine's own (PATH, HOSTNAME),
+            # never an earlier entry of the image: moby container/env.go and containerd
+            # oci/spec_opts.go replaceOrAppendEnvValues look it up in the defaults only.
+            if eq:
+                env[key] = value
         parts = [str(doc.get(k) or doc.get(k.title()) or "") for k in ("os", "architecture")]
         variant = str(doc.get("variant") or doc.get("Variant") or "")
         platform = "/".join([*parts, variant] if variant else parts) if all(parts) else None
