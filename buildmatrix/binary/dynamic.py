@@ -50,7 +50,7 @@ UNREAD = "$UNREAD"  # a search path string that does not end in the file
 _MAX_SONAME = 4096
 _MAX_PHNUM = 1 << 16
 _MAX_DYNAMIC = 1 << 16
-_MAX_STRTAB = 1 << 24
+_MAX_STRTAB = 1 << 22
 # What a dynamic string table names where its object may ask the loader for
 # libcuda.so.1 itself: a DT_NEEDED of it, or an entry point that loads by name (the
 # substring also finds __libc_dlopen_mode and versioned names).
