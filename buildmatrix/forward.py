@@ -66,7 +66,7 @@ from buildmatrix.forward_conf import conf_effect, conf_refusal, older_releases
 from buildmatrix.forward_legacy import CUDART_DIR, LegacySetup, find_legacy
 from buildmatrix.forward_semver import parse_semver, semver_newer
 from buildmatrix.ldconfig import FolderView, LdPick, machine_of, pick
-from buildmatrix.ldshadow import before_cache, image_libcuda, preloaded_libcuda
+from buildmatrix.ldshadow import audited_libcuda, before_cache, image_libcuda, preloaded_libcuda
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping
@@ -129,6 +129,7 @@ def find_compat(
     platform: str | None = None,
     confs: Mapping[str, ConfFile] | None = None,
     ld_preload: str = "",
+    ld_audit: str = "",
     searches: Mapping[str, tuple[str, ...]] | None = None,
 ) -> CompatSetup | None:
     """The toolkit's lookup on the final view (rules 1-3 of the module docstring):
@@ -137,8 +138,9 @@ def find_compat(
     non-folder path, ``folders`` every folder (for ldconfig's view of the compat
     folder, buildmatrix.ldconfig, and the legacy path, buildmatrix.forward_legacy),
     ``library_path`` the image's LD_LIBRARY_PATH, ``ld_preload`` its LD_PRELOAD
-    (buildmatrix.ldshadow.preloaded_libcuda), ``searches`` the ELF files' DT_RPATH
-    and DT_RUNPATH (buildmatrix.ldshadow.searched_by_rpath), ``platform`` its os/arch where known,
+    (buildmatrix.ldshadow.preloaded_libcuda), ``ld_audit`` its LD_AUDIT
+    (``audited_libcuda``), ``searches`` the ELF files' DT_RPATH and DT_RUNPATH
+    (buildmatrix.ldshadow.searched_by_rpath), ``platform`` its os/arch where known,
     ``confs`` the loader's configuration files kept as text (buildmatrix.ldsoconf; a
     configuration file without text fails closed where it may matter). None when
     neither path finds a compat library and LD_LIBRARY_PATH leads to no libcuda.so.1."""
@@ -158,7 +160,7 @@ def find_compat(
     hook = posixpath.dirname(setup.library.path) if setup and setup.library else None
     conf = conf_effect(view, modelled, hook, confs or {})  # buildmatrix.forward_conf
     # The node's driver is not known to be the one loaded: fail closed.
-    preloaded = preloaded_libcuda(ld_preload, view)  # None where LD_PRELOAD is unset
+    preloaded = preloaded_libcuda(ld_preload, view) or audited_libcuda(ld_audit, view)
     for why in (image_libcuda(view, modelled), preloaded, conf.undetermined if conf else None):
         if why is not None and setup is None:
             setup = CompatSetup(library=None, why=why, undetermined=why)

@@ -111,6 +111,27 @@ def image_libcuda(view: FolderView, modelled: Collection[str | None]) -> str | N
     )
 
 
+def audited_libcuda(value: str, view: FolderView) -> str | None:
+    """Why an ``LD_AUDIT`` module of the image's environment may have the loader map a
+    libcuda of the image (None: it cannot). glibc ``elf/rtld.c`` loads each module
+    ``LD_AUDIT`` names (split at ``:``, ``audit_list_next``) before the program, and a
+    module's ``la_objsearch`` may give the loader any other name for
+    ``libcuda.so.1`` (``elf/dl-load.c`` ``_dl_map_object``; man 7 rtld-audit): what
+    it does is code, so where the image holds any libcuda this fails closed."""
+    if not value.strip(":"):
+        return None
+    libcudas = sorted(
+        p for p in {*view.entries, *view.libraries, *view.unreadable} if _libcuda(p, view)
+    )
+    if not libcudas:
+        return None
+    return (
+        f"the image's LD_AUDIT names '{value}', an audit module glibc's loader runs before "
+        f"the program, which may have it map /{libcudas[0]} for libcuda.so.1 "
+        "(la_objsearch, elf/dl-load.c), whatever the container toolkit chose"
+    )
+
+
 def preloaded_libcuda(value: str, view: FolderView) -> str | None:
     """Why a library the image's ``LD_PRELOAD`` names may be the ``libcuda.so.1`` a
     process uses (None: none can). glibc ``elf/rtld.c`` ``handle_preload_list`` splits

@@ -19,7 +19,7 @@ import pytest
 
 from buildmatrix.cli import main
 from tests.images import Entry, Symlink, layer_tar, write_archive_blobs
-from tests.test_ldconfig import DIR, ROOTED, kit
+from tests.test_ldconfig import DIR, ROOTED, _place, kit
 from tests.test_loader_order import APP, COMPAT_LIB, NODE, NODE_LIB, START_C, STUB
 
 __all__ = ["kit"]
@@ -82,3 +82,72 @@ def test_a_bare_key_does_not_unset_an_earlier_entry_of_the_image(
         problems = json.loads(capsys.readouterr().out)["problems"]
         assert got == code, (env, problems)
         subprocess.run([*docker, "rmi", "-f", tag], check=False, capture_output=True)
+
+
+AUDIT_C = r"""
+#define _GNU_SOURCE
+#include <link.h>
+#include <stdint.h>
+#include <string.h>
+/* An rtld-audit module (glibc elf/rtld.c, LD_AUDIT; man 7 rtld-audit): la_objsearch
+   may give the loader another name for any library it searches. */
+unsigned int la_version(unsigned int v) { (void)v; return LAV_CURRENT; }
+char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
+  (void)cookie; (void)flag;
+  if (strcmp(name, "libcuda.so.1") == 0) return "/usr/local/cuda/compat/libcuda.so.1";
+  return (char *)name;
+}
+"""
+
+
+def test_ld_audit_fails_closed_where_the_image_holds_a_libcuda(
+    kit: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``LD_AUDIT`` in the image's environment loads a module that may rename what the
+    loader searches (``la_objsearch``): glibc's loader, chrooted in the root, maps the
+    compat driver on a node whose hook leaves it unused; check must fail closed."""
+    from tests.images import Image, write_docker_archive
+    from tests.test_ldconfig import CHROOT
+    from tests.test_loader_order import _preload_root
+
+    audit = tmp_path / "audit.so"
+    (tmp_path / "audit.c").write_text(AUDIT_C)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(audit), str(tmp_path / "audit.c")], check=True
+    )
+    root = tmp_path / "root"
+    _preload_root(root, kit)
+    (root / "opt").mkdir()
+    (root / "opt/audit.so").write_bytes(audit.read_bytes())
+    # The audit namespace loads libc's own ld.so dependency by its SONAME, as a
+    # distribution's /lib/<arch>-linux-gnu holds it.
+    _place(kit, "ld.so", root / "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+    subprocess.run(
+        ["chroot", str(root), "/sbin/ldconfig", "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache"],
+        check=True,
+        capture_output=True,
+    )
+    mapped = subprocess.run(
+        [CHROOT, str(root), "/lib64/ld-linux-x86-64.so.2", "/which"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"LD_AUDIT": "/opt/audit.so"},
+    ).stdout.strip()
+    assert mapped.lstrip("/") == COMPAT_LIB  # not the node's driver
+    layer: dict[str, Entry] = {
+        "usr/local/cuda": Symlink("cuda-13.1"),
+        COMPAT_LIB: kit["A"].read_bytes(),
+        f"{DIR}/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
+        "usr/lib/libapp.so": APP.read_bytes(),
+        "opt/audit.so": audit.read_bytes(),
+        "etc/ld.so.conf": b"include /etc/ld.so.conf.d/*.conf\n",
+        "etc/ld.so.cache": b"",
+    }
+    env = {"CUDA_VERSION": "13.0.0", "LD_AUDIT": "/opt/audit.so"}
+    archive = write_docker_archive(tmp_path / "a.tar", Image(layers=[layer], env=env))
+    args = ["check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", "600.10.01"]
+    got = main([*args, "--no-cache", "--json"])
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert got == 1, problems
+    assert any("LD_AUDIT" in p for p in problems), problems

@@ -139,6 +139,7 @@ def finish(
         folders=list(tree.folders()),
         library_path=config.env.get("LD_LIBRARY_PATH", ""),
         ld_preload=config.env.get("LD_PRELOAD", ""),
+        ld_audit=config.env.get("LD_AUDIT", ""),
         platform=config.platform,
         confs=confs,
         searches=searches,
