@@ -42,6 +42,7 @@ import re
 from typing import TYPE_CHECKING
 
 from buildmatrix.binary.compat_note import LIBCUDA
+from buildmatrix.binary.dynamic import AUDIT
 from buildmatrix.ldconfig import DRIVER_FOLDERS, SONAME, driver_first, searched_first
 
 if TYPE_CHECKING:
@@ -111,6 +112,12 @@ def image_libcuda(view: FolderView, modelled: Collection[str | None]) -> str | N
     )
 
 
+def _libcudas(view: FolderView) -> list[str]:
+    return sorted(
+        p for p in {*view.entries, *view.libraries, *view.unreadable} if _libcuda(p, view)
+    )
+
+
 def audited_libcuda(value: str, view: FolderView) -> str | None:
     """Why an ``LD_AUDIT`` module of the image's environment may have the loader map a
     libcuda of the image (None: it cannot). glibc ``elf/rtld.c`` loads each module
@@ -120,9 +127,7 @@ def audited_libcuda(value: str, view: FolderView) -> str | None:
     it does is code, so where the image holds any libcuda this fails closed."""
     if not value.strip(":"):
         return None
-    libcudas = sorted(
-        p for p in {*view.entries, *view.libraries, *view.unreadable} if _libcuda(p, view)
-    )
+    libcudas = _libcudas(view)
     if not libcudas:
         return None
     return (
@@ -195,6 +200,8 @@ def _search_entries(
                 origins[final].add(posixpath.dirname(link))
     for path in sorted(searches):
         for string in searches[path]:
+            if string == AUDIT:
+                continue
             for raw in string.split(":"):
                 entry = raw.replace("${ORIGIN}", "$ORIGIN")
                 for where in sorted({entry.replace("$ORIGIN", f"/{o}") for o in origins[path]}):
@@ -222,10 +229,18 @@ def searched_by_rpath(
     ``libcuda.so.1`` (folder None)."""
     if not searches:
         return [], None
+    found: dict[str | None, str] = {}  # folder -> why
+    audit = next((p for p in sorted(searches) if AUDIT in searches[p]), None)
+    libcudas = _libcudas(view) if audit is not None else []
+    if audit is not None and libcudas:
+        found[None] = (
+            f"/{audit} names an audit module (DT_AUDIT/DT_DEPAUDIT), which glibc's loader "
+            f"runs before the program and which may have it map /{libcudas[0]} for "
+            "libcuda.so.1 (la_objsearch, elf/dl-load.c), whatever the container toolkit chose"
+        )
     anywhere = sorted(p for p in view.entries if p.endswith(f"/{SONAME}") or p == SONAME)
     drivers = {view.resolve(f, view.symlinks) for f in DRIVER_FOLDERS} | set(DRIVER_FOLDERS)
     folders: dict[str, str | None] = {}  # entry -> final folder, each resolved once
-    found: dict[str | None, str] = {}  # folder -> why
     seen: set[str] = set()
     node: str | None = None
     for path, raw, where in _search_entries(searches, view):

@@ -151,3 +151,55 @@ def test_ld_audit_fails_closed_where_the_image_holds_a_libcuda(
     problems = json.loads(capsys.readouterr().out)["problems"]
     assert got == 1, problems
     assert any("LD_AUDIT" in p for p in problems), problems
+
+
+def test_a_program_naming_an_audit_module_fails_closed(
+    kit: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A program linked ``--audit`` (DT_AUDIT): glibc's loader runs the module before it,
+    as for ``LD_AUDIT``, and maps the compat driver the hook leaves unused."""
+    from tests.test_ldconfig import CHROOT, WHICH_C
+    from tests.test_loader_order import _preload_root
+
+    audit, program = tmp_path / "audit.so", tmp_path / "run"
+    (tmp_path / "audit.c").write_text(AUDIT_C)
+    (tmp_path / "run.c").write_text(WHICH_C)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(audit), str(tmp_path / "audit.c")], check=True
+    )
+    link = ["gcc", "-o", str(program), str(tmp_path / "run.c"), "-Wl,--audit=/opt/audit.so"]
+    subprocess.run(link, check=True)
+    image, oracle = tmp_path / "image", tmp_path / "oracle"
+    for root in (image, oracle):
+        _preload_root(root, kit)
+        (root / "opt").mkdir()
+        (root / "opt/audit.so").write_bytes(audit.read_bytes())
+        (root / "opt/run").write_bytes(program.read_bytes())
+        (root / "opt/run").chmod(0o755)
+    (image / "usr/lib/x86_64-linux-gnu/libcuda.so.600.10.01").unlink()  # the node's
+    _place(kit, "ld.so", oracle / "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+    subprocess.run(
+        [
+            "chroot",
+            str(oracle),
+            "/sbin/ldconfig",
+            "-f",
+            "/etc/ld.so.conf",
+            "-C",
+            "/etc/ld.so.cache",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    mapped = subprocess.run(
+        [CHROOT, str(oracle), "/opt/run"], check=True, capture_output=True, text=True, env={}
+    ).stdout.strip()
+    assert mapped.lstrip("/") == COMPAT_LIB  # not the node's driver
+    (image / "libapp.so").write_bytes(APP.read_bytes())
+    (image / "usr/local/cuda-13.1/lib64").mkdir(parents=True)
+    (image / "usr/local/cuda-13.1/lib64/libcudart.so.13").write_bytes(b"runtime")
+    args = ["check", f"dir:{image}", "--sm", "8.0", "--driver", "600.10.01", "--no-cache", "--json"]
+    got = main(args)
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert got == 1, problems
+    assert any("DT_AUDIT" in p for p in problems), problems

@@ -46,6 +46,11 @@ from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
 PT_LOAD, PT_DYNAMIC = 1, 2
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME = 0, 1, 5, 10, 14
 DT_RPATH, DT_RUNPATH = 15, 29
+DT_DEPAUDIT, DT_AUDIT = 0x6FFFFEFB, 0x6FFFFEFC
+# Kept among the search paths for libcuda where the file names an audit module
+# (DT_AUDIT, DT_DEPAUDIT): glibc's loader (2.32 and later, elf/rtld.c) loads it before
+# the program, and its la_objsearch may have the loader map any file for libcuda.so.1.
+AUDIT = "$AUDIT"
 UNREAD = "$UNREAD"  # a search path string that does not end in the file
 _MAX_SONAME = 4096
 _MAX_PHNUM = 1 << 16
@@ -148,6 +153,8 @@ def _dynamic(
     search = tuple(s for _tag, s in tagged)
     asks = any(tag == DT_RUNPATH for tag, _s in tagged) and _asks(src, entries, strtab - base)
     kept = tuple(s for tag, s in tagged if tag == DT_RPATH or asks)
+    if any(tag in (DT_AUDIT, DT_DEPAUDIT) for tag, _val in entries):
+        kept = (*kept, AUDIT)
     found = DsoInfo(machine=machine, search=search, libcuda_search=kept)
     sonames = [val for tag, val in entries if tag == DT_SONAME]
     if len(sonames) > 1:
