@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from buildmatrix.binary.ldconf_file import CONF_LIMIT, ConfFile
@@ -158,6 +158,9 @@ def test_the_folders_read_are_those_glibcs_ldconfig_scans(
     other: dict[str, str],
     hook: str,
 ) -> None:
+    # The hook creates its file under a name no file has (os.CreateTemp: O_EXCL), so
+    # it never replaces a file of the image.
+    assume(f"00-compat-{hook}.conf" not in confd)
     root = tmp_path_factory.mktemp("conf")
     _write(root, top, confd, other)
     view, confs = _view(root)
