@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from buildmatrix.arch import parse_arch
 from buildmatrix.binary import demangle as dm
+from buildmatrix.binary.archnames import named_for_architecture
 from buildmatrix.binary.mangled_size import TooLarge, Unreadable, demangled_bound
-from buildmatrix.units import dispatch_signs, named_for_architecture
+from buildmatrix.units import dispatch_signs
 from buildmatrix.verdict import CodeTarget, Unit
 from tests.conftest import REPO
 

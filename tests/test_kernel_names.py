@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from buildmatrix.binary.archnames import named_for_architecture
 from buildmatrix.binary.demangle import demangle
 from buildmatrix.cli import main
-from buildmatrix.units import named_for_architecture
 from tests.cuobjdump import find_cuobjdump
 
 ARCH_WORDS = ["volta", "Volta", "VOLTA", "turing", "Turing", "ampere", "Ampere", "hopper",
