@@ -12,12 +12,17 @@ kernels as data (it registers only a small sm_75 container with the runtime).
 from __future__ import annotations
 
 import json
+import os
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from buildmatrix.binary.cubin import cubin_facts
+from buildmatrix.binary.fatbin import EntryKind, decompressed_cubin
 from buildmatrix.binary.scan import inspect_file
+from buildmatrix.binary.source import FileSource
 from tests.test_torch_wheels import download
 
 pytestmark = [pytest.mark.integration, pytest.mark.index]
@@ -127,3 +132,32 @@ def test_cublaslt_blackwell_kernels_kept_as_data_are_reported(
     code, doc = _check(path, capsys, "--sm", "9.0")
     assert code == 0
     assert any("kept as data" in s for s in doc["targets"][0]["specialised"])
+
+
+def test_cublas_links_cubins_of_two_releases(
+    libraries: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """cuBLAS 13.1.1.3's compressed cubins carry the notes of two releases: one says
+    12.7, the rest 13.0 (and four, ELF ABI 7, none): a file's release is the newest
+    note of every cubin, never the note of the one that happened to be read. On a
+    CUDA 12.x driver (575, hardware floor of 12.0 met) the CUDA 13.0 runtime floor
+    (R580) fails it; on R580 it passes."""
+    path = libraries["libcublas.so.13"]
+    report = inspect_file(path)
+    assert report is not None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        src = FileSource(fd, name=str(path))
+        notes = Counter(
+            str(cubin_facts(decompressed_cubin(src, e, name=src.name), header=e.arch)[1])
+            for e in report.entries
+            if e.compressed and e.kind is EntryKind.SASS
+        )
+    finally:
+        os.close(fd)
+    assert notes["12.7"] == 1 and notes["13.0"] > 1000 and set(notes) == {"12.7", "13.0", "None"}
+    assert str(report.toolkit) == "13.0"
+    code, doc = _check(path, capsys, "--sm", "12.0", "--driver", "575.51.03")
+    assert code == 1
+    assert any("CUDA 13.0 runtime" in p for p in doc["problems"]), doc["problems"]
+    assert _check(path, capsys, "--sm", "12.0", "--driver", "580.65.06")[0] == 0

@@ -4,22 +4,30 @@ An uncompressed cubin is read in place for its kernels (``.text.NAME`` sections,
 entry symbols: buildmatrix.binary.cubin.cubin_facts) and
 the release that built it (``.note.nv.tkinfo``); a compressed one must first be
 decompressed whole (buildmatrix.binary.decompress), which costs what its
-uncompressed size costs: torch 2.14.1's ``libtorch_cuda.so`` holds 2,975 compressed
-cubins, 33 s to decompress all against 0.4 s to list them. So a file's compressed
-cubins are read where the verdict needs them, and nowhere else
-(docs/check.md, "Per translation unit"):
+uncompressed size costs (an ELF names its sections only at its end): torch 2.14.1's
+``libtorch_cuda.so`` holds 2,975 compressed cubins, 33 s to decompress all against
+0.4 s to list them. So a file's compressed cubins are read where the verdict needs
+them, and nowhere else (docs/check.md, "Per translation unit"):
 
-- **kernels**, where the per-translation-unit rule looks at them
-  (buildmatrix.units.judge_units): in a file whose targets do not show capability
-  dispatch (no arch- or family-specific code, no container adding targets), each
-  registered container that lacks SASS somewhere the file's most frequent
-  target set (several tied: their union) has it (a container that may lack code
-  where the rest of the file runs); its smallest compressed cubin is read: nvcc
-  compiles a translation unit's source once per arch, so its cubins define the
-  same kernels (cuBLAS 13: 7 cubins, one for each of 7 such units, where all their
-  cubins would be 30 and ~0.3 s);
-- **toolkit**, the one sign of a statically linked CUDA runtime: where none was read
-  for kernels, the file's smallest compressed cubin (a registered one if any).
+- **kernels of a unit that may lack code**, where the per-translation-unit rule looks
+  at them (buildmatrix.units.judge_units): in a file whose targets do not show
+  capability dispatch (no arch- or family-specific code, no container adding
+  targets), each registered container that lacks SASS somewhere the file's most
+  frequent target set (several tied: their union) has it; its smallest compressed
+  cubin is read (nvcc compiles a translation unit's source once per arch);
+- **kernels of every cubin of a unit of several SMs**, where a cubin for one GPU
+  lacking a kernel another cubin defines would change the verdict (units.py,
+  ``_with_kernels_lacking``): in a file of one registered unit, or of several that
+  shows no sign of dispatch (:func:`_dispatches`; in a file that shows one, such a
+  unit is left out as specialised code, so the default verdict does not change, and
+  ``--strict`` does not see it: docs/check.md);
+- **toolkit**, the one sign of a statically linked CUDA runtime and the runtime's
+  driver floor: notes are read, smallest compressed cubin first (registered ones
+  first), until one of the newest CUDA major the CUDA table knows
+  (buildmatrix/data/cuda.yaml) is read, or every compressed cubin was. The floor
+  follows the major (minor version compatibility), so no unread cubin can raise it;
+  one file may hold cubins of two releases (cuBLAS 13.1.1.3: one cubin of CUDA 12.7
+  among those of 13.0), and a file of CUDA 12.x cubins is read whole.
 
 Each cubin read is marked on its entry (``kernels``, ``toolkit``). A unit none of
 whose cubins was read has unknown kernels (``Unit.kernels_known``), which the rule
@@ -34,10 +42,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from buildmatrix.arch import Arch, Suffix, serves_wherever
+from buildmatrix.binary.archnames import named_for_architecture
 from buildmatrix.binary.cubin import cubin_arch, cubin_facts
 from buildmatrix.binary.elf import ElfInfo
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, decompressed_cubin
 from buildmatrix.binary.source import ByteSource
+from buildmatrix.cuda import load_cuda_facts
 
 
 def cubin_entry(src: ByteSource, info: ElfInfo) -> FatbinEntry:
@@ -84,6 +94,58 @@ def units_needing_kernels(entries: Sequence[FatbinEntry]) -> set[int]:
     return {c for c, s in sets.items() if not serves_wherever(s, common)}
 
 
+def _several_sms(entries: Sequence[FatbinEntry], packed: Sequence[int]) -> set[int]:
+    """Registered containers with a compressed cubin among SASS cubins of two or more
+    SMs: the CUDA runtime loads one of them per GPU, and each must define every kernel
+    the others do (buildmatrix.units, ``_with_kernels_lacking``)."""
+    sms: dict[int, set[int]] = {}
+    for e in entries:
+        if e.kind is EntryKind.SASS and not e.embedded:
+            sms.setdefault(e.container, set()).add(e.arch.cc.number)
+    return {
+        entries[i].container
+        for i in packed
+        if not entries[i].embedded and len(sms[entries[i].container]) > 1
+    }
+
+
+def _dispatches(entries: Sequence[FatbinEntry]) -> bool:
+    """Whether the file shows that it picks kernels by compute capability and has
+    several registered units, so that a unit with nothing for a GPU is left out of
+    the default verdict (buildmatrix.units.dispatch_signs, ``_registered``): its
+    targets (:func:`units_needing_kernels`' tests) or a unit whose every kernel, read,
+    is named for a GPU architecture."""
+    groups: dict[int, list[FatbinEntry]] = {}
+    for e in entries:
+        if not e.embedded and e.kind is not EntryKind.LTOIR:
+            groups.setdefault(e.container, []).append(e)
+    units = [
+        g
+        for g in groups.values()
+        if not all(e.kind is EntryKind.SASS and e.kernels == () for e in g)
+    ]
+    if len(units) < 2:
+        return False  # one registered unit is judged as it is
+    sets = _registered_sets(entries)
+    if any(a.suffix is not Suffix.NONE for names in sets.values() for a in names):
+        return True
+    counts = Counter(sets.values())
+    top = max(counts.values())
+    common = frozenset().union(*(s for s, n in counts.items() if n == top))
+    if any(not serves_wherever(common, s) for s in sets.values()):
+        return True
+    for g in units:
+        kernels = [k for e in g for k in e.kernels or ()]
+        if kernels and all(named_for_architecture(k) for k in kernels):
+            return True
+    return False
+
+
+def _newest_major() -> int:
+    """The newest CUDA major of the CUDA table (buildmatrix/data/cuda.yaml)."""
+    return max(tk.version.major for tk in load_cuda_facts().toolkits)
+
+
 def read_compressed(src: ByteSource, entries: list[FatbinEntry]) -> list[FatbinEntry]:
     """``entries`` with the compressed cubins the verdict needs decompressed and
     read for their kernels and toolkit (see the module's docstring)."""
@@ -98,12 +160,32 @@ def read_compressed(src: ByteSource, entries: list[FatbinEntry]) -> list[FatbinE
         ):
             smallest[c] = i
     chosen = {smallest[c] for c in units_needing_kernels(entries) if c in smallest}
-    if not chosen:
-        registered = [i for i in packed if not entries[i].embedded] or packed
-        chosen.add(min(registered, key=lambda i: entries[i].size))
     out = list(entries)
     for i in sorted(chosen):
-        cubin = decompressed_cubin(src, entries[i], name=src.name)
-        kernels, toolkit = cubin_facts(cubin, header=entries[i].arch)
-        out[i] = replace(entries[i], kernels=kernels, toolkit=toolkit)
+        out[i] = _read(src, out[i])
+    if not _dispatches(out):
+        whole = _several_sms(out, packed)
+        for i in packed:
+            if i not in chosen and out[i].container in whole:
+                out[i] = _read(src, out[i])
+                chosen.add(i)
+    rest = sorted(
+        (i for i in packed if i not in chosen), key=lambda i: (entries[i].embedded, entries[i].size)
+    )
+    # The toolkit: notes read, smallest cubin first, until one shows the newest major.
+    newest = _newest_major()
+    seen = max((e.toolkit.major for e in out if e.toolkit is not None), default=0)
+    for i in rest:
+        if seen >= newest:
+            break
+        out[i] = _read(src, out[i])
+        toolkit = out[i].toolkit
+        seen = max(seen, toolkit.major if toolkit is not None else 0)
     return out
+
+
+def _read(src: ByteSource, entry: FatbinEntry) -> FatbinEntry:
+    """``entry`` (a compressed cubin) with its kernels and toolkit note read."""
+    cubin = decompressed_cubin(src, entry, name=src.name)
+    kernels, toolkit = cubin_facts(cubin, header=entry.arch)
+    return replace(entry, kernels=kernels, toolkit=toolkit)

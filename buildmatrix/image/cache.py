@@ -69,12 +69,14 @@ SCANNER_SOURCES = (
     "image/*.py",
     "arch.py",
     "cuda.py",
+    "data/cuda.yaml",  # binary.kernels reads notes up to its newest CUDA major
     "errors.py",
     "forward*.py",
     "ldconfig.py",
     "ldshadow.py",
     "ldsoconf.py",
     "verdict.py",
+    "yamlio.py",  # reads data/cuda.yaml
 )
 _ACTIVE: contextvars.ContextVar[LayerCache | None] = contextvars.ContextVar(
     "buildmatrix_layer_cache", default=None
