@@ -22,6 +22,9 @@ SHIPPED_PROFILES = REPO / "arch-profiles"
 # $XDG_CACHE_HOME (below), but downloads that never change (a CUDA release's wheels)
 # are kept here across tests and runs, where CI's cache step finds them.
 USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+# The nvcc builds of tests/fixtures/build.py's cached_build, keyed by the commands,
+# the tools' versions and the sources: compiled once per compiler, not once per run.
+NVCC_CACHE = USER_CACHE / "buildmatrix" / "test-fixtures"
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,9 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from buildmatrix.binary.elf import MAX_TABLE
-from tests.conftest import CliRunner
+from tests.conftest import NVCC_CACHE, CliRunner
 from tests.cuobjdump import cuobjdump_lists, find_cuobjdump
-from tests.fixtures.build import BIN, Fixture, build, have_nvcc
+from tests.fixtures.build import BIN, Fixture, cached_build, have_nvcc
 
 _PTX, _SASS = 1, 2
 _COMPRESSED = 0x2000 | 0x8000
@@ -146,7 +146,7 @@ def plain_ptx(tmp_path_factory: pytest.TempPathFactory) -> bytes:
         extra=("-Xfatbin", "-compress=false"),
         gencode=("arch=compute_80,code=compute_80",),
     )
-    (path,) = build(out, [fixture], jobs=1)
+    (path,) = cached_build(out, [fixture], NVCC_CACHE, jobs=1)
     blob = path.read_bytes()
     assert [k for _, k, f in _entries(blob) if not f & _COMPRESSED] == [_PTX]
     return blob

@@ -2,6 +2,9 @@
 
 The fixtures are rebuilt from source with nvcc (skipped where nvcc is absent) so
 that the committed ones can never drift from what the compiler really produces.
+A build is kept in the user's cache, keyed by its commands, the tools' versions and
+the sources (tests/fixtures/build.py, ``cached_build``): a later run with the same
+compiler and sources reads what that compiler wrote instead of compiling again.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ import pytest
 
 from buildmatrix.binary.fatbin import EntryKind
 from buildmatrix.binary.scan import inspect_file
+from tests.conftest import NVCC_CACHE
 from tests.cuobjdump import cuobjdump_lists, find_cuobjdump
 from tests.fixtures.build import (
     BIN,
     FIXTURES,
     Fixture,
-    build,
     buildable,
+    cached_build,
     expected,
     have_cross,
     have_nvcc,
@@ -37,7 +41,7 @@ def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not have_nvcc():
         pytest.skip("nvcc is not installed: the committed fixtures are tested instead")
     out = tmp_path_factory.mktemp("fixtures")
-    build(out, buildable())
+    cached_build(out, buildable(), NVCC_CACHE)
     return out
 
 

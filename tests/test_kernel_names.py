@@ -88,6 +88,8 @@ def test_tokens_do_not_run_across_identifiers(name: str) -> None:
     assert not named_for_architecture(name)
 
 
+@pytest.mark.integration
+@pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc builds the library")
 def test_a_short_unit_is_not_named_by_a_substring(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
