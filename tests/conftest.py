@@ -49,6 +49,10 @@ FIXTURE_MARKERS = {
     "gonote": ("go", "integration"),
     "gojson": ("go", "integration"),
 }
+# A test that needs one of these needs an external component: it is `integration`
+# too, however the need was marked (fixture or test), so that `-m "not integration"`
+# is the engine-free set.
+NEEDS = ("docker", "registry", "containerd", "go", "nvcc", "index")
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,8 @@ def _external_engine() -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Add the markers of FIXTURE_MARKERS; then keep the serial tests out of a parallel
+    """Add the markers of FIXTURE_MARKERS, and `integration` to every test with one of
+    NEEDS; then keep the serial tests out of a parallel
     run (pytest -n N) and only them under --serial-phase. A test is serial when marked
     so, and every Docker test is when the engine is given from outside: workers that
     start their own engines share nothing, but one given engine's tags would be shared."""
@@ -178,6 +183,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for name in getattr(item, "fixturenames", ()):
             for marker in FIXTURE_MARKERS.get(name, ()):
                 item.add_marker(marker)
+        if any(item.get_closest_marker(m) for m in NEEDS):
+            item.add_marker("integration")
         if shared_engine and item.get_closest_marker("docker"):
             item.add_marker("serial")
     parallel = hasattr(config, "workerinput") or config.getoption("numprocesses", None)
@@ -189,3 +196,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+    left = os.environ.get("BUILDMATRIX_TEST_SERIAL_LEFT")
+    if left and dropped and not serial_phase:
+        # scripts/test runs the serial phase only when a parallel run left it tests
+        Path(left).write_text(f"{len(dropped)}\n")

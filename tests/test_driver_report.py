@@ -74,6 +74,7 @@ def _expected(doc: dict[str, Any]) -> dict[tuple[str, str], str]:
     return out
 
 
+@pytest.mark.integration  # a real browser
 @needs_browser
 def test_the_console_check_can_fail(tmp_path: Path) -> None:
     page = tmp_path / "noisy.html"
@@ -81,6 +82,7 @@ def test_the_console_check_can_fail(tmp_path: Path) -> None:
     assert _console(_browser("--dump-dom", page=page).stderr)
 
 
+@pytest.mark.integration  # a real browser
 @needs_browser
 def test_the_html_report_renders_the_matrix(cli: CliRunner, fleet: Fleet, tmp_path: Path) -> None:
     r = cli("drivers", "--pools", str(fleet.pools), *PROPOSAL, "--format", "json")
