@@ -8,6 +8,7 @@ real-world cases are also spelled out by hand.
 from __future__ import annotations
 
 import itertools
+from functools import cache
 from importlib import resources
 
 import pytest
@@ -61,6 +62,13 @@ def expected_sass(code: tuple[int, str], target: ComputeCapability) -> Verdict:
     return Verdict.NATIVE if runs else Verdict.NONE
 
 
+@cache
+def _drivers_knowing(isa: str) -> tuple[str | None, ...]:
+    """The drivers (cuda.yaml as written) of the toolkits that emit PTX ISA ``isa`` or
+    a newer one, oldest first; read once per ISA (test_ptx_rules asks 170,000 times)."""
+    return tuple(t["driver"] for t in RAW["toolkits"] if Version(t["ptx_isa"]) >= Version(isa))
+
+
 def expected_ptx(
     code: tuple[int, str], isa: str, target: ComputeCapability, driver: DriverVersion | None
 ) -> Verdict:
@@ -79,7 +87,7 @@ def expected_ptx(
     # The driver must know the ISA: that of the first toolkit emitting it or newer.
     # A toolkit that ships no driver (driver: null) names none that knows its ISA:
     # no driver can be shown to JIT it.
-    needs = [t["driver"] for t in RAW["toolkits"] if Version(t["ptx_isa"]) >= Version(isa)]
+    needs = _drivers_knowing(isa)
     if not needs or needs[0] is None:
         return Verdict.NONE
     return Verdict.JIT if driver >= _driver(needs[0]) else Verdict.NONE
