@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,21 @@ def _cross_check(profiles: Sequence[Profile]) -> None:
             seen_product[product] = p
 
 
+def _profile_from_text(path: Path, text: str, facts: CudaFacts) -> Profile:
+    from buildmatrix.yamlio import load_yaml_text  # PyYAML only when profiles are read
+
+    return _profile_from_data(load_yaml_text(text, source=str(path)), path, facts)
+
+
+@lru_cache(maxsize=256)
+def _shipped_facts_profile(path: Path, text: str) -> Profile:
+    """A profile file's text against the shipped CUDA facts, parsed and validated once
+    per process for each path and text: the commands run in one process (a test
+    session) read the same files again and again; an edited file is a new key. An
+    error is raised again on each call (lru_cache keeps only results)."""
+    return _profile_from_text(path, text, load_cuda_facts())
+
+
 def load_profiles(directory: Path, *, facts: CudaFacts | None = None) -> ProfileSet:
     """Load, validate and cross-check every ``*.yaml`` / ``*.yml`` in ``directory``,
     against ``facts`` (which targets each CUDA release builds; None: the shipped
@@ -242,11 +258,15 @@ def load_profiles(directory: Path, *, facts: CudaFacts | None = None) -> Profile
             f"profiles folder {directory} holds no .yaml files; "
             "add one sm_XY.yaml per architecture."
         )
-    from buildmatrix.yamlio import load_yaml_file  # PyYAML only when profiles are read
+    from buildmatrix.yamlio import read_yaml_file
 
+    shipped = load_cuda_facts()
     if facts is None:
-        facts = load_cuda_facts()
-    profiles = [_profile_from_data(load_yaml_file(p), p, facts) for p in paths]
+        facts = shipped
+    if facts is shipped:
+        profiles = [_shipped_facts_profile(p, read_yaml_file(p)) for p in paths]
+    else:
+        profiles = [_profile_from_text(p, read_yaml_file(p), facts) for p in paths]
     _cross_check(profiles)
     profiles.sort(key=lambda p: p.cc)
     return ProfileSet(tuple(profiles), directory)

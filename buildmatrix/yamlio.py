@@ -51,12 +51,16 @@ def load_yaml_text(text: str, *, source: str) -> Any:
         raise InputError(f"{source}: not valid YAML: {exc}.") from None
 
 
-def load_yaml_file(path: Path) -> Any:
-    """Read and parse one YAML file; unreadable or non-UTF-8 files are input errors."""
+def read_yaml_file(path: Path) -> str:
+    """The text of one YAML file; unreadable or non-UTF-8 files are input errors."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a UTF-8 text file; expected YAML.") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}.") from None
-    return load_yaml_text(text, source=str(path))
+
+
+def load_yaml_file(path: Path) -> Any:
+    """Read and parse one YAML file; unreadable or non-UTF-8 files are input errors."""
+    return load_yaml_text(read_yaml_file(path), source=str(path))

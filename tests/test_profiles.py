@@ -379,3 +379,24 @@ def test_bad_hosts_exit_2(tmp_path: Path, cli: CliRunner, text: str, message: st
     assert result.code == 2, result.out
     assert str(folder / "sm_90.yaml") in result.err
     assert message in result.err
+
+
+def test_a_profile_edited_between_two_loads_is_read_anew(cli: CliRunner, tmp_path: Path) -> None:
+    """load_profiles keeps what it parsed by path and text, within one process
+    (profile_files._shipped_facts_profile): a file edited between two commands is
+    read again, and a broken one is refused on every load, not only the first."""
+    folder = tmp_path / "profiles"
+    shutil.copytree(SHIPPED_PROFILES, folder)
+    hopper = folder / "sm_90.yaml"
+    text = hopper.read_text()
+    assert str(load_profiles(folder).get("sm_90").min_driver) == "525.60.13"
+    hopper.write_text(text.replace('min_driver: "525.60.13"', 'min_driver: "535.54.03"', 1))
+    assert str(load_profiles(folder).get("sm_90").min_driver) == "535.54.03"
+    hopper.write_text(text.replace("sm: sm_90", "sm: sm_80", 1))
+    for _ in range(2):
+        r = cli("profiles", "--profiles", str(folder))
+        assert r.code == 2, r.out
+        assert "key 'sm' is 'sm_80' but the file is named sm_90.yaml" in r.err
+    hopper.write_text(text)
+    assert cli("profiles", "--profiles", str(folder)).code == 0
+    assert str(load_profiles(folder).get("sm_90").min_driver) == "525.60.13"
