@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,24 @@ class CliRunner:
         captured = self._capsys.readouterr()
         assert "Traceback" not in captured.err, captured.err
         return Result(code, captured.out, captured.err)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _child_bytecode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Where PYTHONDONTWRITEBYTECODE is set, every Python a test starts (the CLI in a
+    fresh process, a child measuring memory) would compile buildmatrix and its
+    dependencies from source again: ~0.3 s of CPU each. Those children write their
+    bytecode under the run's base folder instead (PYTHONPYCACHEPREFIX, Python's
+    "sys.pycache_prefix"), never into the source tree; one folder for all workers."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    prefix = (base.parent if base.name.startswith("popen-gw") else base) / "pycache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("PYTHONDONTWRITEBYTECODE")
+        mp.setenv("PYTHONPYCACHEPREFIX", str(prefix))
+        yield
 
 
 @pytest.fixture(autouse=True)
