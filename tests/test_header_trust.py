@@ -263,18 +263,20 @@ def compressed_ptx(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, 
         pytest.skip("nvcc and gcc build this library; .ci/run has them")
     out = tmp_path_factory.mktemp("cptx")
     made: dict[tuple[str, str], bytes] = {}
-    for arch in ("compute_90a", "compute_90"):
-        for mode in _MODES:
-            fixture = Fixture(
-                name=f"lib_{arch}_{mode}.so",
-                kind="shared",
-                extra=("-Xfatbin", "-compress-all", f"--compress-mode={mode}"),
-                gencode=(f"arch={arch},code={arch}",),
-            )
-            (path,) = build(out, [fixture], jobs=1)
-            blob = path.read_bytes()
-            assert [k for _, k, f in _entries(blob) if f & _COMPRESSED] == [_PTX]
-            made[arch, mode] = blob
+    keys = [(arch, mode) for arch in ("compute_90a", "compute_90") for mode in _MODES]
+    fixtures = [
+        Fixture(
+            name=f"lib_{arch}_{mode}.so",
+            kind="shared",
+            extra=("-Xfatbin", "-compress-all", f"--compress-mode={mode}"),
+            gencode=(f"arch={arch},code={arch}",),
+        )
+        for arch, mode in keys
+    ]
+    for key, path in zip(keys, cached_build(out, fixtures, NVCC_CACHE), strict=True):
+        blob = path.read_bytes()
+        assert [k for _, k, f in _entries(blob) if f & _COMPRESSED] == [_PTX]
+        made[key] = blob
     return made
 
 
