@@ -83,9 +83,12 @@ def _registered(
             elif signs is not None:
                 left_out = f"{signs}, so it chooses kernels by compute capability"
         if left_out is not None:
+            what = f" has nothing for {cc} and is"
+            if unit.lacking and j.reasons:  # none because its cubin lacks kernels: say so
+                what = f": {j.reasons[0]}; it is"
             specialised.append(
-                f"container {unit.index} ({unit.describe()}) has nothing for {cc} and is "
-                f"specialised code ({left_out}); left out of the verdict (--strict counts it)"
+                f"container {unit.index} ({unit.describe()}){what} specialised code "
+                f"({left_out}); left out of the verdict (--strict counts it)"
             )
             continue
         judged.append((i, j))

@@ -158,3 +158,25 @@ def test_code_kept_as_data_is_chosen_per_gpu() -> None:
     assert got.verdict is Verdict.NATIVE
     strict = judge_units([*blobs, registered], CC(10, 0), driver=None, facts=FACTS, strict=True)
     assert strict.verdict is Verdict.NONE
+
+
+def test_a_specialised_container_whose_cubin_lacks_kernels_says_so() -> None:
+    """In a file that dispatches (arch-specific code elsewhere), a container judged none
+    because the cubin 8.0 loads lacks a kernel its sm_90 cubin defines is left out as
+    specialised code; the line names that cause, not "has nothing for 8.0"."""
+    full = [_unit("sm_80", "sm_90a", index=i) for i in range(2)]
+    guarded = Unit(
+        codes=tuple(CodeTarget(arch=parse_arch(a), ptx_isa=None) for a in ("sm_80", "sm_90")),
+        index=2,
+        kernels=("_Z6only90v", "_Z4bothv"),
+        kernels_known=True,
+        lacking=((parse_arch("sm_80"), ("_Z6only90v",)),),
+    )
+    got = judge_units([*full, guarded], CC(8, 0), driver=None, facts=FACTS)
+    assert got.verdict is Verdict.NATIVE
+    (line,) = got.specialised
+    assert line.startswith("container 2 (sm_80, sm_90; kernels _Z6only90v, _Z4bothv): its sm_80 ")
+    assert "lacks kernels its other cubins define (_Z6only90v)" in line
+    assert "has nothing for" not in line and "; it is specialised code" in line
+    # where the cubin it loads is complete, it counts as usual
+    assert judge_units([*full, guarded], CC(9, 0), driver=None, facts=FACTS).specialised == ()
