@@ -19,7 +19,7 @@ import pytest
 
 from buildmatrix.cli import main
 from tests.images import Entry, Symlink, layer_tar, write_archive_blobs
-from tests.test_ldconfig import DIR, ROOTED, _place, kit
+from tests.test_ldconfig import DIR, LOADER, ROOTED, _place, _real, kit
 from tests.test_loader_order import APP, COMPAT_LIB, NODE, NODE_LIB, START_C, STUB
 
 __all__ = ["kit"]
@@ -107,7 +107,6 @@ def test_ld_audit_fails_closed_where_the_image_holds_a_libcuda(
     loader searches (``la_objsearch``): glibc's loader, chrooted in the root, maps the
     compat driver on a node whose hook leaves it unused; check must fail closed."""
     from tests.images import Image, write_docker_archive
-    from tests.test_ldconfig import CHROOT
     from tests.test_loader_order import _preload_root
 
     audit = tmp_path / "audit.so"
@@ -122,19 +121,8 @@ def test_ld_audit_fails_closed_where_the_image_holds_a_libcuda(
     # The audit namespace loads libc's own ld.so dependency by its SONAME, as a
     # distribution's /lib/<arch>-linux-gnu holds it.
     _place(kit, "ld.so", root / "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
-    subprocess.run(
-        ["chroot", str(root), "/sbin/ldconfig", "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache"],
-        check=True,
-        capture_output=True,
-    )
-    mapped = subprocess.run(
-        [CHROOT, str(root), "/lib64/ld-linux-x86-64.so.2", "/which"],
-        check=True,
-        capture_output=True,
-        text=True,
-        env={"LD_AUDIT": "/opt/audit.so"},
-    ).stdout.strip()
-    assert mapped.lstrip("/") == COMPAT_LIB  # not the node's driver
+    mapped = _real(root, program=(LOADER, "/which"), env={"LD_AUDIT": "/opt/audit.so"})
+    assert mapped == COMPAT_LIB  # not the node's driver
     layer: dict[str, Entry] = {
         "usr/local/cuda": Symlink("cuda-13.1"),
         COMPAT_LIB: kit["A"].read_bytes(),
@@ -158,7 +146,7 @@ def test_a_program_naming_an_audit_module_fails_closed(
 ) -> None:
     """A program linked ``--audit`` (DT_AUDIT): glibc's loader runs the module before it,
     as for ``LD_AUDIT``, and maps the compat driver the hook leaves unused."""
-    from tests.test_ldconfig import CHROOT, WHICH_C
+    from tests.test_ldconfig import WHICH_C
     from tests.test_loader_order import _preload_root
 
     audit, program = tmp_path / "audit.so", tmp_path / "run"
@@ -178,23 +166,7 @@ def test_a_program_naming_an_audit_module_fails_closed(
         (root / "opt/run").chmod(0o755)
     (image / "usr/lib/x86_64-linux-gnu/libcuda.so.600.10.01").unlink()  # the node's
     _place(kit, "ld.so", oracle / "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
-    subprocess.run(
-        [
-            "chroot",
-            str(oracle),
-            "/sbin/ldconfig",
-            "-f",
-            "/etc/ld.so.conf",
-            "-C",
-            "/etc/ld.so.cache",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    mapped = subprocess.run(
-        [CHROOT, str(oracle), "/opt/run"], check=True, capture_output=True, text=True, env={}
-    ).stdout.strip()
-    assert mapped.lstrip("/") == COMPAT_LIB  # not the node's driver
+    assert _real(oracle, program=("/opt/run",)) == COMPAT_LIB  # not the node's driver
     (image / "libapp.so").write_bytes(APP.read_bytes())
     (image / "usr/local/cuda-13.1/lib64").mkdir(parents=True)
     (image / "usr/local/cuda-13.1/lib64/libcudart.so.13").write_bytes(b"runtime")

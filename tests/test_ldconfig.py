@@ -37,6 +37,9 @@ from tests.standins import NOTE_13_1, compat_library
 DIR = "usr/local/cuda-13.1/compat"
 OUTSIDE = "opt/x/libcuda.so.600.1.2"
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
+# The loader, named: a program's $ORIGIN is then its path's folder without
+# /proc/self/exe (elf/dl-origin.c), which a chroot lacks and a container has.
+LOADER = "/lib64/ld-linux-x86-64.so.2"
 ROOTED = os.geteuid() == 0 and shutil.which("gcc") is not None and Path("/sbin/ldconfig").exists()
 pytestmark = pytest.mark.skipif(not ROOTED, reason="chroot needs root; gcc builds the stand-ins")
 
@@ -121,7 +124,7 @@ def _make_root(root: Path, kit: dict[str, Path], shape: dict[str, str]) -> None:
     (root / DIR).mkdir(parents=True)
     _place(kit, "ldconfig", root / "sbin/ldconfig")
     _place(kit, "which", root / "which")
-    _place(kit, "ld.so", root / "lib64/ld-linux-x86-64.so.2")
+    _place(kit, "ld.so", root / LOADER.lstrip("/"))
     _place(kit, "libc", root / "lib/x86_64-linux-gnu/libc.so.6")
     (root / "etc/ld.so.conf.d").mkdir(parents=True)
     (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
@@ -141,9 +144,16 @@ def _make_root(root: Path, kit: dict[str, Path], shape: dict[str, str]) -> None:
             _place(kit, kind, where)
 
 
-def _real(root: Path, *, ldconfig: bool = True, env: dict[str, str] | None = None) -> str | None:
+def _real(
+    root: Path,
+    *,
+    ldconfig: bool = True,
+    env: dict[str, str] | None = None,
+    program: tuple[str, ...] = ("/which",),
+) -> str | None:
     """The file glibc's loader maps for libcuda.so.1 after glibc's ldconfig (unless
-    ``ldconfig`` is False: the hook did not name the folder), in ROOT, with ``env``."""
+    ``ldconfig`` is False: the hook did not name the folder), in ROOT, with ``env``:
+    what ``program`` (a command in ROOT printing the path it mapped) prints."""
     if ldconfig:
         subprocess.run(
             [
@@ -159,7 +169,7 @@ def _real(root: Path, *, ldconfig: bool = True, env: dict[str, str] | None = Non
             capture_output=True,
         )
     out = subprocess.run(
-        [CHROOT, str(root), "/which"], check=True, capture_output=True, text=True, env=env or {}
+        [CHROOT, str(root), *program], check=True, capture_output=True, text=True, env=env or {}
     ).stdout.strip()
     return None if out == "none" else out.lstrip("/")
 

@@ -33,7 +33,7 @@ from buildmatrix.forward import compat_use
 from buildmatrix.image.local import scan_directory
 from buildmatrix.image.ref import parse_ref
 from tests.images import DISTRO_LOADER, Entry, Image, Symlink, write_docker_archive
-from tests.test_ldconfig import CHROOT, DIR, ROOTED, WHICH_C, _make_root, _place, _real, kit
+from tests.test_ldconfig import DIR, LOADER, ROOTED, WHICH_C, _make_root, _place, _real, kit
 
 __all__ = ["kit"]
 pytestmark = pytest.mark.skipif(not ROOTED, reason="chroot needs root; gcc builds the stand-ins")
@@ -466,29 +466,7 @@ def test_a_search_path_to_a_libcuda_fails_closed_unless_it_is_the_hooks_folder(
     _place(kit, "B", oracle / NODE / "libcuda.so.600.10.01")
     if driver.startswith("535"):  # the hook puts the compat folder in use
         (oracle / f"etc/ld.so.conf.d/00-compat-{UUID}.conf").write_text("/usr/local/cuda/compat\n")
-    subprocess.run(
-        [
-            "chroot",
-            str(oracle),
-            "/sbin/ldconfig",
-            "-f",
-            "/etc/ld.so.conf",
-            "-C",
-            "/etc/ld.so.cache",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    # Through the loader named: the program's $ORIGIN is then its path's folder without
-    # /proc/self/exe (elf/dl-origin.c), which a chroot lacks and a container has.
-    mapped = subprocess.run(
-        [CHROOT, str(oracle), "/lib64/ld-linux-x86-64.so.2", f"/{where}"],
-        check=True,
-        capture_output=True,
-        text=True,
-        env={},
-    ).stdout.strip()
-    assert mapped.lstrip("/") == loaded
+    assert _real(oracle, program=(LOADER, f"/{where}")) == loaded
     (image / "usr/local/cuda-13.1/lib64").mkdir(parents=True)
     (image / "usr/local/cuda-13.1/lib64/libcudart.so.13").write_bytes(b"runtime")
     args = ["check", f"dir:{image}", "--sm", "8.0", "--driver", driver, "--no-cache", "--json"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from buildmatrix.cli import main
-from tests.test_ldconfig import CHROOT, ROOTED, WHICH_C, _place, kit
+from tests.test_ldconfig import LOADER, ROOTED, WHICH_C, _place, _real, kit
 from tests.test_loader_order import APP, COMPAT_LIB, NODE, STUB, UUID, _preload_root
 
 __all__ = ["kit"]
@@ -54,24 +54,8 @@ def test_a_runpath_of_a_program_that_never_loads_libcuda_does_not_fail_the_image
     _place(kit, "B", oracle / NODE / "libcuda.so.535.104.05")
     (oracle / NODE / "libcuda.so.1").symlink_to("libcuda.so.535.104.05")
     (oracle / f"etc/ld.so.conf.d/00-compat-{UUID}.conf").write_text("/usr/local/cuda/compat\n")
-    ldconfig = [
-        "chroot",
-        str(oracle),
-        "/sbin/ldconfig",
-        "-f",
-        "/etc/ld.so.conf",
-        "-C",
-        "/etc/ld.so.cache",
-    ]
-    subprocess.run(ldconfig, check=True, capture_output=True)
-    mapped = subprocess.run(
-        [CHROOT, str(oracle), "/lib64/ld-linux-x86-64.so.2", "/which"],
-        check=True,
-        capture_output=True,
-        text=True,
-        env={},
-    ).stdout.strip()
-    assert mapped.lstrip("/") == COMPAT_LIB  # the container uses the compat driver
+    mapped = _real(oracle, program=(LOADER, "/which"))
+    assert mapped == COMPAT_LIB  # the container uses the compat driver
     shutil.copy(APP, image / "libapp.so")
     (image / "usr/local/cuda-13.1/lib64").mkdir(parents=True)
     (image / "usr/local/cuda-13.1/lib64/libcudart.so.13").write_bytes(b"runtime")
@@ -118,24 +102,8 @@ def test_a_search_path_of_a_program_not_built_as_pie_counts(
         shutil.copy(program, root / "opt/app/run")
         (root / STUB / "libcuda.so.1").symlink_to("libcuda.so")
     _place(kit, "B", oracle / NODE / "libcuda.so.600.10.01")
-    ldconfig = [
-        "chroot",
-        str(oracle),
-        "/sbin/ldconfig",
-        "-f",
-        "/etc/ld.so.conf",
-        "-C",
-        "/etc/ld.so.cache",
-    ]
-    subprocess.run(ldconfig, check=True, capture_output=True)
-    mapped = subprocess.run(
-        [CHROOT, str(oracle), "/lib64/ld-linux-x86-64.so.2", "/opt/app/run"],
-        check=True,
-        capture_output=True,
-        text=True,
-        env={},
-    ).stdout.strip()
-    assert mapped.lstrip("/") == f"{STUB}/libcuda.so"  # the stub, not the node's driver
+    mapped = _real(oracle, program=(LOADER, "/opt/app/run"))
+    assert mapped == f"{STUB}/libcuda.so"  # the stub, not the node's driver
     shutil.copy(APP, image / "libapp.so")
     (image / "usr/local/cuda-13.1/lib64").mkdir(parents=True)
     (image / "usr/local/cuda-13.1/lib64/libcudart.so.13").write_bytes(b"runtime")
