@@ -152,6 +152,34 @@ def _archive(path: Path, members: list[tuple[str, bytes]]) -> Path:
     return path
 
 
+def _engine_env(
+    docker_host: str, tmp_path: Path, config: bytes, layer: bytes, tag: str
+) -> tuple[Path, list[str]]:
+    """A docker save archive of ``config`` and ``layer``, and the Env the engine gives
+    its containers once it has loaded it (``docker load``, ``docker inspect``)."""
+    manifest = [{"Config": f"{_sha(config)}.json", "RepoTags": [tag], "Layers": ["l/layer.tar"]}]
+    archive = _archive(
+        tmp_path / "image.tar",
+        [
+            (f"{_sha(config)}.json", config),
+            ("l/layer.tar", layer),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ],
+    )
+    docker = ["docker", "-H", docker_host]
+    subprocess.run([*docker, "load", "-i", str(archive)], capture_output=True, check=True)
+    try:
+        env = subprocess.run(
+            [*docker, "inspect", "--format", "{{json .Config.Env}}", tag],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
+    return archive, json.loads(env)
+
+
 def _engine_files(host: str, archive: Path, tag: str) -> set[str]:
     docker = ["docker", "-H", host]
     subprocess.run([*docker, "load", "-i", str(archive)], capture_output=True, check=True)
@@ -211,28 +239,8 @@ def test_a_config_with_two_spellings_of_env_is_refused(
     run = _object([("Env", '["CUDA_VERSION=12.0"]'), ("env", '["CUDA_VERSION=13.0"]')])
     pairs = [(k, json.dumps(v)) for k, v in doc.items() if k != "config"]
     config = _object([*pairs, ("config", run)]).encode()
-    tag = "bmtest/go-json-env:v1"
-    manifest = [{"Config": f"{_sha(config)}.json", "RepoTags": [tag], "Layers": ["l/layer.tar"]}]
-    archive = _archive(
-        tmp_path / "image.tar",
-        [
-            (f"{_sha(config)}.json", config),
-            ("l/layer.tar", layer),
-            ("manifest.json", json.dumps(manifest).encode()),
-        ],
-    )
-    docker = ["docker", "-H", docker_host]
-    subprocess.run([*docker, "load", "-i", str(archive)], capture_output=True, check=True)
-    try:
-        env = subprocess.run(
-            [*docker, "inspect", "--format", "{{json .Config.Env}}", tag],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    finally:
-        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
-    assert json.loads(env) == ["CUDA_VERSION=13.0"]
+    archive, env = _engine_env(docker_host, tmp_path, config, layer, "bmtest/go-json-env:v1")
+    assert env == ["CUDA_VERSION=13.0"]
     result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
     assert result.code == 2, result.out + result.err
     assert "'Env', 'env'" in result.err
@@ -325,28 +333,8 @@ def test_a_config_with_a_repeated_config_object_is_refused(
     pairs = [(k, json.dumps(v)) for k, v in doc.items() if k != "config"]
     pairs += [("config", '{"Env": ["CUDA_VERSION=13.0"]}'), ("config", '{"Labels": {}}')]
     config = _object(pairs).encode()
-    tag = "bmtest/go-json-twice:v1"
-    manifest = [{"Config": f"{_sha(config)}.json", "RepoTags": [tag], "Layers": ["l/layer.tar"]}]
-    archive = _archive(
-        tmp_path / "image.tar",
-        [
-            (f"{_sha(config)}.json", config),
-            ("l/layer.tar", layer),
-            ("manifest.json", json.dumps(manifest).encode()),
-        ],
-    )
-    docker = ["docker", "-H", docker_host]
-    subprocess.run([*docker, "load", "-i", str(archive)], capture_output=True, check=True)
-    try:
-        env = subprocess.run(
-            [*docker, "inspect", "--format", "{{json .Config.Env}}", tag],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    finally:
-        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
-    assert "CUDA_VERSION=13.0" in json.loads(env)
+    archive, env = _engine_env(docker_host, tmp_path, config, layer, "bmtest/go-json-twice:v1")
+    assert "CUDA_VERSION=13.0" in env
     result = cli("check", f"docker-archive:{archive}", "--sm", "9.0")
     assert result.code == 2, result.out + result.err
     assert "appears twice" in result.err
