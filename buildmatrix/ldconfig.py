@@ -44,6 +44,7 @@ host). ``tests/test_ldconfig.py`` holds this model to the real ``ldconfig``.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -328,8 +329,8 @@ def searched_first(value: str, view: FolderView) -> tuple[str | None, str] | Non
     the program's folder decides) counts where the image holds any ``libcuda.so.1``
     (folder None)."""
     anywhere = [p for p in view.entries if posixpath.basename(p) == SONAME]
-    for raw in value.replace(";", ":").split(":"):
-        if not raw.startswith("/") or "$" in raw:
+    for raw, folder, holds in _path_entries(value, view):
+        if folder is None:  # relative, or a token: the loader's caller decides
             if anywhere:
                 why = (
                     f"LD_LIBRARY_PATH holds '{raw}', which the loader searches before its cache "
@@ -337,17 +338,29 @@ def searched_first(value: str, view: FolderView) -> tuple[str | None, str] | Non
                 )
                 return None, why
             continue
-        folder = view.resolve(raw, view.symlinks)
-        if folder is None:
-            continue
-        found = view.resolve(f"{folder}/{SONAME}", view.symlinks) if folder else SONAME
-        if found is not None and found in view.entries:
+        if holds:
             why = (
                 f"LD_LIBRARY_PATH names {raw}, where the loader finds /{folder}/{SONAME} "
                 "before its cache, whatever the container toolkit chooses"
             )
             return folder, why
     return None
+
+
+def _path_entries(value: str, view: FolderView) -> Iterator[tuple[str, str | None, bool]]:
+    """Each ``LD_LIBRARY_PATH`` entry as the loader splits them (``:`` and ``;``):
+    (the entry, its folder in ``view`` — None where it is empty, relative or holds a
+    dynamic string token —, whether the loader finds ``libcuda.so.1`` there). An
+    absolute entry that leads nowhere in the image is left out."""
+    for raw in value.replace(";", ":").split(":"):
+        if not raw.startswith("/") or "$" in raw:
+            yield raw, None, False
+            continue
+        folder = view.resolve(raw, view.symlinks)
+        if folder is None:
+            continue
+        found = view.resolve(f"{folder}/{SONAME}", view.symlinks) if folder else SONAME
+        yield raw, folder, found is not None and found in view.entries
 
 
 # The folders the container toolkit mounts a node's driver into: the host's own
@@ -369,14 +382,10 @@ def driver_first(value: str, view: FolderView) -> str | None:
     (``searched_first``), so there the compat driver the cache holds is passed over.
     A folder the node mounts its driver into elsewhere is not known here."""
     drivers = {view.resolve(f, view.symlinks) for f in DRIVER_FOLDERS} | set(DRIVER_FOLDERS)
-    for raw in value.replace(";", ":").split(":"):
-        if not raw.startswith("/") or "$" in raw:
-            continue
-        folder = view.resolve(raw, view.symlinks)
+    for raw, folder, holds in _path_entries(value, view):
         if folder is None:
             continue
-        found = view.resolve(f"{folder}/{SONAME}", view.symlinks) if folder else SONAME
-        if found is not None and found in view.entries:
+        if holds:
             return None
         if folder in drivers:
             return (
