@@ -117,6 +117,28 @@ def start_dockerd(
     return proc, host
 
 
+def engine_export(host: str, archive: Path, tag: str) -> bytes | str:
+    """What the engine unpacks from the docker save ``archive`` tagged ``tag``: it is
+    loaded (``docker load``) and a container's filesystem exported as ``docker export``
+    writes it (a tar), then the container and the image are removed; or, where
+    ``docker load`` refuses the archive, its message."""
+    docker = ["docker", "-H", host]
+    loaded = subprocess.run(
+        [*docker, "load", "-i", str(archive)], capture_output=True, text=True, check=False
+    )
+    if loaded.returncode:
+        return loaded.stderr.strip()
+    try:
+        cid = subprocess.run(
+            [*docker, "create", tag, "x"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        exported = subprocess.run([*docker, "export", cid], capture_output=True, check=True)
+        subprocess.run([*docker, "rm", cid], capture_output=True, check=True)
+    finally:
+        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
+    return exported.stdout
+
+
 def stop_dockerd(proc: subprocess.Popen[bytes], root: Path) -> None:
     """Stop an engine started by :func:`start_dockerd` and unmount the network
     namespace it leaves under its exec root (else the folder cannot be removed)."""

@@ -26,6 +26,7 @@ from buildmatrix.errors import InputError
 from buildmatrix.image.gokeys import check_keys, loads
 from tests.conftest import CliRunner
 from tests.images import Image, fixture, layer_tar, write_oci_layout
+from tests.services import engine_export
 
 SM80, HOPPER = fixture("libsass_sm80.so"), fixture("libhopper_a.so")
 
@@ -181,17 +182,9 @@ def _engine_env(
 
 
 def _engine_files(host: str, archive: Path, tag: str) -> set[str]:
-    docker = ["docker", "-H", host]
-    subprocess.run([*docker, "load", "-i", str(archive)], capture_output=True, check=True)
-    try:
-        cid = subprocess.run(
-            [*docker, "create", tag, "x"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        exported = subprocess.run([*docker, "export", cid], capture_output=True, check=True)
-        subprocess.run([*docker, "rm", cid], capture_output=True, check=True)
-    finally:
-        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
-    with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as tar:
+    exported = engine_export(host, archive, tag)
+    assert isinstance(exported, bytes), f"docker load refused the archive: {exported}"
+    with tarfile.open(fileobj=io.BytesIO(exported)) as tar:
         return {m.name for m in tar if m.isreg()}
 
 

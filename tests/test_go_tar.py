@@ -27,6 +27,7 @@ from buildmatrix.image.layers import clean_member_name, read_as_layer, scan_laye
 from buildmatrix.image.tarheaders import StrictTarInfo
 from buildmatrix.image.tarstream import member_data, open_tar_stream
 from tests.images import Image, fixture, scan_in_place, write_archive_blobs
+from tests.services import engine_export
 
 SM80 = fixture("libsass_sm80.so")
 HOPPER = fixture("libhopper_a.so")
@@ -309,22 +310,11 @@ def _engine_files(host: str, raw: bytes, tmp_path: Path, tag: str) -> dict[str, 
     (``docker load`` + ``docker export``), or 'refused' where ``docker load`` fails."""
     config = Image(layers=[]).config(["sha256:" + hashlib.sha256(raw).hexdigest()])
     archive = write_archive_blobs(tmp_path / "image.tar", config, [("l/layer.tar", raw)], tag=tag)
-    docker = ["docker", "-H", host]
-    loaded = subprocess.run(
-        [*docker, "load", "-i", str(archive)], capture_output=True, text=True, check=False
-    )
-    if loaded.returncode:
-        return f"refused: {loaded.stderr.strip()}"
-    try:
-        cid = subprocess.run(
-            [*docker, "create", tag, "x"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        exported = subprocess.run([*docker, "export", cid], capture_output=True, check=True)
-        subprocess.run([*docker, "rm", cid], capture_output=True, check=True)
-    finally:
-        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
+    exported = engine_export(host, archive, tag)
+    if isinstance(exported, str):
+        return f"refused: {exported}"
     files = {}
-    with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(exported)) as tar:
         for m in tar:
             data = tar.extractfile(m) if m.isreg() else None
             if data is not None:

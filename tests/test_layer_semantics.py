@@ -37,6 +37,7 @@ from tests.images import (
     write_docker_archive,
 )
 from tests.layer_cases import REFUSED_EVERY, generate
+from tests.services import engine_export
 
 pytestmark = pytest.mark.integration
 
@@ -125,20 +126,11 @@ def _ours(
 
 
 def _engine(host: str, archive: Path, tag: str) -> dict[str, str] | str:
-    docker = ["docker", "-H", host]
-    loaded = subprocess.run([*docker, "load", "-i", str(archive)], capture_output=True, check=False)
-    if loaded.returncode != 0:
+    exported = engine_export(host, archive, tag)
+    if isinstance(exported, str):
         return "refused"
-    try:
-        cid = subprocess.run(
-            [*docker, "create", tag, "x"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        exported = subprocess.run([*docker, "export", cid], capture_output=True, check=True)
-        subprocess.run([*docker, "rm", cid], capture_output=True, check=True)
-    finally:
-        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
     view: dict[str, str] = {}
-    with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(exported)) as tar:
         for member in tar:
             name = member.name.rstrip("/")
             if member.isdir() or name in ENGINE_OWN or name.startswith(("dev/", "proc/", "sys/")):
