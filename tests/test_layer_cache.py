@@ -163,3 +163,34 @@ def test_every_kind_of_entry_survives_the_cache(tmp_path: Path) -> None:
         "usr/local/cuda",
         "usr/local/cuda-13.1/compat/libcuda.so.590.44.01",
     ]
+
+
+def test_a_local_blob_without_an_entry_is_not_hashed_before_it_is_read(tmp_path: Path) -> None:
+    """An uncompressed blob of an OCI layout is its own layer (blob digest = diff_id): on
+    a cold cache it is read and verified once, not first hashed to vouch for an entry
+    that does not exist; a later run serves it on the stamp the first run kept of the
+    file, unhashed, with the same summary."""
+    from buildmatrix.image.layer_scan import scan_blobs
+    from buildmatrix.image.scanned import LayerBlob
+
+    layout = write_oci_layout(tmp_path / "oci", Image(layers=[BASE]), compress=False)
+    index = json.loads((layout / "index.json").read_text())
+    manifest_blob = layout / "blobs/sha256" / index["manifests"][0]["digest"].split(":")[1]
+    layer = json.loads(manifest_blob.read_text())["layers"][0]
+    path = layout / "blobs/sha256" / layer["digest"].split(":")[1]
+    blob = LayerBlob(
+        name="layer 0",
+        open=lambda: path.open("rb"),
+        digest=layer["digest"],
+        diff_id=layer["digest"],
+        local=path,
+    )
+    cold = LayerCache(tmp_path / "cache")
+    with use(cold):
+        (first,) = scan_blobs([blob])
+    assert (cold.hits, cold.misses, cold.hashed) == (0, 1, 0)
+    warm = LayerCache(tmp_path / "cache")
+    with use(warm):
+        (again,) = scan_blobs([blob])
+    assert (warm.hits, warm.misses, warm.hashed) == (1, 0, 0)
+    assert _dump_dir(again.root) == _dump_dir(first.root)

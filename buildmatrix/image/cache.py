@@ -201,18 +201,28 @@ class LayerCache:
             self.unbound += 1
             self.misses += 1
             return None
+        # The entry first: where there is none, the local file is not hashed for nothing
+        # (the read that follows verifies it anyway).
+        summary = self._entry(digest)
+        if summary is None:
+            self.misses += 1
+            return None
         if local is not None and not self._still_verified(blob, local):
             self.ignored += 1
             self.misses += 1
             return None
+        self.hits += 1
+        return summary
+
+    def _entry(self, digest: str) -> LayerSummary | None:
+        """The summary kept under ``digest``, in this process or in a file of this user's
+        (a damaged file is removed; one written by an older scanner is keyed apart)."""
         if digest in self._memory:
-            self.hits += 1
             return self._memory[digest]
         path = self._path(digest)
         data = self._read_own(path) if path is not None else None
         summary = decode(data, digest) if data is not None else None
         if summary is None:
-            self.misses += 1
             if data is not None and path is not None:
                 self.discarded += 1
                 with contextlib.suppress(OSError):
@@ -220,7 +230,6 @@ class LayerCache:
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # type: ignore[arg-type]  # recently used
-        self.hits += 1
         self._memory[digest] = summary
         return summary
 
