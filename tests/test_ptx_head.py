@@ -73,7 +73,10 @@ _GAP = st.lists(
     max_size=3,
 ).map(b"".join)
 _SM_NAME = st.sampled_from([b"sm_80", b"sm_90a", b"sm_90", b"sm_100"])
-_OPTION = st.sampled_from([b"texmode_independent", b"map_f64_to_f32"])
+# Target options ptxas takes, one it refuses for every SM drawn, and one it knows not.
+_OPTION = st.sampled_from(
+    [b"texmode_independent", b"texmode_unified", b"map_f64_to_f32", b"bogus_option"]
+)
 
 
 @st.composite
@@ -84,7 +87,7 @@ def _heads(draw: st.DrawFn) -> bytes:
     version = draw(st.sampled_from([b"9.0", b"9.9"]))
     head = draw(_GAP) + b".version" + draw(_GAP).replace(b"\n", b" ") + b" " + version
     for _ in range(draw(st.integers(1, 2))):
-        names = [draw(_SM_NAME), *draw(st.lists(st.one_of(_SM_NAME, _OPTION), max_size=1))]
+        names = [draw(_SM_NAME), *draw(st.lists(st.one_of(_SM_NAME, _OPTION), max_size=2))]
         head += b"\n" + draw(_GAP) + b".target " + (b"," + draw(_GAP)).join(names)
     return head + b"\n" + draw(_GAP) + _BODY
 
@@ -128,11 +131,29 @@ def test_directives_inside_comments_are_no_directives(head: bytes) -> None:
 @pytest.mark.parametrize(
     "head",
     [
+        b".version 9.0\n.target sm_90a, debug\n",  # nvcc -G writes this
+        b".version 9.0\n.target sm_90a, texmode_unified, texmode_unified\n",
+        b".version 9.0\n.target sm_90a\n.target texmode_independent\n",
+    ],
+)
+def test_target_options_ptxas_takes_are_read_past(head: bytes) -> None:
+    found = ptx_directives(head + _BODY)
+    assert found is not None
+    assert (str(found[0]), str(found[1])) == ("compute_90a", "9.0")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
         b".version 9.0\n.target sm_80\n.target sm_90a\n",  # ptxas takes the last SM
         b".version 9.0\n.target sm_90a, sm_80\n",
         b".target sm_90a\n.version 9.0\n",  # ptxas: "Missing .version directive"
         b".version 9.0\n.address_size 64\n.target sm_90a\n",  # "Missing .target"
         b".version 9.0\n.target texmode_independent, sm_90a\n",  # "not defined"
+        b".version 9.0\n.target sm_80, map_f64_to_f32\n",  # "not supported with SM 1.3"
+        b".version 9.0\n.target sm_80, bogus\n",  # "Unsupported .target 'bogus'"
+        b".version 9.0\n.target sm_80, TEXMODE_UNIFIED\n",  # names are case-sensitive
+        b".version 9.0\n.target sm_80, texmode_unified\n.target texmode_independent\n",
         b"/* unterminated\n.version 9.0\n.target sm_90a\n",
     ],
 )

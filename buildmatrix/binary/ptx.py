@@ -16,6 +16,12 @@ PTX_HEAD = 1 << 16
 # ``/* ... */`` unnested) between tokens, though not inside ``.version MAJOR.MINOR``,
 # which comes first; then one or more ``.target`` directives, each a comma list of
 # names, the first an SM. A ``.version`` or ``.target`` inside a comment is no directive.
+# Besides SMs, ptxas 13.0 takes these target options, and refuses any other name
+# ("Unsupported .target 'foo'"), ``map_f64_to_f32`` for every SM from 1.3 on, and the
+# two texture modes together ("Conflicting .target option"). ``debug`` is accepted
+# here: nvcc -G writes it, and ptxas then wants the debug sections that follow.
+_OPTIONS = frozenset({b"texmode_unified", b"texmode_independent", b"debug"})
+_TEXMODES = frozenset({b"texmode_unified", b"texmode_independent"})
 _GAP = re.compile(rb"(?:[ \t\r\n]+|//[^\n]*|/\*.*?\*/)*", re.S)
 _VERSION = re.compile(rb"\.version[ \t]+(\d+)\.(\d+)(?![\w$.])")  # no comment or newline inside
 _TARGET = re.compile(rb"\.target(?![\w$])")
@@ -67,21 +73,28 @@ def _read_directives(head: bytes) -> tuple[tuple[Arch, Version] | None, int]:
     if number is None:
         return None, 0
     sms: list[re.Match[str]] = []
+    texmodes: set[bytes] = set()
     p = _skip(head, number.end())
     while target := _TARGET.match(head, p):
         p = target.end()
         while name := _NAME.match(head, _skip(head, p)):
             sm = _SM.fullmatch(name[0].decode())
-            if sm is None and not sms:
-                return None, p  # ptxas: "Target architecture not defined"
+            if sm is None and (not sms or name[0] not in _OPTIONS):
+                # ptxas: "Target architecture not defined", "Unsupported .target",
+                # "map_f64_to_f32 is not supported with SM 1.3 or higher"
+                return None, p
+            if name[0] in _TEXMODES:
+                texmodes.add(name[0])
             sms += [sm] if sm else []
             p = _skip(head, name.end())
             if head[p : p + 1] != b",":
                 break
             p += 1
         p = _skip(head, p)
-    if len(sms) != 1:
-        return None, p  # no SM, or several (ptxas takes the last; nvcc never writes two)
+    if len(sms) != 1 or len(texmodes) > 1:
+        # no SM, or several (ptxas takes the last; nvcc never writes two), or both
+        # texture modes (ptxas: "Conflicting .target option")
+        return None, p
     cc = ComputeCapability.from_number(int(sms[0][1]))
     isa = Version(f"{int(number[1])}.{int(number[2])}")
     return (Arch(cc, CodeKind.PTX, Suffix(sms[0][2])), isa), p
