@@ -24,7 +24,7 @@ from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.forward import CompatUse
 from buildmatrix.forward_devices import device_refusal
 from buildmatrix.profiles import Profile
-from buildmatrix.units import judge_units
+from buildmatrix.units import judge_file
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,7 +195,7 @@ def _judge_files(
     strict: bool,
     driver_cuda: Version | None,
 ) -> tuple[list[Verdict], list[str], list[str], list[str]]:
-    """Each file's verdict on ``cc`` (buildmatrix.units.judge_units), and the lines of
+    """Each file's verdict on ``cc`` (buildmatrix.units.judge_file), and the lines of
     the files without runnable code, of those that need JIT, and of the containers left
     out as specialised."""
     verdicts: list[Verdict] = []
@@ -203,9 +203,7 @@ def _judge_files(
     jit: list[str] = []
     specialised: list[str] = []
     for f in files:
-        j = judge_units(
-            f.units(), cc, driver=driver, facts=facts, strict=strict, driver_cuda=driver_cuda
-        )
+        j = judge_file(f, cc, driver=driver, facts=facts, strict=strict, driver_cuda=driver_cuda)
         verdicts.append(j.verdict)
         specialised.extend(f"{f.path}: {s}" for s in j.specialised)
         if j.verdict is Verdict.NONE:

@@ -7,67 +7,34 @@ translation unit"). One code entry is judged by buildmatrix.compat.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from functools import cache
 
 from packaging.version import Version
 
-from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix, serves_wherever
-from buildmatrix.binary.archnames import named_for_architecture
-from buildmatrix.compat import combine, judge_codes, sass_runs_on
+from buildmatrix.arch import CodeKind, ComputeCapability
+from buildmatrix.binary.report import FileReport, dispatch_signs
+from buildmatrix.compat import combine, judge_codes, ptx_targets, sass_runs_on
 from buildmatrix.cuda import CudaFacts, DriverVersion
-from buildmatrix.verdict import RANK, CodeTarget, Judgement, Unit, Verdict
+from buildmatrix.verdict import RANK, CodeTarget, FileJudgement, Judgement, Unit, Verdict
 
+__all__ = ["FileJudgement", "Signs", "dispatch_signs", "judge_file", "judge_units"]
 
-@dataclass(frozen=True, kw_only=True)
-class FileJudgement:
-    verdict: Verdict
-    reasons: tuple[str, ...]
-    specialised: tuple[str, ...] = ()  # containers left out of the verdict, and why
-
-
-def _named(unit: Unit) -> bool:
-    """Every kernel of the unit, read, is named for a GPU architecture."""
-    return (
-        unit.kernels_known
-        and bool(unit.kernels)
-        and all(named_for_architecture(k) for k in unit.kernels)
-    )
-
-
-def dispatch_signs(units: Sequence[Unit]) -> str | None:
-    """What shows that a file chooses its kernels by the GPU's compute capability, or
-    None. Read from its registered containers: arch- or family-specific code (it runs
-    on one GPU or family alone, so whatever launches it checks first); a container
-    that adds targets the file's most frequent target set (several tied: their union)
-    does not serve (cuSOLVER 12's per-arch ``compute_90``, ``compute_100``, ... units);
-    a container whose every kernel is named for an architecture (cuBLAS 13's
-    ``cutlass_70_*``)."""
-    registered = [u for u in units if not u.embedded]
-    if any(c.arch.suffix is not Suffix.NONE for u in registered for c in u.codes):
-        return "the file holds arch- or family-specific code"
-    sets = [frozenset(c.arch for c in u.codes) for u in registered]
-    counts = Counter(sets)
-    top = max(counts.values(), default=0)
-    common: frozenset[Arch] = frozenset().union(*(s for s, n in counts.items() if n == top))
-    for s in sets:
-        added = sorted(str(a) for a in s if not serves_wherever(common, frozenset({a})))
-        if added:
-            targets = ", ".join(added)
-            return f"the file holds units for targets its common ones do not serve ({targets})"
-    named = next((u for u in registered if _named(u)), None)
-    if named is not None:
-        return f"the kernels of its container {named.index} are named for a GPU architecture"
-    return None
+# A file's dispatch signs (buildmatrix.binary.report.dispatch_signs), asked for on need.
+Signs = Callable[[], "str | None"]
 
 
 def _registered(
-    units: Sequence[Unit], results: Sequence[Judgement], cc: ComputeCapability, *, strict: bool
+    units: Sequence[Unit],
+    results: Sequence[Judgement],
+    cc: ComputeCapability,
+    *,
+    strict: bool,
+    signs: Signs,
 ) -> tuple[list[tuple[int, Judgement]], list[str]]:
     """The registered containers that count (by index), and a line for each left out
-    as specialised code (judge_units' docstring)."""
-    signs = dispatch_signs(units)
+    as specialised code (judge_units' docstring). ``signs``: the file's
+    :func:`dispatch_signs`, asked only where a container may be left out."""
     several = sum(not u.embedded for u in units) > 1
     judged: list[tuple[int, Judgement]] = []
     specialised: list[str] = []
@@ -80,8 +47,8 @@ def _registered(
         if j.verdict is Verdict.NONE and several and not strict:
             if unit.specific:
                 left_out = "it holds only arch- or family-specific code, launched after a check"
-            elif signs is not None:
-                left_out = f"{signs}, so it chooses kernels by compute capability"
+            elif (sign := signs()) is not None:
+                left_out = f"{sign}, so it chooses kernels by compute capability"
         if left_out is not None:
             what = f" has nothing for {cc} and is"
             if unit.lacking and j.reasons:  # none because its cubin lacks kernels: say so
@@ -155,6 +122,7 @@ def judge_units(
     facts: CudaFacts,
     strict: bool = False,
     driver_cuda: Version | None = None,
+    signs: Signs | None = None,
 ) -> FileJudgement:
     """Verdict for one file of several fatbinary containers (translation units).
 
@@ -173,21 +141,24 @@ def judge_units(
     not judged; else the best blob for the GPU counts and the file fails when none
     has code for it. ``strict`` counts every container. ``driver_cuda``: the CUDA
     version the driver reports, where known (buildmatrix.compat.judge_code).
+    ``signs``: the file's dispatch signs where the caller keeps them
+    (buildmatrix.binary.report.FileReport.dispatch_signs); else read from ``units``.
     """
     if not units:
         return FileJudgement(verdict=Verdict.NONE, reasons=("no device code",))
     # Libraries repeat a few target sets over thousands of containers: judge each once.
     judged_sets: dict[tuple[CodeTarget, ...], Judgement] = {}
-    results = [
-        judged_sets.get(u.codes)
-        or judged_sets.setdefault(
-            u.codes,
-            judge_codes(u.codes, cc, driver=driver, facts=facts, driver_cuda=driver_cuda),
-        )
-        for u in units
-    ]
+    results = []
+    for u in units:
+        j = judged_sets.get(u.codes) if len(units) > 1 else None
+        if j is None:
+            j = judge_codes(u.codes, cc, driver=driver, facts=facts, driver_cuda=driver_cuda)
+            judged_sets[u.codes] = j
+        results.append(j)
     results = [_with_kernels_lacking(u, cc, j) for u, j in zip(units, results, strict=True)]
-    judged, specialised = _registered(units, results, cc, strict=strict)
+    judged, specialised = _registered(
+        units, results, cc, strict=strict, signs=signs or cache(lambda: dispatch_signs(units))
+    )
     more, kept_out = _kept_as_data(units, results, cc, strict=strict, alone=not judged)
     judged += more
     specialised += kept_out
@@ -220,4 +191,46 @@ def judge_units(
         verdict=verdict,
         reasons=tuple(dict.fromkeys(reasons)),
         specialised=tuple(specialised),
+    )
+
+
+def judge_file(
+    report: FileReport,
+    cc: ComputeCapability,
+    *,
+    driver: DriverVersion | None,
+    facts: CudaFacts,
+    strict: bool = False,
+    driver_cuda: Version | None = None,
+) -> FileJudgement:
+    """:func:`judge_units` of one file's units. Where no PTX of the file with a known
+    ISA JIT-compiles for ``cc``, the driver, the CUDA version it reports and the
+    facts enter no rule the verdict takes (SASS: compat._judge_sass; PTX that does
+    not target ``cc`` or of unknown ISA: jit.judge_ptx), so the verdict is kept on
+    the report per (``cc``, ``strict``) and judging the file on the next driver
+    costs a look-up."""
+    key = (cc, strict)
+    if (known := report.verdicts.get(key)) is not None:
+        return known
+    j = judge_units(
+        report.code_units,
+        cc,
+        driver=driver,
+        facts=facts,
+        strict=strict,
+        driver_cuda=driver_cuda,
+        signs=lambda: report.dispatch_signs,
+    )
+    if key not in report.verdicts:
+        report.verdicts[key] = None if _jit_on(report.code_units, cc) else j
+    return j
+
+
+def _jit_on(units: Sequence[Unit], cc: ComputeCapability) -> bool:
+    """Whether PTX of a known ISA among ``units`` JIT-compiles for ``cc``: its verdict
+    then depends on the driver (jit.judge_ptx)."""
+    return any(
+        c.arch.kind is CodeKind.PTX and c.ptx_isa is not None and ptx_targets(c.arch, cc)
+        for u in units
+        for c in u.codes
     )

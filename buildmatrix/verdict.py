@@ -1,6 +1,6 @@
 """What every compatibility answer is made of: a verdict and its reasons, for one
-piece of device code (docs/compatibility.md), and the code they judge: a target, and
-one translation unit's targets (buildmatrix.units judges those)."""
+piece of device code (docs/compatibility.md) or one file, and the code they judge: a
+target, and one translation unit's targets (buildmatrix.units judges those)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,15 @@ class CodeTarget:
 class Judgement:
     verdict: Verdict
     reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileJudgement:
+    """One file's verdict on one GPU (buildmatrix.units.judge_units)."""
+
+    verdict: Verdict
+    reasons: tuple[str, ...]
+    specialised: tuple[str, ...] = ()  # containers left out of the verdict, and why
 
 
 @dataclass(frozen=True, kw_only=True)

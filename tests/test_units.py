@@ -7,17 +7,25 @@ each branch of it.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from packaging.version import Version
 
-from buildmatrix.arch import ComputeCapability, parse_arch
-from buildmatrix.compat import CodeTarget, Verdict
+from buildmatrix.arch import CodeKind, ComputeCapability, parse_arch
+from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
+from buildmatrix.binary.report import FileReport
+from buildmatrix.binary.scan import inspect_file
+from buildmatrix.compat import CodeTarget, Verdict, ptx_targets
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, parse_driver_version
-from buildmatrix.units import judge_units
+from buildmatrix.profile_files import default_profiles_dir, load_profiles
+from buildmatrix.units import judge_file, judge_units
 from buildmatrix.verdict import Unit
+from tests.conftest import REPO
 
 CC = ComputeCapability
 FACTS = load_cuda_facts()
+FIXTURES = REPO / "tests" / "fixtures" / "bin"
 
 
 def _driver(text: str) -> DriverVersion:
@@ -180,3 +188,59 @@ def test_a_specialised_container_whose_cubin_lacks_kernels_says_so() -> None:
     assert "has nothing for" not in line and "; it is specialised code" in line
     # where the cubin it loads is complete, it counts as usual
     assert judge_units([*full, guarded], CC(9, 0), driver=None, facts=FACTS).specialised == ()
+
+
+def _reports() -> list[FileReport]:
+    """The nvcc-built fixture files with device code (one of each set of code targets
+    and kernels), and files of PTX whose ISA is unknown, one the table knows and one
+    newer than every toolkit it knows."""
+    found = [inspect_file(p) for p in sorted(FIXTURES.iterdir())]
+    reports = {r.code_units: r for r in found if r is not None and r.code_units}
+    newest = FACTS.newest.ptx_isa
+    for isa in (None, Version("8.0"), Version(f"{newest.major}.{newest.minor + 1}")):
+        entries = tuple(
+            FatbinEntry(kind=kind, arch=parse_arch(a), ptx_isa=isa if kind is EntryKind.PTX
+                        else None, compressed=False, size=1, offset=0)
+            for kind, a in ((EntryKind.SASS, "sm_80"), (EntryKind.PTX, "compute_90"))
+        )  # fmt: skip
+        report = FileReport(path=f"ptx-{isa}", format="elf", entries=entries)
+        reports[report.code_units] = report
+    return list(reports.values())
+
+
+def test_a_verdict_kept_on_a_report_is_its_verdict_on_every_driver() -> None:
+    """units.judge_file keeps a file's verdict on a GPU on its report where no driver
+    enters it. On every GPU (the profiles' and unknown ones), with no driver, one
+    older than every driver the CUDA table names and each it names (every PTX JIT
+    floor, so every interval between them), with and without the CUDA version the
+    driver reports, what it answers is judge_units' answer from the units afresh, and
+    what it keeps is the same on all of them; where PTX of a known ISA JIT-compiles for
+    the GPU it keeps nothing (jit.judge_ptx depends on the driver there)."""
+    ccs = sorted({p.cc for p in load_profiles(default_profiles_dir())} | {CC(8, 7), CC(11, 0)})
+    table = sorted({tk.driver for tk in FACTS.toolkits if tk.driver is not None})
+    drivers = [None, _driver("400.0.0"), *table]
+    kept = {True: 0, False: 0}
+    for report, cc, strict in itertools.product(_reports(), ccs, (False, True)):
+        answers = set()
+        for driver in drivers if not strict else drivers[:3]:
+            reported = FACTS.driver_cuda(driver) if driver is not None else None
+            for cuda in {None, reported}:
+                got = judge_file(
+                    report, cc, driver=driver, facts=FACTS, strict=strict, driver_cuda=cuda
+                )
+                fresh = judge_units(
+                    report.units(), cc, driver=driver, facts=FACTS, strict=strict,
+                    driver_cuda=cuda,
+                )  # fmt: skip
+                assert got == fresh, (report.path, cc, driver, cuda, strict)
+                answers.add(fresh)
+        held = report.verdicts[(cc, strict)]
+        assert held is None or answers == {held}, (report.path, cc, strict)
+        jit = any(
+            c.arch.kind is CodeKind.PTX and c.ptx_isa is not None and ptx_targets(c.arch, cc)
+            for u in report.code_units
+            for c in u.codes
+        )
+        assert (held is None) is jit, (report.path, cc, strict)
+        kept[jit] += 1
+    assert kept[True] and kept[False]  # both kinds of GPU were judged

@@ -3,16 +3,26 @@
 The lowest module of the readers: the file readers (buildmatrix.binary.scan), the
 forward-compatibility note reader (buildmatrix.binary.compat_note) and the image
 sources all hand these on; the compatibility rules judge them.
+
+A report is immutable (its entries are frozen), so what the rules derive from it
+alone (its units, its dispatch signs, its toolkit) is computed once, on first use,
+and kept on it: ``check`` judges one image on many GPUs and drivers (``drivers``,
+``affinity``, ``smoke``), and none of these depends on the GPU or the driver; nor
+does its verdict on one GPU where no PTX JIT-compiles for it (``verdicts``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from buildmatrix.arch import Arch
+from buildmatrix.arch import Arch, ComputeCapability, Suffix, serves_wherever
+from buildmatrix.binary.archnames import named_for_architecture
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
-from buildmatrix.verdict import CodeTarget, Unit
+from buildmatrix.verdict import CodeTarget, FileJudgement, Unit
 
 if TYPE_CHECKING:
     from packaging.version import Version
@@ -41,7 +51,7 @@ class FileReport:
     def ptx(self) -> list[str]:
         return self._archs(EntryKind.PTX)
 
-    @property
+    @cached_property
     def toolkit(self) -> Version | None:
         """The newest CUDA release that wrote the file's cubins, where their notes say."""
         return max((e.toolkit for e in self.entries if e.toolkit is not None), default=None)
@@ -55,6 +65,12 @@ class FileReport:
         ]
 
     def units(self) -> list[Unit]:
+        """Loadable code per fatbinary container, one unit per translation unit
+        (:attr:`code_units`, as a list of its own)."""
+        return list(self.code_units)
+
+    @cached_property
+    def code_units(self) -> tuple[Unit, ...]:
         """Loadable code per fatbinary container, one unit per translation unit.
 
         Left out: containers with only LTO IR (linked at build time) and containers
@@ -84,7 +100,18 @@ class FileReport:
                     lacking=_lacking(entries, kernels),
                 )
             )
-        return units
+        return tuple(units)
+
+    @cached_property
+    def dispatch_signs(self) -> str | None:
+        """:func:`dispatch_signs` of :attr:`code_units`."""
+        return dispatch_signs(self.code_units)
+
+    @cached_property
+    def verdicts(self) -> dict[tuple[ComputeCapability, bool], FileJudgement | None]:
+        """The file's verdict per (compute capability, strict) where no driver enters it,
+        None where one does (kept by buildmatrix.units.judge_file)."""
+        return {}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,6 +136,42 @@ def _lacking(
             if missing := tuple(k for k in kernels if k not in have):
                 out.append((e.arch, missing))
     return tuple(out)
+
+
+def _named(unit: Unit) -> bool:
+    """Every kernel of the unit, read, is named for a GPU architecture."""
+    return (
+        unit.kernels_known
+        and bool(unit.kernels)
+        and all(named_for_architecture(k) for k in unit.kernels)
+    )
+
+
+def dispatch_signs(units: Sequence[Unit]) -> str | None:
+    """What shows that a file chooses its kernels by the GPU's compute capability, or
+    None. Read from its registered containers: arch- or family-specific code (it runs
+    on one GPU or family alone, so whatever launches it checks first); a container
+    that adds targets the file's most frequent target set (several tied: their union)
+    does not serve (cuSOLVER 12's per-arch ``compute_90``, ``compute_100``, ... units);
+    a container whose every kernel is named for an architecture (cuBLAS 13's
+    ``cutlass_70_*``). The per-translation-unit rule (buildmatrix.units.judge_units)
+    leaves a container out on such a sign."""
+    registered = [u for u in units if not u.embedded]
+    if any(c.arch.suffix is not Suffix.NONE for u in registered for c in u.codes):
+        return "the file holds arch- or family-specific code"
+    sets = [frozenset(c.arch for c in u.codes) for u in registered]
+    counts = Counter(sets)
+    top = max(counts.values(), default=0)
+    common: frozenset[Arch] = frozenset().union(*(s for s, n in counts.items() if n == top))
+    for s in sets:
+        added = sorted(str(a) for a in s if not serves_wherever(common, frozenset({a})))
+        if added:
+            targets = ", ".join(added)
+            return f"the file holds units for targets its common ones do not serve ({targets})"
+    named = next((u for u in registered if _named(u)), None)
+    if named is not None:
+        return f"the kernels of its container {named.index} are named for a GPU architecture"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
