@@ -26,11 +26,12 @@ from buildmatrix.forward import CompatUse
 from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.profiles import Profile, ProfileSet
-from buildmatrix.runtime_sources import cuda_runtime, runtime_note, runtime_sources
+from buildmatrix.runtime_sources import newest_runtime, runtime_note, runtime_sources
 from buildmatrix.snapshot import Snapshot
 from buildmatrix.target_verdict import Target, TargetResult, judge_target, worst
 
 FAMILY_LABEL = "io.buildmatrix.family"
+_PROBLEM_PATH = re.compile(r":? ")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,8 +159,8 @@ def resolve_targets(
                 )
             )
         declared: dict[str, str | None] = {"family": label, "source": "snapshot"}
-        claimed = _label_families(label)
         if label is not None:
+            claimed = _label_families(label)
             for cc, product in models:
                 profile = profiles.by_cc(cc)
                 family = profile.family.value if profile else f"cc {cc}"
@@ -178,7 +179,8 @@ def resolve_targets(
             f"'{image.ref}' has no {FAMILY_LABEL} label, so there is nothing to check against: "
             "pass --family F or --sm SM (or --snapshot with a node's GPUs)."
         )
-    targets += _family_targets(profiles, opts.families)
+    if opts.families:
+        targets += _family_targets(profiles, opts.families)
     for text in opts.sms:
         profile = profiles.get(f"sm_{parse_sm(text).cc.number}")
         targets.append(_profile_target(profiles, profile, name=profile.sm))
@@ -203,10 +205,13 @@ def run_check(
     ignored = [f.path for f in image.files if _ignored(f.path, opts.ignore)]
     # A problem line starts with its path ("PATH: why" or "PATH (section …): why").
     unreadable = [
-        p for p in image.problems if not _ignored(re.split(r":? ", p, maxsplit=1)[0], opts.ignore)
+        p
+        for p in image.problems
+        if not _ignored(_PROBLEM_PATH.split(p, maxsplit=1)[0], opts.ignore)
     ]
     driver, driver_cuda = _driver(opts)
-    runtime = cuda_runtime(image)
+    sources = tuple(runtime_sources(image))
+    runtime = newest_runtime(sources)
     choice = compat_choice(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
     if choice is not None and choice.undetermined:
@@ -253,13 +258,15 @@ def run_check(
         driver=driver,
         problems=problems,
         compat=choice,
-        runtime_sources=tuple(runtime_sources(image)),
+        runtime_sources=sources,
         warnings=warnings,
     )
 
 
 def _ignored(path: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch("/" + path, p) for p in patterns)
+    return bool(patterns) and any(
+        fnmatch.fnmatch(path, p) or fnmatch.fnmatch("/" + path, p) for p in patterns
+    )
 
 
 def _target_problems(results: list[TargetResult], *, require_sass: bool) -> list[str]:

@@ -8,6 +8,8 @@ each sign comes from.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from functools import cache
 
 from packaging.version import Version
 
@@ -28,20 +30,29 @@ def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
     found: list[tuple[Version, str]] = []
     m = _CUDA_ENV.match(image.config.env.get("CUDA_VERSION", ""))
     if m:
-        found.append((Version(f"{m[1]}.{m[2]}"), CUDA_VERSION_SOURCE))
-    for path in image.paths:
-        hit = _CUDART.search(path)
-        if hit:
-            found.append((Version(f"{hit[1]}.{hit[2] or 0}"), path))
+        found.append((_release(m[1], m[2]), CUDA_VERSION_SOURCE))
+    for hit in image.paths_found(_CUDART):
+        found.append((_release(hit[1], hit[2] or "0"), hit.string))
     for f in image.files:
         if f.toolkit is not None and f.format != "archive":
             found.append((f.toolkit, f"device code of {f.path} (built by CUDA {f.toolkit})"))
     return found
 
 
+@cache  # a pure parse, asked for on every check of an image
+def _release(major: str, minor: str) -> Version:
+    return Version(f"{major}.{minor}")
+
+
 def cuda_runtime(image: ScannedImage) -> tuple[Version, str] | None:
     """The newest CUDA release any source shows (runtime_sources): the floors follow it."""
-    return max(runtime_sources(image), key=lambda x: x[0], default=None)
+    return newest_runtime(runtime_sources(image))
+
+
+def newest_runtime(sources: Iterable[tuple[Version, str]]) -> tuple[Version, str] | None:
+    """The newest of ``sources`` (the first of equals), or None: :func:`cuda_runtime`
+    of sources read once."""
+    return max(sources, key=lambda x: x[0], default=None)
 
 
 def runtime_note(sources: list[tuple[Version, str]]) -> str | None:

@@ -3,9 +3,11 @@ device code (:class:`ScannedImage`), and the layer blobs a source reads (:class:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
@@ -83,6 +85,20 @@ class ScannedImage:
     # The digest of the index the REF named, the entry above was picked from; None
     # where the REF named a single manifest or the source keeps no index.
     index_digest: str | None = None
+
+    def paths_found(self, pattern: re.Pattern[str]) -> tuple[re.Match[str], ...]:
+        """``pattern.search`` of each path of the final view, the hits in path order.
+        Kept per pattern: an image's paths (tens of thousands) are searched once,
+        however many GPUs and drivers it is judged on (buildmatrix.runtime_sources).
+        A source builds the image whole and nothing changes its lists after."""
+        if pattern not in self._found:
+            hits = (pattern.search(path) for path in self.paths)
+            self._found[pattern] = tuple(m for m in hits if m is not None)
+        return self._found[pattern]
+
+    @cached_property
+    def _found(self) -> dict[re.Pattern[str], tuple[re.Match[str], ...]]:
+        return {}
 
 
 Progress = Callable[[int], None]  # called with bytes read since the last call
