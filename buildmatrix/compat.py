@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from packaging.version import Version
 
@@ -42,6 +43,7 @@ def sass_runs_on(arch: Arch, cc: ComputeCapability) -> bool:
     return cc.major == arch.cc.major and cc.minor >= arch.cc.minor
 
 
+@lru_cache(maxsize=4096)  # a pure rule of two values, asked for each target of every node
 def _judge_sass(arch: Arch, cc: ComputeCapability) -> Judgement:
     if sass_runs_on(arch, cc):
         return Judgement(verdict=Verdict.NATIVE, reasons=(f"{arch} SASS runs natively on {cc}",))
@@ -102,8 +104,7 @@ def judge_codes(
 
 def combine(verdicts: Iterable[Verdict]) -> Verdict:
     """The verdict of many files on one target: the worst file decides."""
-    worst = min((_RANK[v] for v in verdicts), default=_RANK[Verdict.NATIVE])
-    return next(v for v, r in _RANK.items() if r == worst)
+    return min(verdicts, key=_RANK.__getitem__, default=Verdict.NATIVE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,10 +129,28 @@ def driver_floors(
     GPU's profile or product. ``check``, ``smoke`` and ``generate`` all use it. A CUDA
     major the table does not know gives an unknown floor (fail closed).
     """
+    floor = facts.runtime_floor(cuda_runtime.major) if cuda_runtime is not None else None
+    # DriverVersion compares by number only; its text is part of what the floors say.
+    return _floors(
+        cuda_runtime,
+        (floor, floor.text) if floor is not None else None,
+        (hardware_floor, hardware_floor.text) if hardware_floor is not None else None,
+        hardware,
+    )
+
+
+@lru_cache(maxsize=4096)  # pure, of values: asked for each target of every node judged
+def _floors(
+    cuda_runtime: Version | None,
+    runtime_floor: tuple[DriverVersion, str] | None,
+    hardware: tuple[DriverVersion, str] | None,
+    label: str,
+) -> tuple[Floor, ...]:
+    """:func:`driver_floors` once the runtime's floor is looked up in the facts."""
     floors: list[Floor] = []
     if cuda_runtime is not None:
         rt = major_minor(cuda_runtime)
-        floor = facts.runtime_floor(cuda_runtime.major)
+        floor = runtime_floor[0] if runtime_floor is not None else None
         why = f"CUDA {rt} runtime (CUDA {cuda_runtime.major}.x minor version compatibility)"
         if floor is None:
             why = (
@@ -139,9 +158,9 @@ def driver_floors(
                 f"{cuda_runtime.major}.x; update its CUDA table"
             )
         floors.append(Floor(driver=floor, why=why))
-    if hardware_floor is not None:
-        label = f" for {hardware}" if hardware else ""
-        floors.append(Floor(driver=hardware_floor, why=f"hardware floor{label}"))
+    if hardware is not None:
+        named = f" for {label}" if label else ""
+        floors.append(Floor(driver=hardware[0], why=f"hardware floor{named}"))
     return tuple(floors)
 
 

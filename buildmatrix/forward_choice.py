@@ -32,6 +32,8 @@ class CompatChoice:
 
 
 def compat_choice(setup: CompatSetup | None, driver: DriverVersion) -> CompatChoice:
+    if setup is None:  # no compat folder: nothing to choose, on any driver
+        return CompatChoice(hook=None)
     hook = compat_use(setup, driver)
     legacy = legacy_use(setup.legacy, driver) if setup is not None else None
     other = _legacy_state(hook, legacy)

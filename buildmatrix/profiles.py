@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +207,15 @@ class ProfileSet:
         return max(same, key=lambda p: p.cc) if same else None
 
     def by_cc(self, cc: ComputeCapability) -> Profile | None:
-        return next((p for p in self.profiles if p.cc == cc), None)
+        return self._by_cc.get(cc)
+
+    @cached_property
+    def _by_cc(self) -> dict[ComputeCapability, Profile]:
+        """The first profile of each compute capability (the set is immutable)."""
+        found: dict[ComputeCapability, Profile] = {}
+        for p in self.profiles:
+            found.setdefault(p.cc, p)
+        return found
 
     def family(self, name: str) -> tuple[Profile, ...]:
         """The profiles of a family; an unknown family is an input error with a hint."""
@@ -228,8 +237,23 @@ class ProfileSet:
         Its own profile's (its product's where the profile names one); for a compute
         capability without a profile, that of the nearest older profile of the same
         major: a newer GPU of a family needs at least the family's driver. None where
-        the major has no profile at or below ``cc``.
+        the major has no profile at or below ``cc``. Kept per (cc, product): ``check``
+        asks for each target of each node it judges.
         """
+        key = (cc, product)
+        if key not in self._hardware_floors:
+            self._hardware_floors[key] = self._hardware_floor(cc, product)
+        return self._hardware_floors[key]
+
+    @cached_property
+    def _hardware_floors(
+        self,
+    ) -> dict[tuple[ComputeCapability, str | None], tuple[DriverVersion, str] | None]:
+        return {}
+
+    def _hardware_floor(
+        self, cc: ComputeCapability, product: str | None
+    ) -> tuple[DriverVersion, str] | None:
         profile = self._at_or_below(cc)
         if profile is None:
             return None
