@@ -136,10 +136,10 @@ class Entry:
         runtime floor, the hardware floor, and the JIT floor where only PTX runs."""
         return str(min(s.driver for s in self.segments))
 
-    @property
+    @cached_property
     def nvidia_require_arch(self) -> str:
         """The ``NVIDIA_REQUIRE_ARCH`` value: exactly the (GPU, driver) pairs on which
-        ``check`` passes the variant's code (constraint.py)."""
+        ``check`` passes the variant's code (constraint.py); written once per entry."""
         return nvidia_require_arch(self.segments)
 
     @property
