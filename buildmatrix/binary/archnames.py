@@ -2,7 +2,7 @@
 
 Pure. A library whose kernels are named so picks them by the GPU's compute
 capability; the per-translation-unit rule reads it as a sign of that
-(buildmatrix.units.dispatch_signs; docs/check.md, "Per translation unit"), and the
+(buildmatrix.binary.report.dispatch_signs; docs/check.md, "Per translation unit"), and the
 scan uses it to decide which compressed cubins must be read
 (buildmatrix.binary.kernels).
 """

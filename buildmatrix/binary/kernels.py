@@ -112,7 +112,7 @@ def _several_sms(entries: Sequence[FatbinEntry], packed: Sequence[int]) -> set[i
 def _dispatches(entries: Sequence[FatbinEntry]) -> bool:
     """Whether the file shows that it picks kernels by compute capability and has
     several registered units, so that a unit with nothing for a GPU is left out of
-    the default verdict (buildmatrix.units.dispatch_signs, ``_registered``): its
+    the default verdict (buildmatrix.binary.report.dispatch_signs; units.py, ``_registered``): its
     targets (:func:`units_needing_kernels`' tests) or a unit whose every kernel, read,
     is named for a GPU architecture."""
     groups: dict[int, list[FatbinEntry]] = {}
