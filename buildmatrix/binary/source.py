@@ -48,7 +48,7 @@ class FileSource:
 class BytesSource:
     """A file already in memory (a tar member, a test vector)."""
 
-    def __init__(self, data: bytes, *, name: str) -> None:
+    def __init__(self, data: bytes | bytearray, *, name: str) -> None:
         self._data = memoryview(data)
         self._name = name
 
