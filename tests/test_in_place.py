@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import shutil
 import subprocess
 import tarfile
@@ -280,3 +281,65 @@ def pool_everything() -> set[int]:
     for reader in (inplace, overlay2):  # the two readers that hand work to workers
         setattr(reader, "run_all", run_all)  # noqa: B010
     return pids
+
+
+LOCAL_BLOBS = """
+import io, json, os, sys, contextlib
+from pathlib import Path
+from buildmatrix.cli import main
+from buildmatrix.image import layer_scan, workers
+from tests.images import Image, write_oci_layout
+from tests.test_in_place import EVERY_FIXTURE, _where
+
+layout = Path(sys.argv[1])
+names = sorted(EVERY_FIXTURE)
+image = Image(layers=[{n: EVERY_FIXTURE[n] for n in names[i::3]} for i in range(3)])
+write_oci_layout(layout, image, tag="t")
+ARGS = ["check", f"oci:{layout}:t", "--sm", "sm_90", "--sm", "sm_80", "--json", "--no-cache"]
+
+
+def run():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(ARGS)
+    return code, out.getvalue(), err.getvalue()
+
+
+pids, calls = set(), []
+def spy(fn, jobs, sizes, **kwargs):
+    calls.append(len(jobs))
+    both = workers.run_all(_where, [(fn, job) for job in jobs], sizes, **kwargs)
+    pids.update(pid for pid, _ in both)
+    return [result for _, result in both]
+layer_scan.run_all = spy
+
+threads = run()
+workers.PARALLEL_BYTES = 0
+workers.workers = lambda: 2
+apart = run()
+assert pids and os.getpid() not in pids, pids
+assert apart == threads, (apart, threads)
+assert threads[0] in (0, 1) and json.loads(threads[1])["files"], threads
+
+# a blob corrupt in its middle: refused alike, exit 2
+blobs = sorted((layout / "blobs" / "sha256").iterdir(), key=lambda p: -p.stat().st_size)
+data = bytearray(blobs[0].read_bytes())
+data[len(data) // 2] ^= 0xFF
+blobs[0].write_bytes(bytes(data))
+calls.clear()
+bad = run()
+assert calls, "not read by workers"
+workers.PARALLEL_BYTES = 1 << 60
+assert bad == run() and bad[0] == 2, bad
+print(json.dumps(bad))
+"""
+
+
+def test_local_blobs_are_read_by_workers_as_by_threads(tmp_path: Path) -> None:
+    """Layers in local files (an OCI layout's, a containerd content store's) are read
+    one per worker process where there is enough to read (layer_scan._apart): the
+    same check output as the layers read on two threads of one process, in other
+    processes; a corrupt blob is refused with the same message and exit code."""
+    out = _in_a_fresh_process(LOCAL_BLOBS, str(tmp_path / "layout"))
+    code, _, err = json.loads(out)
+    assert code == 2 and ("does not match" in err or "corrupt" in err), err

@@ -19,6 +19,7 @@ from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.scanned import ImageConfig, LayerBlob, Progress, ScannedImage
 from buildmatrix.image.tarstream import CONTAINERD, ENGINE_LOAD
 from buildmatrix.image.tree import ImageTree, LayerSummary, merge
+from buildmatrix.image.workers import parallel, run_all
 
 
 def scan_blob(blob: LayerBlob, progress: Progress | None, keep: Path | None = None) -> LayerSummary:
@@ -82,6 +83,8 @@ def scan_blobs(
     seen = {i: stamp(b.local) for i, b in todo if b.local is not None}
     if len(todo) <= 1 or workers <= 1:
         scanned = [scan_blob(b, progress, keep) for _, b in todo]
+    elif (sizes := _apart(todo, keep)) is not None:
+        scanned = run_all(_scan_apart, [b for _, b in todo], sizes, finished=progress)
     else:
         with ThreadPoolExecutor(workers) as pool:
             scanned = list(pool.map(lambda ib: scan_blob(ib[1], progress, keep), todo))
@@ -90,6 +93,26 @@ def scan_blobs(
         if cache is not None and blob.digest is not None:  # verified as it was read
             cache.put(_key(blob), summary, local=blob.local, seen=seen.get(i), blob=blob.digest)
     return [found[i] for i in range(len(blobs))]
+
+
+def _apart(todo: list[tuple[int, LayerBlob]], keep: Path | None) -> list[int] | None:
+    """The blobs' sizes where each lies in a local file (an OCI layout's, a containerd
+    content store's) and there is enough to read them in worker processes, one layer
+    per process (buildmatrix.image.workers): decompressing, hashing and parsing a
+    layer is then done by a process of its own, where two layers read on two threads
+    of one process share its interpreter for the parsing. None: read on threads."""
+    if keep is not None or any(b.local is None or b.place is not None for _, b in todo):
+        return None
+    try:
+        sizes = [b.local.stat().st_size for _, b in todo if b.local is not None]
+    except OSError:
+        return None  # read on threads, which say what is wrong with the file
+    return sizes if parallel(sizes) else None
+
+
+def _scan_apart(blob: LayerBlob) -> LayerSummary:
+    """One layer read in a worker process (its progress is counted as it ends)."""
+    return scan_blob(blob, None)
 
 
 def _key(blob: LayerBlob) -> str:

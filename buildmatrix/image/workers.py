@@ -41,6 +41,7 @@ def run_all(
     sizes: Sequence[int],
     *,
     meanwhile: Callable[[], None] | None = None,
+    finished: Callable[[int], None] | None = None,
 ) -> list[Out]:
     """``inspect(job)`` of every job, in job order. ``inspect`` must be a module-level
     function (it runs in worker processes) and ``sizes`` says how many bytes each job
@@ -48,7 +49,8 @@ def run_all(
 
     ``meanwhile`` is called once in this process as the jobs start: after the
     workers are forked (so a thread it starts is never in a fork), or before the
-    jobs run here; it may start work beside them (a layer's digest)."""
+    jobs run here; it may start work beside them (a layer's digest). ``finished``
+    is called here with a job's size as each job ends (a progress count)."""
     started = False
 
     def start() -> None:
@@ -57,14 +59,12 @@ def run_all(
             started = True
             meanwhile()
 
-    count = min(workers(), len(jobs))
-    if count < 2 or sum(sizes) < PARALLEL_BYTES or threading.active_count() > 1:
-        # One process: little to read, or threads running here (layers read two at a
-        # time), which a forked worker would not have (their locks could stay held).
+    if not parallel(sizes):
         start()
-        return [inspect(job) for job in jobs]
+        return _here(inspect, jobs, sizes, finished)
+    count = min(workers(), len(jobs))
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     # fork: the workers are copies of this single-threaded process (the pool forks
@@ -79,10 +79,40 @@ def run_all(
             # a thread (CPython Lib/concurrent/futures/process.py,
             # ProcessPoolExecutor._start_executor_manager_thread, for "fork").
             start()
+            if finished is not None:
+                index = {future: i for i, future in futures.items()}
+                for future in as_completed(futures.values()):
+                    finished(sizes[index[future]])
             return [futures[i].result() for i in range(len(jobs))]
     except (BrokenProcessPool, OSError, NotImplementedError, ImportError):
         # Workers that cannot start (a process limit, no working sem_open: no
         # /dev/shm) or that died: the same work, in this process (a job's own error
         # is raised again there, as without workers).
         start()
-        return [inspect(job) for job in jobs]
+        return _here(inspect, jobs, sizes, finished)
+
+
+def parallel(sizes: Sequence[int]) -> bool:
+    """Whether :func:`run_all` reads jobs of these sizes in worker processes: two
+    CPUs or more, enough to read, and no other thread running here (layers read two
+    at a time), which a forked worker would not have (their locks could stay held)."""
+    return (
+        min(workers(), len(sizes)) >= 2
+        and sum(sizes) >= PARALLEL_BYTES
+        and threading.active_count() == 1
+    )
+
+
+def _here(
+    inspect: Callable[[Job], Out],
+    jobs: Sequence[Job],
+    sizes: Sequence[int],
+    finished: Callable[[int], None] | None,
+) -> list[Out]:
+    """The jobs in this process, one after another."""
+    out = []
+    for job, size in zip(jobs, sizes, strict=True):
+        out.append(inspect(job))
+        if finished is not None:
+            finished(size)
+    return out
