@@ -10,7 +10,8 @@ containerd holds (``zstd``, the default, and ``gzip``: what registries serve;
 ``none``: what ``ctr images import`` keeps from a ``docker save`` archive), starts
 a containerd of its own (tests/containerd_service.py), imports the image with ``ctr
 images import`` (streamed as an OCI archive, never a second copy of the layout) and
-measures, page cache warm, each as wall time and peak RSS (``os.wait4``):
+measures, page cache warm, each as wall time and peak RSS (``os.wait4``; where
+check's workers run, the larger of that and its process tree's summed Pss):
 
 - ``buildmatrix check containerd:NAME --no-cache``: the name looked up, every blob
   hashed, every layer decompressed and parsed, device code read;
@@ -60,12 +61,40 @@ FLOOR = {"none": "cat", "gzip": "gzip -dc", "zstd": "zstd -dcq"}
 # Linux counts the forked copy of the parent in a child's peak RSS (exec keeps the
 # old mm's high-water mark, fs/exec.c exec_mmap), so each command is started by a
 # small Python process rather than by this one.
+# Where check reads layers in worker processes, the peak is that of its process tree:
+# each process's proportional set size (Pss, /proc/PID/smaps_rollup: a page shared by
+# a worker and the parent it was forked from counts once in all), summed, sampled
+# every 20 ms; the larger of that and the command's own peak RSS is shown.
 LAUNCHER = """
-import os, subprocess, sys, time
+import os, subprocess, sys, threading, time
+
+def tree_rss(pid):
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next(int(l.split()[1]) for l in f if l.startswith("Pss:"))
+        except (OSError, StopIteration):
+            continue
+    return total
+
 start = time.perf_counter()
 proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+peak, done = [0], threading.Event()
+def sample():
+    while not done.wait(0.02):
+        peak[0] = max(peak[0], tree_rss(proc.pid))
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
 _, status, usage = os.wait4(proc.pid, 0)
-print(time.perf_counter() - start, usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+seconds = time.perf_counter() - start
+done.set()
+sampler.join()
+print(seconds, max(usage.ru_maxrss, peak[0]), os.waitstatus_to_exitcode(status))
 """
 
 
