@@ -59,7 +59,9 @@ def scan_blobs(
     workers: int = 2,
     keep: Path | None = None,
 ) -> list[LayerSummary]:
-    """Summarise layers in parallel (decompression and reads release the GIL).
+    """Summarise layers, ``workers`` at a time: on threads (decompression, hashing and
+    reads release the GIL), or one per worker process where the blobs lie in local
+    files and there is enough to read (:func:`_apart`).
 
     With a layer cache in use (buildmatrix.image.cache) a blob whose digest is known
     and cached is not read at all, and each one read and verified is cached. Entries
@@ -83,8 +85,12 @@ def scan_blobs(
     seen = {i: stamp(b.local) for i, b in todo if b.local is not None}
     if len(todo) <= 1 or workers <= 1:
         scanned = [scan_blob(b, progress, keep) for _, b in todo]
-    elif (sizes := _apart(todo, keep)) is not None:
-        scanned = run_all(_scan_apart, [b for _, b in todo], sizes, finished=progress)
+    elif (sizes := _apart(todo, keep, workers)) is not None:
+        # as many processes as layers read at once on threads, whatever the CPUs:
+        # each holds a layer's buffers, and the smoke DaemonSet's container has a
+        # 512Mi memory limit (buildmatrix/k8s.py)
+        jobs = [b for _, b in todo]
+        scanned = run_all(_scan_apart, jobs, sizes, finished=progress, most=workers)
     else:
         with ThreadPoolExecutor(workers) as pool:
             scanned = list(pool.map(lambda ib: scan_blob(ib[1], progress, keep), todo))
@@ -95,7 +101,7 @@ def scan_blobs(
     return [found[i] for i in range(len(blobs))]
 
 
-def _apart(todo: list[tuple[int, LayerBlob]], keep: Path | None) -> list[int] | None:
+def _apart(todo: list[tuple[int, LayerBlob]], keep: Path | None, most: int) -> list[int] | None:
     """The blobs' sizes where each lies in a local file (an OCI layout's, a containerd
     content store's) and there is enough to read them in worker processes, one layer
     per process (buildmatrix.image.workers): decompressing, hashing and parsing a
@@ -107,7 +113,7 @@ def _apart(todo: list[tuple[int, LayerBlob]], keep: Path | None) -> list[int] | 
         sizes = [b.local.stat().st_size for _, b in todo if b.local is not None]
     except OSError:
         return None  # read on threads, which say what is wrong with the file
-    return sizes if parallel(sizes) else None
+    return sizes if parallel(sizes, most=most) else None
 
 
 def _scan_apart(blob: LayerBlob) -> LayerSummary:

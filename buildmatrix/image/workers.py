@@ -42,6 +42,7 @@ def run_all(
     *,
     meanwhile: Callable[[], None] | None = None,
     finished: Callable[[int], None] | None = None,
+    most: int = MAX_WORKERS,
 ) -> list[Out]:
     """``inspect(job)`` of every job, in job order. ``inspect`` must be a module-level
     function (it runs in worker processes) and ``sizes`` says how many bytes each job
@@ -50,7 +51,8 @@ def run_all(
     ``meanwhile`` is called once in this process as the jobs start: after the
     workers are forked (so a thread it starts is never in a fork), or before the
     jobs run here; it may start work beside them (a layer's digest). ``finished``
-    is called here with a job's size as each job ends (a progress count)."""
+    is called here with a job's size as each job ends (a progress count). ``most``:
+    at most this many workers (each holds a job's memory)."""
     started = False
 
     def start() -> None:
@@ -59,10 +61,10 @@ def run_all(
             started = True
             meanwhile()
 
-    if not parallel(sizes):
+    if not parallel(sizes, most=most):
         start()
         return _here(inspect, jobs, sizes, finished)
-    count = min(workers(), len(jobs))
+    count = min(workers(), len(jobs), most)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
@@ -92,12 +94,12 @@ def run_all(
         return _here(inspect, jobs, sizes, finished)
 
 
-def parallel(sizes: Sequence[int]) -> bool:
+def parallel(sizes: Sequence[int], *, most: int = MAX_WORKERS) -> bool:
     """Whether :func:`run_all` reads jobs of these sizes in worker processes: two
     CPUs or more, enough to read, and no other thread running here (layers read two
     at a time), which a forked worker would not have (their locks could stay held)."""
     return (
-        min(workers(), len(sizes)) >= 2
+        min(workers(), len(sizes), most) >= 2
         and sum(sizes) >= PARALLEL_BYTES
         and threading.active_count() == 1
     )
