@@ -1,12 +1,34 @@
 """buildmatrix: the GPU architecture as a first-class axis of builds and node admission."""
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
+
+from functools import cache
 
 # The distribution's name on the package index (the import name stays buildmatrix).
 DISTRIBUTION = "buildmatrix-gpu"
 
-try:
-    # set at build time from the release tag (pyproject.toml, [tool.hatch.version])
-    __version__ = version(DISTRIBUTION)
-except PackageNotFoundError:  # a source tree on sys.path, never installed
-    __version__ = "0+unknown"
+
+@cache
+def installed_version() -> str:
+    """The installed distribution's version, set at build time from the release tag
+    (pyproject.toml, [tool.hatch.version]); ``0+unknown`` for a source tree on sys.path
+    that was never installed.
+
+    Read on first use, not on import: importlib.metadata and its search of sys.path
+    for the distribution's metadata cost a fresh process tens of milliseconds, which
+    every command but ``--version`` would pay for nothing (docs/development.md,
+    "Start-up time").
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def __getattr__(name: str) -> str:
+    # ``buildmatrix.__version__`` stays available (PEP 562), read when asked for
+    if name == "__version__":
+        return installed_version()
+    raise AttributeError(f"module 'buildmatrix' has no attribute {name!r}")

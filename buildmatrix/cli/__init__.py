@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import click
 
-from buildmatrix import __version__
+from buildmatrix import installed_version
 from buildmatrix.cli._common import echo_error
 from buildmatrix.cli.affinity_cmd import affinity
 from buildmatrix.cli.check_cmd import check
@@ -42,11 +42,26 @@ class _Group(click.Group):
                 formatter.write_dl(rows)
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``, worded as click's version_option words it; the version is read
+    only here (buildmatrix.installed_version), not by every command."""
+    if value and not ctx.resilient_parsing:
+        click.echo(f"buildmatrix, version {installed_version()}")
+        ctx.exit()
+
+
 @click.group(
     cls=_Group,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
-@click.version_option(__version__, "--version", prog_name="buildmatrix")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
 def cli() -> None:
     """Make the GPU architecture a first-class axis of image builds and node admission.
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from buildmatrix.binary.report import FileReport, ScanProblem
-from buildmatrix.binary.scan import inspect_file, scan_tree
 from buildmatrix.cli._common import echo_json, json_option, table
 from buildmatrix.errors import InputError
+
+if TYPE_CHECKING:
+    from buildmatrix.binary.report import FileReport, ScanProblem
 
 
 class Progress:
@@ -52,6 +54,10 @@ def collect(
     paths: tuple[str, ...], progress: Progress, *, deep: bool = False
 ) -> tuple[list[FileReport], list[ScanProblem]]:
     """Inspect named files (errors are fatal) and walk named folders (errors are problems)."""
+    # the readers only here: every other command's process starts without them
+    from buildmatrix.binary.report import FileReport, ScanProblem
+    from buildmatrix.binary.scan import inspect_file, scan_tree
+
     reports: list[FileReport] = []
     problems: list[ScanProblem] = []
     for given in paths:
