@@ -112,9 +112,10 @@ class CudaFacts:
         return self.architectures.get(arch_name)
 
 
-def facts_from_data(data: object, *, source: str) -> CudaFacts:
-    """Validate and convert the parsed YAML of a CUDA facts file."""
-    schema.validate(data, "cuda-facts", source=source)
+def facts_from_data(data: object, *, source: str, text: str | None = None) -> CudaFacts:
+    """Validate and convert the parsed YAML of a CUDA facts file (``text``: the file's
+    text, where it was read from one; schema.validate)."""
+    schema.validate(data, "cuda-facts", source=source, text=text)
     if not isinstance(data, dict):  # pragma: no cover - the schema requires an object
         raise InputError(f"{source}: expected a mapping.")
     toolkits = tuple(
@@ -164,11 +165,15 @@ def facts_from_data(data: object, *, source: str) -> CudaFacts:
     )
 
 
+def facts_from_text(text: str, *, source: str) -> CudaFacts:
+    """Parse, validate and convert the text of a CUDA facts file."""
+    from buildmatrix.yamlio import load_yaml_text  # PyYAML only when the table is read
+
+    return facts_from_data(load_yaml_text(text, source=source), source=source, text=text)
+
+
 @cache
 def load_cuda_facts() -> CudaFacts:
     """The CUDA facts shipped with buildmatrix (parsed once per process)."""
-    from buildmatrix.yamlio import load_yaml_text  # PyYAML only when the table is read
-
     text = resources.files("buildmatrix").joinpath("data", "cuda.yaml").read_text()
-    source = "buildmatrix/data/cuda.yaml"
-    return facts_from_data(load_yaml_text(text, source=source), source=source)
+    return facts_from_text(text, source="buildmatrix/data/cuda.yaml")

@@ -54,14 +54,14 @@ def resolve_profiles_dir(option: str | os.PathLike[str] | None) -> Path:
     return Path(env) if env else default_profiles_dir()
 
 
-def _profile_from_data(data: Any, path: Path, facts: CudaFacts) -> Profile:
+def _profile_from_data(data: Any, path: Path, facts: CudaFacts, *, text: str) -> Profile:
     source = str(path)
     if data is None:
         raise InputError(
             f"{source}: the file is empty; an arch profile needs at least the keys "
             "sm, compute_capability, family, products, min_cuda, min_driver, features."
         )
-    schema.validate(data, "arch-profile", source=source)
+    schema.validate(data, "arch-profile", source=source, text=text)
     sm: str = data["sm"]
     if path.stem != sm:
         raise InputError(
@@ -231,7 +231,7 @@ def _cross_check(profiles: Sequence[Profile]) -> None:
 def _profile_from_text(path: Path, text: str, facts: CudaFacts) -> Profile:
     from buildmatrix.yamlio import load_yaml_text  # PyYAML only when profiles are read
 
-    return _profile_from_data(load_yaml_text(text, source=str(path)), path, facts)
+    return _profile_from_data(load_yaml_text(text, source=str(path)), path, facts, text=text)
 
 
 @lru_cache(maxsize=256)

@@ -1,7 +1,16 @@
-"""JSON Schema validation of data files, with messages that name file, key and fix."""
+"""JSON Schema validation of data files, with messages that name file, key and fix.
+
+The data files buildmatrix ships (``buildmatrix/data/cuda.yaml``, the arch profiles)
+are validated by the tests, and their digests recorded in
+``buildmatrix/data/validated.txt``; a text whose digest is recorded there is not
+validated again at run time, which spares each command the import of jsonschema
+(docs/development.md, "Start-up time"). Any other text, a shipped file edited by one
+byte included, is validated as before.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from functools import cache
@@ -12,14 +21,54 @@ from buildmatrix.errors import InputError, did_you_mean
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
+    from jsonschema.protocols import Validator
+
+
+RECORD = "validated.txt"  # in buildmatrix/data/
+
+
+@cache
+def schema_text(name: str) -> str:
+    """The text of a schema shipped in ``buildmatrix/schemas/`` (e.g. ``arch-profile``)."""
+    return resources.files("buildmatrix").joinpath("schemas", f"{name}.schema.json").read_text()
 
 
 @cache
 def load_schema(name: str) -> dict[str, Any]:
     """Load a schema shipped in ``buildmatrix/schemas/`` (e.g. ``arch-profile``)."""
-    text = resources.files("buildmatrix").joinpath("schemas", f"{name}.schema.json").read_text()
-    schema: dict[str, Any] = json.loads(text)
+    schema: dict[str, Any] = json.loads(schema_text(name))
     return schema
+
+
+def text_digest(text: str, schema_name: str) -> str:
+    """SHA-256 over the schema's name, the schema's text and the data file's text, each
+    prefixed by its length: a recorded digest vouches for this text against this
+    schema only, and an edit of either is a new digest."""
+    digest = hashlib.sha256()
+    for part in (schema_name, schema_text(schema_name), text):
+        data = part.encode()
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+@cache
+def recorded_digests() -> frozenset[str]:
+    """The digests in ``buildmatrix/data/validated.txt`` (first word of each line that
+    is not a comment), written by the tests after validating each shipped file
+    (tests/test_schema.py, ``test_record_is_the_shipped_files``)."""
+    text = resources.files("buildmatrix").joinpath("data", RECORD).read_text()
+    return frozenset(
+        line.split()[0] for line in text.splitlines() if line.strip() and not line.startswith("#")
+    )
+
+
+@cache
+def _validator(schema_name: str) -> Validator:
+    """One validator per schema per process."""
+    import jsonschema  # ~70 ms to import: only when a data file is validated
+
+    return jsonschema.Draft202012Validator(load_schema(schema_name))
 
 
 def _key_path(error: ValidationError) -> str:
@@ -53,15 +102,19 @@ def _describe(error: ValidationError) -> str:
     return f"{where}: {error.message}."
 
 
-def validate(instance: Any, schema_name: str, *, source: str) -> None:
+def validate(instance: Any, schema_name: str, *, source: str, text: str | None = None) -> None:
     """Raise :class:`InputError` naming ``source`` for the first schema violation.
 
     Errors are reported in document order so the user fixes the file top-down.
+    ``text``: the file's text that ``instance`` was parsed from, where the caller has
+    it; a text whose digest the tests recorded (:func:`recorded_digests`) is a shipped
+    file they validated, and is not validated again.
     """
-    import jsonschema  # ~70 ms to import: only when a data file is loaded
+    if text is not None and text_digest(text, schema_name) in recorded_digests():
+        return
+    import jsonschema
 
-    schema = load_schema(schema_name)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = _validator(schema_name)
     errors = sorted(
         validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path]
     )

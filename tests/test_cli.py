@@ -102,6 +102,7 @@ def test_wheel_ships_profiles_and_schemas(tmp_path: Path) -> None:
     assert "buildmatrix/arch_profiles/sm_90.yaml" in names
     assert "buildmatrix/schemas/arch-profile.schema.json" in names
     assert "buildmatrix/data/cuda.yaml" in names
+    assert "buildmatrix/data/validated.txt" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     env = {k: v for k, v in os.environ.items() if k != "BUILDMATRIX_PROFILES"}
@@ -113,3 +114,11 @@ def test_wheel_ships_profiles_and_schemas(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"from {site / 'buildmatrix' / 'arch_profiles'}" in proc.stdout
+    # the wheel's copies are the files tests/test_schema.py validated and recorded:
+    # read without jsonschema (buildmatrix/schema.py, recorded_digests)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from buildmatrix.cli import main; main(['profiles']); "
+         "print('jsonschema' in sys.modules)"],
+        capture_output=True, text=True, check=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.stdout.splitlines()[-1] == "False"
