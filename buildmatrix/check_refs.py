@@ -14,7 +14,7 @@ from typing import Protocol
 from buildmatrix.check import CheckResult, Options, run_check
 from buildmatrix.cuda import CudaFacts
 from buildmatrix.image.cache import LayerCache, use
-from buildmatrix.image.containerd import Store
+from buildmatrix.image.containerd_store import Store
 from buildmatrix.image.open import scan_image
 from buildmatrix.image.platform import DEFAULT_PLATFORM
 from buildmatrix.image.scanned import ScannedImage

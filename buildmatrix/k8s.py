@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from buildmatrix.cuda import CudaFacts
-from buildmatrix.k8s_example import example_job
 from buildmatrix.k8s_nfd import FEATURE_FILE, nfd_pod, node_feature_rule
 from buildmatrix.k8s_nodes import SelectorTerm
 from buildmatrix.k8s_policy import policy_objects
@@ -120,6 +119,10 @@ def render(
         objects.append(runtime_class(labels))
     objects.append(_daemonset(settings, meta, labels))
     if settings.example_job:
+        # only here: the Job's affinity is check's and affinity's work, which the
+        # admission manifests alone do not need
+        from buildmatrix.k8s_example import example_job
+
         if facts is None:
             raise ValueError("the example Job needs the CUDA facts")
         objects.append(example_job(profiles, ns, facts))

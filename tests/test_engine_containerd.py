@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from buildmatrix.image.containerd import DEFAULT_ADDRESS, DEFAULT_ROOT, Store
+from buildmatrix.image.containerd_store import DEFAULT_ADDRESS, DEFAULT_ROOT, Store
 from buildmatrix.image.enginestore import engine_store
 from buildmatrix.image.open import scan_image
 from tests.conftest import REPO, CliRunner

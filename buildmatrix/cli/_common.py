@@ -18,7 +18,7 @@ from buildmatrix.profile_files import ENV_VAR, load_profiles, resolve_profiles_d
 from buildmatrix.profiles import ProfileSet
 
 if TYPE_CHECKING:
-    from buildmatrix.image.containerd import Store
+    from buildmatrix.image.containerd_store import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -144,7 +144,7 @@ def containerd_options(func: F) -> F:
 
 def containerd_store() -> Store:
     """The containerd store the current command's options name (image/containerd.py)."""
-    from buildmatrix.image.containerd import Store
+    from buildmatrix.image.containerd_store import Store
 
     meta = click.get_current_context().meta
     env = {

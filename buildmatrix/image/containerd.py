@@ -18,7 +18,6 @@ store is not where it is looked for: nothing is asked of the daemon.
 
 from __future__ import annotations
 
-import os
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -29,6 +28,7 @@ from typing import IO, Any
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.blobs import check_manifest, is_index, layer_diff_ids, read_json_blob
 from buildmatrix.image.bolt import BoltBusy, BoltError, Bucket, read_consistent
+from buildmatrix.image.containerd_store import DEFAULT_NAMESPACE, Store
 from buildmatrix.image.layer_scan import finish, scan_blobs
 from buildmatrix.image.manifests import choose, memo
 from buildmatrix.image.mobypick import moby_choose
@@ -37,27 +37,9 @@ from buildmatrix.image.platform import DEFAULT_PLATFORM, require_config_platform
 from buildmatrix.image.ref import ImageRef, Transport, parse_name
 from buildmatrix.image.scanned import ImageConfig, LayerBlob, Progress, ScannedImage
 
-DEFAULT_ROOT = "/var/lib/containerd"
-DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
-DEFAULT_NAMESPACE = "k8s.io"
 METADATA = Path("io.containerd.metadata.v1.bolt") / "meta.db"
 CONTENT = Path("io.containerd.content.v1.content") / "blobs"
 LISTED = 12  # names shown in a message
-
-
-@dataclass(frozen=True, kw_only=True)
-class Store:
-    root: Path
-    namespace: str
-    address: str
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Store:
-        return cls(
-            root=Path(env.get("CONTAINERD_ROOT") or DEFAULT_ROOT),
-            namespace=env.get("CONTAINERD_NAMESPACE") or DEFAULT_NAMESPACE,
-            address=env.get("CONTAINERD_ADDRESS") or DEFAULT_ADDRESS,
-        )
 
 
 @dataclass(frozen=True, kw_only=True)

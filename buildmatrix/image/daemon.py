@@ -32,7 +32,7 @@ from buildmatrix.image.tree import LayerSummary
 if TYPE_CHECKING:
     import docker
 
-    from buildmatrix.image.containerd import Store
+    from buildmatrix.image.containerd_store import Store
 
 _CHUNK = 4 << 20
 

@@ -38,14 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from buildmatrix.errors import EnvironmentUnavailable
-from buildmatrix.image.containerd import (
-    DEFAULT_ADDRESS,
-    DEFAULT_ROOT,
-    NotInStore,
-    Store,
-    scan_containerd,
-    socket_at,
-)
+from buildmatrix.image.containerd import NotInStore, scan_containerd, socket_at
+from buildmatrix.image.containerd_store import DEFAULT_ADDRESS, DEFAULT_ROOT, Store
 from buildmatrix.image.ref import ImageRef
 from buildmatrix.image.scanned import Progress, ScannedImage
 

@@ -11,7 +11,7 @@ from buildmatrix.image.ref import ImageRef, Transport, parse_ref
 from buildmatrix.image.scanned import Progress, ScannedImage
 
 if TYPE_CHECKING:
-    from buildmatrix.image.containerd import Store
+    from buildmatrix.image.containerd_store import Store
 
 
 def scan_image(

@@ -17,23 +17,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from buildmatrix.cuda import CudaFacts
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.image.containerd import Store
+from buildmatrix.image.containerd_store import Store
 from buildmatrix.image.ref import parse_ref
 from buildmatrix.labelkeys import GFD_KEYS, SMOKE, GfdKeys, is_mig_key, writes_gfd_keys
 from buildmatrix.node.apply import Applied, NodeApi, apply
 from buildmatrix.node.checks import NodeOptions, NodeReport, evaluate
 from buildmatrix.node.gpu_models import Model
-from buildmatrix.node.image_fit import (
-    ImageChecks,
-    ImageOutcome,
-    check_images,
-    images_platform,
-    verified_images,
-)
-from buildmatrix.node.labels import node_labels
+from buildmatrix.node.labels import VerifiedImage, node_labels
 from buildmatrix.node.nfd import NFD_TTL, feature_file, write_atomically
 from buildmatrix.node.node_snapshot import read_snapshot
 from buildmatrix.node.poolimages import ImagePlan, nothing_to_load, plan_images, require_images
@@ -41,6 +35,9 @@ from buildmatrix.node.pools import Pools
 from buildmatrix.node.results import LoadResult, NodeCheck
 from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from buildmatrix.node.image_fit import ImageOutcome
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,16 +110,13 @@ def admit(
     except EnvironmentUnavailable as exc:
         return _unreadable(exc, options, api)
     plan = plan_images(options.images, snapshot=snap, profiles=profiles, pools=pools)
-    how = ImageChecks(
-        require_sass=options.require_sass,
-        load_test=options.load_test,
-        platform=images_platform(
-            options.platform, live=options.snapshot is None, recorded=snap.platform
-        ),
-        prefer_containerd=options.prefer_containerd,
-        containerd=containerd or Store.from_env(),
+    outcomes = (
+        _check_images(
+            plan.refs, snap, profiles=profiles, facts=facts, options=options, containerd=containerd
+        )
+        if plan.refs
+        else []
     )
-    outcomes = check_images(plan.refs, snap, profiles, facts, how)
     report = _judge(snap, profiles, facts, options, pools=pools, outcomes=outcomes)
     empty = nothing_to_load(plan, pools) if options.load_test else None
     if empty is not None:  # a load test of no image is bad input, and never a pass
@@ -132,10 +126,43 @@ def admit(
         report,
         pools=pools,
         gfd_keys=writes_gfd_keys(options.gfd_keys, None),
-        verified=verified_images(outcomes),
+        verified=_verified(outcomes),
         mig_strategy=options.mig_strategy,
     )
     return _conclude(options, api, snap, report, labels, plan=plan, outcomes=outcomes, empty=empty)
+
+
+def _check_images(
+    refs: tuple[str, ...],
+    snap: Snapshot,
+    *,
+    profiles: ProfileSet,
+    facts: CudaFacts,
+    options: AdmitOptions,
+    containerd: Store | None,
+) -> list[ImageOutcome]:
+    """The images the node must run, each checked on it (node/image_fit.py). Imported
+    here: a node with no image to check never loads the image readers or check."""
+    from buildmatrix.node.image_fit import ImageChecks, check_images, images_platform
+
+    how = ImageChecks(
+        require_sass=options.require_sass,
+        load_test=options.load_test,
+        platform=images_platform(
+            options.platform, live=options.snapshot is None, recorded=snap.platform
+        ),
+        prefer_containerd=options.prefer_containerd,
+        containerd=containerd or Store.from_env(),
+    )
+    return check_images(refs, snap, profiles, facts, how)
+
+
+def _verified(outcomes: list[ImageOutcome]) -> list[VerifiedImage]:
+    if not outcomes:
+        return []
+    from buildmatrix.node.image_fit import verified_images
+
+    return verified_images(outcomes)
 
 
 def _judge(

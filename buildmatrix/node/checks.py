@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from buildmatrix.arch import gfd_family
-from buildmatrix.check import CheckResult
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.node.driver_check import check_driver, node_floors
 from buildmatrix.node.gpu_models import Model, least_capable, models_of
@@ -32,6 +32,9 @@ from buildmatrix.node.pools import Pools
 from buildmatrix.node.results import LoadResult, NodeCheck
 from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import Snapshot
+
+if TYPE_CHECKING:  # check's results are judged here, check itself is not run
+    from buildmatrix.check import CheckResult
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from buildmatrix.check import CheckResult, Options, run_check
 from buildmatrix.cuda import CudaFacts
 from buildmatrix.errors import BuildmatrixError
-from buildmatrix.image.containerd import Store
+from buildmatrix.image.containerd_store import Store
 from buildmatrix.image.open import scan_image, scan_node_first
 from buildmatrix.image.platform import DEFAULT_PLATFORM
 from buildmatrix.node.labels import VerifiedImage
