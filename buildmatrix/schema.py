@@ -10,7 +10,6 @@ byte included, is validated as before.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from functools import cache
@@ -44,6 +43,8 @@ def text_digest(text: str, schema_name: str) -> str:
     """SHA-256 over the schema's name, the schema's text and the data file's text, each
     prefixed by its length: a recorded digest vouches for this text against this
     schema only, and an edit of either is a new digest."""
+    import hashlib  # its OpenSSL binding only where a data file is read
+
     digest = hashlib.sha256()
     for part in (schema_name, schema_text(schema_name), text):
         data = part.encode()

@@ -5,12 +5,15 @@ of buildmatrix/compat.py. Pure."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from buildmatrix.check import CheckResult
 from buildmatrix.compat import Floor, driver_floors, driver_meets_floors
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.node.gpu_models import Model
 from buildmatrix.node.results import NodeCheck
+
+if TYPE_CHECKING:  # check's results are read here, check itself is not run
+    from buildmatrix.check import CheckResult
 
 
 def node_floors(
