@@ -6,6 +6,10 @@ from functools import cache
 
 # The distribution's name on the package index (the import name stays buildmatrix).
 DISTRIBUTION = "buildmatrix-gpu"
+# The folder of the user's arch profiles where --profiles is not given
+# (profile_files.resolve_profiles_dir); here, so that the CLI can name it in its
+# options without importing the profile loader.
+PROFILES_ENV = "BUILDMATRIX_PROFILES"
 
 
 @cache

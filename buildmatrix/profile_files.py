@@ -16,7 +16,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from buildmatrix import schema
+from buildmatrix import PROFILES_ENV, schema
 from buildmatrix.arch import (
     HOST_ARCHES,
     ComputeCapability,
@@ -35,7 +35,7 @@ from buildmatrix.cuda import (
 from buildmatrix.errors import InputError
 from buildmatrix.profiles import FEATURE_MIN_CC, ProductFloor, Profile, ProfileSet
 
-ENV_VAR = "BUILDMATRIX_PROFILES"
+ENV_VAR = PROFILES_ENV
 
 
 def default_profiles_dir() -> Path:

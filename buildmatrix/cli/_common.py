@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from buildmatrix import PROFILES_ENV
 from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import GfdKeys
-from buildmatrix.profile_files import ENV_VAR, load_profiles, resolve_profiles_dir
-from buildmatrix.profiles import ProfileSet
 
 if TYPE_CHECKING:
     from buildmatrix.image.containerd_store import Store
+    from buildmatrix.profiles import ProfileSet
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,9 +30,10 @@ def profiles_option(func: F) -> F:
         "--profiles",
         "profiles_dir",
         metavar="DIR",
-        envvar=ENV_VAR,
+        envvar=PROFILES_ENV,
         default=None,
-        help=f"Folder of arch profiles (sm_XY.yaml). Default: ${ENV_VAR}, else the shipped ones.",
+        help=f"Folder of arch profiles (sm_XY.yaml). Default: ${PROFILES_ENV}, else the "
+        "shipped ones.",
     )
     return decorator(func)
 
@@ -194,7 +195,9 @@ def gfd_mode(no_gfd_keys: bool, gfd_keys: str | None) -> GfdKeys:
 
 
 def load(profiles_dir: str | None) -> ProfileSet:
+    # the loader only here: --version, --help and inspect start without it
     from buildmatrix.cuda import load_cuda_facts
+    from buildmatrix.profile_files import load_profiles, resolve_profiles_dir
 
     return load_profiles(Path(resolve_profiles_dir(profiles_dir)), facts=load_cuda_facts())
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from buildmatrix.arch import parse_sm
 from buildmatrix.cli._common import echo_json, json_option, load, profiles_option, table
-from buildmatrix.profiles import Profile
+
+if TYPE_CHECKING:
+    from buildmatrix.profiles import Profile
 
 
 def _short(product: str) -> str:
@@ -76,6 +79,8 @@ def profiles(ctx: click.Context, profiles_dir: str | None, as_json: bool) -> int
 @click.pass_obj
 def show(parent_dir: str | None, sm: str, profiles_dir: str | None, as_json: bool) -> int:
     """Show one profile in full, with its derived build flags. SM: sm_90, 9.0 or 90."""
+    from buildmatrix.arch import parse_sm
+
     loaded = load(profiles_dir or parent_dir)
     arch = parse_sm(sm)
     profile = loaded.get(f"sm_{arch.cc.number}")
