@@ -122,3 +122,47 @@ def test_wheel_ships_profiles_and_schemas(tmp_path: Path) -> None:
         capture_output=True, text=True, check=True, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.stdout.splitlines()[-1] == "False"
+
+
+# What a fresh process must not import for a command that does not use it
+# (docs/development.md, "Start-up time"): each of these costs every run of the command
+# tens of milliseconds, and every test that starts one.
+_NOT_FOR_EVERY_COMMAND = ("buildmatrix.binary", "buildmatrix.check", "buildmatrix.check_refs")
+_NOT_IMPORTED = {
+    # the version is read from the installed distribution's metadata, here only
+    "--version": ("yaml", "jsonschema", "buildmatrix.profile_files", "buildmatrix.image"),
+    "--help": ("importlib.metadata", "yaml", "jsonschema", "buildmatrix.profile_files"),
+    # the shipped profiles and CUDA facts: recorded as validated (tests/test_schema.py)
+    "profiles --json": ("importlib.metadata", "jsonschema", "buildmatrix.image"),
+    "k8s manifests": ("importlib.metadata", "jsonschema", "buildmatrix.affinity"),
+    # a snapshot is the user's file: validated (jsonschema); no image to read
+    "smoke --snapshot tests/fixtures/nodes/a40.json --json": (
+        "importlib.metadata",
+        "buildmatrix.image.containerd",
+        "buildmatrix.image.open",
+        "buildmatrix.node.image_fit",
+        "kubernetes",
+        "docker",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", list(_NOT_IMPORTED))
+def test_a_fresh_process_imports_only_what_its_command_uses(command: str) -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "from buildmatrix.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    code = main({command.split()!r})\n"
+        "print(code, *sorted(sys.modules))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "BUILDMATRIX_PROFILES"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=REPO
+    )
+    code_, *modules = proc.stdout.split()
+    assert code_ == "0", proc.stderr
+    assert "buildmatrix.cli" in modules  # the list is the child's own
+    unwanted = _NOT_FOR_EVERY_COMMAND + _NOT_IMPORTED[command]
+    assert [m for m in modules if any(m == u or m.startswith(f"{u}.") for u in unwanted)] == []
