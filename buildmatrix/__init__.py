@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 
 # The distribution's name on the package index (the import name stays buildmatrix).
 DISTRIBUTION = "buildmatrix-gpu"
@@ -29,6 +30,17 @@ def installed_version() -> str:
         return version(DISTRIBUTION)
     except PackageNotFoundError:
         return "0+unknown"
+
+
+def package_file(*parts: str) -> Path:
+    """A file shipped inside the package (``schemas/``, ``data/``, ``arch_profiles/``).
+
+    The package is always read from a folder (an installed wheel or a checkout: the
+    profiles are listed as a folder), so its own path serves; importlib.resources
+    would give the same path after importing tempfile, shutil and zipfile, which
+    every command would pay (docs/development.md, "Start-up time").
+    """
+    return Path(__file__).parent.joinpath(*parts)
 
 
 def __getattr__(name: str) -> str:

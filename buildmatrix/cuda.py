@@ -10,11 +10,10 @@ import itertools
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 
 from packaging.version import Version
 
-from buildmatrix import schema
+from buildmatrix import package_file, schema
 from buildmatrix.errors import InputError
 
 _CUDA_RE = re.compile(r"[0-9]+\.[0-9]+")
@@ -175,5 +174,5 @@ def facts_from_text(text: str, *, source: str) -> CudaFacts:
 @cache
 def load_cuda_facts() -> CudaFacts:
     """The CUDA facts shipped with buildmatrix (parsed once per process)."""
-    text = resources.files("buildmatrix").joinpath("data", "cuda.yaml").read_text()
+    text = package_file("data", "cuda.yaml").read_text(encoding="utf-8")
     return facts_from_text(text, source="buildmatrix/data/cuda.yaml")

@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
-from buildmatrix import PROFILES_ENV, schema
+from buildmatrix import PROFILES_ENV, package_file, schema
 from buildmatrix.arch import (
     HOST_ARCHES,
     ComputeCapability,
@@ -40,7 +39,7 @@ ENV_VAR = PROFILES_ENV
 
 def default_profiles_dir() -> Path:
     """Profiles shipped in the wheel, else those of the source checkout."""
-    packaged = Path(str(resources.files("buildmatrix").joinpath("arch_profiles")))
+    packaged = package_file("arch_profiles")
     if packaged.is_dir():
         return packaged
     return Path(__file__).resolve().parent.parent / "arch-profiles"

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from buildmatrix import package_file
 from buildmatrix.errors import InputError, did_you_mean
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ RECORD = "validated.txt"  # in buildmatrix/data/
 @cache
 def schema_text(name: str) -> str:
     """The text of a schema shipped in ``buildmatrix/schemas/`` (e.g. ``arch-profile``)."""
-    return resources.files("buildmatrix").joinpath("schemas", f"{name}.schema.json").read_text()
+    return package_file("schemas", f"{name}.schema.json").read_text(encoding="utf-8")
 
 
 @cache
@@ -58,7 +58,7 @@ def recorded_digests() -> frozenset[str]:
     """The digests in ``buildmatrix/data/validated.txt`` (first word of each line that
     is not a comment), written by the tests after validating each shipped file
     (tests/test_schema.py, ``test_record_is_the_shipped_files``)."""
-    text = resources.files("buildmatrix").joinpath("data", RECORD).read_text()
+    text = package_file("data", RECORD).read_text(encoding="utf-8")
     return frozenset(
         line.split()[0] for line in text.splitlines() if line.strip() and not line.startswith("#")
     )

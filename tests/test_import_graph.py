@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         0,
         "facts",
         (
-            "buildmatrix",  # the package itself: its version
+            "buildmatrix",  # the package itself: its version, the path of its files
             "buildmatrix.errors",
             "buildmatrix.yamlio",
             "buildmatrix.schema",
