@@ -14,7 +14,6 @@ demangler refuses, and its callers treat it as unread (docs/check.md)."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import re
 from typing import Any
@@ -35,6 +34,8 @@ def output_limit(mangled_bytes: int) -> int:
 
 @functools.cache
 def _cxa_demangle() -> tuple[Any, Any] | None:
+    import ctypes.util  # subprocess, shutil, tempfile: only where a name is demangled
+
     name = ctypes.util.find_library("stdc++") or "libstdc++.so.6"
     try:
         lib = ctypes.CDLL(name)

@@ -55,9 +55,9 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
-from importlib import resources
 from pathlib import Path
 
+from buildmatrix import package_file
 from buildmatrix.image.cache_codec import decode, encode
 from buildmatrix.image.tree import LayerSummary
 
@@ -94,7 +94,7 @@ def default_folder() -> Path:
 def fingerprint() -> str | None:
     """SHA-256 over the scanner's sources (``SCANNER_SOURCES``), once per process;
     None where the package ships no sources to hash (then nothing is cached)."""
-    package = Path(str(resources.files("buildmatrix")))
+    package = package_file()
     files = sorted({p for pattern in SCANNER_SOURCES for p in package.glob(pattern)})
     if not files:
         return None
