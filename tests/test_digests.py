@@ -290,3 +290,20 @@ def test_a_verifying_reader_closed_by_its_wrapper_still_verifies(
             with pytest.raises(InputError, match="does not match"):
                 reader.verify()
     assert not _digest_threads()
+
+
+def test_within_inline_a_hasher_hashes_on_its_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker process whose siblings take every CPU hashes inline (layer_scan):
+    no thread beside, the same digest; outside, a thread hashes beside again."""
+    monkeypatch.setattr(digests, "cpus", lambda: 2)
+    data = os.urandom(3 * digests.BATCH + 5)
+    with digests.inline():
+        hasher = BesideHasher()
+        hasher.update(data)
+        assert not _digest_threads()
+        assert hasher.hexdigest() == hashlib.sha256(data).hexdigest()
+    beside = BesideHasher()
+    beside.update(data)
+    assert _digest_threads()
+    assert beside.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert not _digest_threads()

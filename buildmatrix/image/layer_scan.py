@@ -14,6 +14,7 @@ from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
 from buildmatrix.image.blobs import VerifyingReader
+from buildmatrix.image.digests import cpus, inline
 from buildmatrix.image.inplace import scan_layer_at
 from buildmatrix.image.layers import scan_layer
 from buildmatrix.image.scanned import ImageConfig, LayerBlob, Progress, ScannedImage
@@ -89,7 +90,9 @@ def scan_blobs(
         # as many processes as layers read at once on threads, whatever the CPUs:
         # each holds a layer's buffers, and the smoke DaemonSet's container has a
         # 512Mi memory limit (buildmatrix/k8s.py)
-        jobs = [b for _, b in todo]
+        # each worker hashes on its reading thread where the workers take every CPU
+        spare = min(len(todo), workers) < cpus()
+        jobs = [(b, spare) for _, b in todo]
         scanned = run_all(_scan_apart, jobs, sizes, finished=progress, most=workers)
     else:
         with ThreadPoolExecutor(workers) as pool:
@@ -116,9 +119,14 @@ def _apart(todo: list[tuple[int, LayerBlob]], keep: Path | None, most: int) -> l
     return sizes if parallel(sizes, most=most) else None
 
 
-def _scan_apart(blob: LayerBlob) -> LayerSummary:
-    """One layer read in a worker process (its progress is counted as it ends)."""
-    return scan_blob(blob, None)
+def _scan_apart(job: tuple[LayerBlob, bool]) -> LayerSummary:
+    """One layer read in a worker process (its progress is counted as it ends); its
+    digests are hashed beside the reading thread only where a CPU is left over."""
+    blob, beside = job
+    if beside:
+        return scan_blob(blob, None)
+    with inline():
+        return scan_blob(blob, None)
 
 
 def _key(blob: LayerBlob) -> str:
