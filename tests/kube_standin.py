@@ -40,6 +40,7 @@ from typing import Any
 from tests.admission_policy import UserInfo, denials, request
 
 Json = Any
+POLL = 0.01  # seconds: serve_forever's poll interval
 PREFIX = "/api/v1/nodes/"
 
 
@@ -220,7 +221,10 @@ class ApiStandIn:
                 self._send(200, out)
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        # shutdown() waits for serve_forever's loop to wake, every poll_interval
+        # (socketserver.BaseServer.serve_forever; 0.5 s by default): a short one so
+        # that stopping the stand-in does not cost each test half a second.
+        threading.Thread(target=server.serve_forever, args=(POLL,), daemon=True).start()
         return server, f"http://127.0.0.1:{server.server_address[1]}"
 
     def kubeconfig(self, path: Path, server: str, token: str) -> Path:

@@ -63,6 +63,7 @@ def api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, Path]]:
         yield standin, standin.kubeconfig(tmp_path / "kubeconfig", url, "smoke")
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def _smoke(

@@ -13,6 +13,7 @@ Node Feature Discovery's own rules.
 
 from __future__ import annotations
 
+import functools
 import re
 import stat
 from datetime import UTC, datetime, timedelta
@@ -92,7 +93,10 @@ def test_a_missing_folder_is_bad_input_naming_the_option(tmp_path: Path) -> None
         write_atomically(tmp_path / "absent" / "buildmatrix", "x=1\n")
 
 
+@functools.cache
 def _schema() -> dict[str, Any]:
+    """NFD's schema, read once: the examples below only read it (jsonschema does not
+    change a schema it validates against)."""
     crd = yaml.safe_load(CRD.read_text())
     assert crd["spec"]["names"]["kind"] == "NodeFeature"
     (version,) = crd["spec"]["versions"]
@@ -100,11 +104,21 @@ def _schema() -> dict[str, Any]:
     return dict(version["schema"]["openAPIV3Schema"])
 
 
+@functools.cache
+def _validator() -> Any:
+    """What ``jsonschema.validate`` makes on every call (the schema checked against its
+    metaschema, then a validator of the schema's draft), made once."""
+    schema = _schema()
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
 @settings(max_examples=100, deadline=None)
 @given(labels=LABELS, node=_NODE)
 def test_node_feature_is_valid_for_nfds_crd(labels: dict[str, str], node: str) -> None:
     obj = node_feature(labels, node=node, namespace="node-feature-discovery")
-    jsonschema.validate(obj, _schema())
+    _validator().validate(obj)
     assert obj["kind"] == "NodeFeature" and obj["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1"
     assert obj["spec"]["labels"] == labels
     assert obj["metadata"]["labels"] == {NODE_NAME_LABEL: node}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from buildmatrix.node.probe import host_cpu
-from tests.conftest import REPO
+from tests.conftest import REPO, CliRunner
 from tests.standins import nvml_scenario, pci_functions, run_cli, sysfs_tree
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
@@ -30,10 +30,14 @@ _HOST_CPU = {"cpu": cpu} if (cpu := host_cpu()) is not None else {}
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.stem for f in FIXTURES])
-def test_record_reproduces_the_snapshot(standin_libs: Path, tmp_path: Path, fixture: Path) -> None:
+def test_record_reproduces_the_snapshot(
+    cli: CliRunner, standin_libs: Path, tmp_path: Path, fixture: Path
+) -> None:
     """probe(stand-in answering as snapshot S) == S, for every fixture node: NVML
     (MIG devices included) through the stand-in library, the PCI bus through a fake
-    sysfs holding the snapshot's ``pci_gpus`` (none where the snapshot has none)."""
+    sysfs holding the snapshot's ``pci_gpus`` (none where the snapshot has none).
+    The replay of a recorded snapshot reads neither NVML nor sysfs
+    (node_snapshot.read_snapshot), so it runs in this process."""
     want = _doc(fixture)
     out = tmp_path / "recorded.json"
     sysfs = sysfs_tree(tmp_path / "sys", pci_functions(want)) if "pci_gpus" in want else None
@@ -47,11 +51,11 @@ def test_record_reproduces_the_snapshot(standin_libs: Path, tmp_path: Path, fixt
     assert proc.returncode in (0, 1), proc.stderr
     assert _doc(out) == want | _HOST_CPU  # the CPU is this machine's (uname), not NVML's
     # and the live judgement equals the recorded one
-    replay = run_cli(["smoke", "--snapshot", str(out), "--json"], libs=None, tmp=tmp_path)
-    live, recorded = json.loads(proc.stdout), json.loads(replay.stdout)
+    replay = cli("smoke", "--snapshot", str(out), "--json")
+    live, recorded = json.loads(proc.stdout), replay.json()
     assert live["verdict"] == recorded["verdict"]
     assert live["labels"] == recorded["labels"]
-    assert proc.returncode == replay.returncode
+    assert proc.returncode == replay.code
 
 
 def test_not_supported_is_null_not_an_error(standin_libs: Path, tmp_path: Path) -> None:
@@ -147,7 +151,9 @@ def _failed(report: dict[str, Any]) -> dict[str, str]:
     return {c["name"]: c["message"] for c in report["checks"] if not c["ok"]}
 
 
-def test_pci_bus_shows_the_gpu_nvml_lost(standin_libs: Path, tmp_path: Path) -> None:
+def test_pci_bus_shows_the_gpu_nvml_lost(
+    cli: CliRunner, standin_libs: Path, tmp_path: Path
+) -> None:
     """NVML (stand-in) brings up 7 of the HGX board's 8 GPUs; sysfs (fake tree) lists
     all 8 beside 4 NVSwitches, an audio function and the BMC's VGA."""
     out = tmp_path / "r.json"
@@ -163,9 +169,9 @@ def test_pci_bus_shows_the_gpu_nvml_lost(standin_libs: Path, tmp_path: Path) -> 
     assert list(_failed(report)) == ["gpus"]
     assert "0000:9a:00.0 not shown by NVML" in _failed(report)["gpus"]
     assert len(_doc(out)["pci_gpus"]) == 8
-    replay = run_cli(["smoke", "--snapshot", str(out), "--json"], libs=None, tmp=tmp_path)
-    assert replay.returncode == 1
-    assert _failed(json.loads(replay.stdout)) == _failed(report)
+    replay = cli("smoke", "--snapshot", str(out), "--json")
+    assert replay.code == 1
+    assert _failed(replay.json()) == _failed(report)
 
 
 def test_all_eight_gpus_on_nvml_and_the_bus_pass(standin_libs: Path, tmp_path: Path) -> None:
