@@ -22,7 +22,12 @@ from buildmatrix.image.ref import parse_ref
 from buildmatrix.image.registry import DEFAULT_TIMEOUT, RegistryClient, waiting
 from tests.conftest import REPO, CliRunner
 
-LIMIT = 60  # seconds a child may take: far above --timeout 1, far below a hang
+LIMIT = 60  # seconds a child may take: far above any --timeout here, far below a hang
+# --timeout where the wait can only run out (nothing ever answers, or the connection
+# is never accepted): the test needs it to fire, not to last. The silent socket's
+# handshake is the kernel's (its backlog), not a thread's that might run late. Where a
+# thread of this process must answer first (stalling), the wait stays longer.
+SHORT = 0.2
 NODE = REPO / "tests" / "fixtures" / "nodes" / "h100-535.json"
 
 
@@ -96,7 +101,9 @@ class _Stalling(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def stalling() -> Iterator[str]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stalling)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    _Stalling.release.clear()  # a class attribute: set by the previous use's teardown
+    # poll_interval: how soon shutdown() is seen (socketserver.BaseServer.serve_forever)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield f"127.0.0.1:{server.server_address[1]}"
@@ -107,18 +114,21 @@ def stalling() -> Iterator[str]:
 
 
 def test_a_registry_that_never_answers_is_a_read_time_out(silent: str) -> None:
-    proc = _buildmatrix("check", f"docker://{silent}/team/app:1", "--timeout", "1")
+    proc = _buildmatrix("check", f"docker://{silent}/team/app:1", "--timeout", str(SHORT))
     assert proc.returncode == 3, proc.stderr
-    assert f"registry {silent} accepted the connection but sent nothing for 1 s" in proc.stderr
+    assert (
+        f"registry {silent} accepted the connection but sent nothing for {SHORT:g} s" in proc.stderr
+    )
     assert "(read time-out)" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_a_registry_that_never_accepts_is_a_connect_time_out(full: str) -> None:
-    proc = _buildmatrix("check", f"docker://{full}/team/app:1", "--timeout", "1")
+    proc = _buildmatrix("check", f"docker://{full}/team/app:1", "--timeout", str(SHORT))
     assert proc.returncode == 3, proc.stderr
-    assert f"registry {full} did not accept a connection within 1 s (connect time-out)" in (
-        proc.stderr
+    assert (
+        f"registry {full} did not accept a connection within {SHORT:g} s (connect time-out)"
+        in proc.stderr
     )
 
 
@@ -133,12 +143,12 @@ def test_an_answer_that_stops_midway_is_a_read_time_out(stalling: str) -> None:
 
 
 def test_affinity_and_smoke_take_the_time_out(silent: str) -> None:
-    proc = _buildmatrix("affinity", f"docker://{silent}/team/app:1", "--timeout", "1")
+    proc = _buildmatrix("affinity", f"docker://{silent}/team/app:1", "--timeout", str(SHORT))
     assert proc.returncode == 3, proc.stderr
     assert "(read time-out)" in proc.stderr
     smoke = _buildmatrix(
         "smoke", "--snapshot", str(NODE), "--image", f"docker://{silent}/team/app:1",
-        "--timeout", "1",
+        "--timeout", str(SHORT),
     )  # fmt: skip
     # an image that cannot be read fails the node; its registry is a source unavailable
     assert smoke.returncode == 3, smoke.stderr
@@ -162,5 +172,5 @@ def test_the_default_suits_a_ci_step(cli: CliRunner) -> None:
 
 def test_the_option_sets_the_wait_of_the_clients_made_meanwhile(silent: str) -> None:
     ref = parse_ref(f"docker://{silent}/team/app:1")
-    with waiting(1), pytest.raises(EnvironmentUnavailable, match="sent nothing for 1 s"):
+    with waiting(SHORT), pytest.raises(EnvironmentUnavailable, match=f"for {SHORT:g} s"):
         RegistryClient(ref)
