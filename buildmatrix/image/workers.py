@@ -68,6 +68,7 @@ def run_all(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
+    from pickle import PicklingError
 
     # fork: the workers are copies of this single-threaded process (the pool forks
     # them all before it starts its own thread); unlike spawn or forkserver, nothing
@@ -86,9 +87,19 @@ def run_all(
                 for future in as_completed(futures.values()):
                     finished(sizes[index[future]])
             return [futures[i].result() for i in range(len(jobs))]
-    except (BrokenProcessPool, OSError, NotImplementedError, ImportError):
+    except (
+        BrokenProcessPool,
+        OSError,
+        NotImplementedError,
+        ImportError,
+        PicklingError,
+        RecursionError,
+    ):
         # Workers that cannot start (a process limit, no working sem_open: no
-        # /dev/shm) or that died: the same work, in this process (a job's own error
+        # /dev/shm), that died, or whose result could not be sent back (pickle
+        # recurses once per nesting level: a layer's folder some hundreds of levels
+        # down; CPython Lib/concurrent/futures/process.py, _sendback_result, sends the
+        # pickling error instead): the same work, in this process (a job's own error
         # is raised again there, as without workers).
         start()
         return _here(inspect, jobs, sizes, finished)
