@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import CliRunner
 from tests.test_in_place import _in_a_fresh_process
 
 DEEP = """
@@ -107,3 +108,41 @@ def test_a_pool_that_forks_one_worker_of_two_does_not_hang_the_exit(tmp_path: Pa
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the process did not end: {exc.stdout!r}")
     assert r.returncode == 0 and r.stdout.split() == ["0", "2"], r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("depth", [sys.getrecursionlimit() // 2, 1500])
+def test_a_deep_folder_is_checked_with_the_layer_cache_as_without(
+    cli: CliRunner, tmp_path: Path, depth: int
+) -> None:
+    """The cache codec (buildmatrix/image/cache_codec.py) recurses once per folder
+    level: such a layer is not kept in the cache, and is checked as with --no-cache
+    (it raised RecursionError, exit 1, a traceback)."""
+    from tests.images import Image, write_oci_layout
+
+    layout = tmp_path / "layout"
+    image = Image(layers=[{"d/" * depth + "f": b"x"}, {"etc/hostname": b"h"}])
+    write_oci_layout(layout, image, tag="t")
+    args = ["check", f"oci:{layout}:t", "--sm", "sm_90", "--allow-empty", "--json"]
+    without = cli(*args, "--no-cache")
+    assert without.code == 0, without.err
+    for _ in range(2):  # written, then read back
+        result = cli(*args)
+        assert (result.code, result.out) == (without.code, without.out), result.err
+
+
+def test_an_entry_nested_deeper_than_the_decoder_follows_is_a_miss() -> None:
+    """An entry written where the stack had room, read where it has less: a cache
+    miss (the layer is read), not a RecursionError."""
+    from buildmatrix.image import cache_codec
+    from buildmatrix.image.tree import Inode, LayerSummary
+
+    summary = LayerSummary(name="x")
+    summary.add("d/" * 200 + "f", Inode("file"))
+    data = cache_codec.encode("sha256:x", summary)
+    assert cache_codec.decode(data, "sha256:x") is not None
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(150)
+    try:
+        assert cache_codec.decode(data, "sha256:x") is None
+    finally:
+        sys.setrecursionlimit(limit)

@@ -306,7 +306,11 @@ class LayerCache:
             return  # changed while it was read: verify it again next time
         path = self._path(digest)
         if path is not None:
-            self._write(path, encode(digest, summary))
+            try:
+                data = encode(digest, summary)
+            except RecursionError:  # the codec recurses per folder: hundreds deep
+                return  # not kept; read again next time (docs/check.md)
+            self._write(path, data)
         if seen is not None:
             verified = blob or digest
             self._verified.add((verified, seen))

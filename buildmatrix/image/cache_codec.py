@@ -53,6 +53,8 @@ def _verified(data: bytes, digest: str) -> LayerSummary | None:
         summary.root = _load_dir(doc["root"])
     except (OSError, ValueError, KeyError, TypeError, EOFError, InvalidVersion, BuildmatrixError):
         return None
+    except RecursionError:  # folders nested deeper than this call can follow: read it
+        return None
     return summary
 
 
