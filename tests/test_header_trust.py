@@ -175,7 +175,7 @@ _Mutate = Callable[[bytes], bytes]
             lambda b: b.replace(
                 b"\n.version 9.0\n.target sm_80\n", b".version 9.0\n.target sm_80a\n"
             ),
-            "'.target sm_80a'",
+            "one SM it knows",  # sm_80a: no such SM (ptxas: "Unsupported .target")
         ),
         (lambda b: b.replace(b".target sm_80", b"//arget sm_80"), "without '.version'"),
     ],

@@ -21,6 +21,24 @@ PTX_HEAD = 1 << 16
 # two texture modes together ("Conflicting .target option"). ``debug`` is accepted
 # here: nvcc -G writes it, and ptxas then wants the debug sections that follow.
 _OPTIONS = frozenset({b"texmode_unified", b"texmode_independent", b"debug"})
+# The SMs a ``.target`` may name: those ptxas 13.0 knows (tests/test_ptx_targets_ptxas_
+# refuses.py asks it for every two- and three-digit name) and every arch of
+# buildmatrix/data/cuda.yaml (a newer release's SMs). ptxas refuses any other name
+# ("Unsupported .target 'sm_85'"), and so does a driver's JIT: no GPU runs it.
+_PLAIN = "10 11 12 13 20 21 30 32 35 37 50 52 53 60 61 62 70 72 75 80 82 86 87 88 89 90"
+_PTXAS_13_0 = frozenset(
+    [f"sm_{n}" for n in _PLAIN.split()]
+    + ["sm_90a"]
+    + [f"sm_{n}{s}" for n in (100, 101, 103, 110, 120, 121) for s in ("", "a", "f")]
+)
+
+
+def _known_sm(name: str) -> bool:
+    from buildmatrix.cuda import load_cuda_facts
+
+    return name in _PTXAS_13_0 or load_cuda_facts().arch_support(name) is not None
+
+
 _TEXMODES = frozenset({b"texmode_unified", b"texmode_independent"})
 _GAP = re.compile(rb"(?:[ \t\r\n]+|//[^\n]*|/\*.*?\*/)*", re.S)
 _VERSION = re.compile(rb"\.version[ \t]+(\d+)\.(\d+)(?![\w$.])")  # no comment or newline inside
@@ -79,6 +97,8 @@ def _read_directives(head: bytes) -> tuple[tuple[Arch, Version] | None, int]:
         p = target.end()
         while name := _NAME.match(head, _skip(head, p)):
             sm = _SM.fullmatch(name[0].decode())
+            if sm is not None and not _known_sm(sm[0]):
+                return None, p  # ptxas: "Unsupported .target 'sm_85'"
             if sm is None and (not sms or name[0] not in _OPTIONS):
                 # ptxas: "Target architecture not defined", "Unsupported .target",
                 # "map_f64_to_f32 is not supported with SM 1.3 or higher"
@@ -106,7 +126,8 @@ def ptx_target(src: ByteSource) -> tuple[Arch, Version]:
     if found is None:
         raise CorruptBinary(
             f"{src.name}: PTX file without '.version' and '.target sm_XY' directives in its "
-            f"first {PTX_HEAD // 1024} KiB."
+            f"first {PTX_HEAD // 1024} KiB, as ptxas reads them (one SM it knows, options it "
+            "takes)."
         )
     return found
 
@@ -130,7 +151,8 @@ def checked_ptx_entry(
     if found is None:
         raise CorruptBinary(
             f"{name}: PTX entry for {header} without '.version' and '.target sm_XY' "
-            f"directives in its first {PTX_HEAD // 1024} KiB; no JIT compiler accepts it."
+            f"directives in its first {PTX_HEAD // 1024} KiB, as ptxas reads them (one SM it "
+            "knows, options it takes); no JIT compiler accepts it."
         )
     text, text_isa = found
     if text.cc != header.cc or _RANK[text.suffix] > _RANK[header.suffix]:
