@@ -14,8 +14,9 @@ tests/test_go_tar.py holds this to Go's reader itself.
 from __future__ import annotations
 
 import re
+import struct
 import tarfile
-from typing import IO, Any, Self
+from typing import IO, Any, NoReturn, Self
 
 from buildmatrix.image.paxheaders import (
     ExtendedTarInfo,
@@ -38,7 +39,11 @@ _NUMERIC = (
     (329, 337),
     (337, 345),
 )
-_OCTAL = re.compile(rb" *[0-7]*[ \0]*")
+_OCTAL = re.compile(rb" *([0-7]*)[ \0]*")
+# Header blocks tarfile reads as they stand (no old GNU sparse map, no NUL type that
+# the name may turn into a folder, no extension header): the string fields at once.
+_PLAIN = frozenset(b"0123456")
+_STRINGS = struct.Struct("100s57x100s8x32s32s16x155s")
 _USTAR, _GNU, _V7 = b"ustar\x0000", b"ustar  \x00", b"\0" * 8
 # Type flags container layers use: files, links, devices, folders, FIFOs, and the
 # PAX and GNU long-name extension headers.
@@ -54,7 +59,9 @@ class StrictTarInfo(ExtendedTarInfo):
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
         if not buf or buf.count(0) == len(buf):  # empty and all-zero blocks: tarfile's ends
             return super().frombuf(buf, encoding, errors)
-        check_header(bytes(buf))
+        numbers = check_header(bytes(buf))
+        if numbers is not None and buf[156] in _PLAIN:
+            return cls._plain(bytes(buf), numbers, encoding, errors)
         try:
             info = super().frombuf(buf, encoding, errors)
         except tarfile.HeaderError as exc:
@@ -65,6 +72,28 @@ class StrictTarInfo(ExtendedTarInfo):
                 f"parse ({exc}) and would take for the end of the layer"
             ) from None
         info.raw_type = bytes(buf[156:157])  # tarfile turns "\0" + "NAME/" into a folder
+        return info
+
+    @classmethod
+    def _plain(cls, buf: bytes, numbers: list[int], encoding: str, errors: str) -> Self:
+        """What tarfile's ``TarInfo.frombuf`` (CPython 3.11 to 3.13 alike) makes of a
+        block :func:`check_header` passed with octal numbers only and a type of
+        :data:`_PLAIN`, without parsing each field a second time: a header per entry
+        is most of a layer's reading time (docs/development.md, test speed).
+        tests/test_tar_headers.py holds it to tarfile's own."""
+        info = cls()
+        name, linkname, uname, gname, prefix = (
+            field.split(b"\0", 1)[0].decode(encoding, errors)
+            for field in _STRINGS.unpack_from(buf)
+        )
+        info.mode, info.uid, info.gid, info.size, info.mtime = numbers[:5]
+        info.chksum, info.devmajor, info.devminor = numbers[5:]
+        info.type = buf[156:157]
+        info.linkname, info.uname, info.gname = linkname, uname, gname
+        if info.type == tarfile.DIRTYPE:
+            name = name.rstrip("/")
+        info.name = f"{prefix}/{name}" if prefix else name
+        info.raw_type = info.type
         return info
 
     def _proc_member(self, tarfile: Any) -> Any:
@@ -120,22 +149,28 @@ class Recorder:
         return getattr(self.inner, name)
 
 
-def check_header(buf: bytes) -> None:
+def check_header(buf: bytes) -> list[int] | None:
     """Raise :class:`TarHeaderError` unless one 512-byte header block reads alike in
-    Python's tarfile and Go's archive/tar (``reader.go``, ``Reader.readHeader``)."""
+    Python's tarfile and Go's archive/tar (``reader.go``, ``Reader.readHeader``).
+    Returns the numeric fields (in :data:`_NUMERIC` order) where all are octal, as
+    tarfile's ``nti`` reads them; None where one is base-256."""
     if len(buf) != tarfile.BLOCKSIZE:
         raise TarHeaderError(f"a header is truncated ({len(buf)} bytes)")
+    numbers: list[int] | None = []
     for start, end in _NUMERIC:
         field = buf[start:end]
-        octal = field[0] & 0x80 == 0
-        if (octal and not _OCTAL.fullmatch(field)) or (not octal and not _same_binary(field)):
-            raise TarHeaderError(
-                f"member '{header_name(buf)}': a header has a numeric field (bytes "
-                f"{start}..{end}) of {field!r}, which tar readers parse differently"
-            )
+        if field[0] & 0x80 == 0:
+            if (digits := _OCTAL.fullmatch(field)) is None:
+                _refuse_numeric(buf, start, end)
+            if numbers is not None:
+                numbers.append(int(digits[1] or b"0", 8))
+        elif _same_binary(field):
+            numbers = None
+        else:
+            _refuse_numeric(buf, start, end)
     if buf[124] == 0xFF:  # Go: "negative size" is ErrHeader; tarfile seeks backwards
         raise TarHeaderError(f"member '{header_name(buf)}': a header with a negative size")
-    unsigned = sum(buf[:148]) + 8 * 32 + sum(buf[156:])
+    unsigned = sum(buf) - sum(buf[148:156]) + 8 * 32
     checksum = _field(buf, 148, 156)  # the signed sum only where the unsigned one fails
     if buf[148] & 0x80 or (checksum != unsigned and checksum != _signed(buf)):
         raise TarHeaderError("a header's checksum does not match")
@@ -162,6 +197,14 @@ def check_header(buf: bytes) -> None:
             raise TarHeaderError("a V7 header has bytes after its link name")
     else:
         raise TarHeaderError(f"a header has the unknown magic {magic!r}")
+    return numbers
+
+
+def _refuse_numeric(buf: bytes, start: int, end: int) -> NoReturn:
+    raise TarHeaderError(
+        f"member '{header_name(buf)}': a header has a numeric field (bytes "
+        f"{start}..{end}) of {buf[start:end]!r}, which tar readers parse differently"
+    )
 
 
 def header_name(buf: bytes) -> str:
