@@ -30,11 +30,23 @@ from buildmatrix.image.tarstream import (
     open_tar_stream,
     tar_digest,
 )
-from buildmatrix.image.tree import OPAQUE, WHITEOUT, Inode, LayerSummary, Result
+from buildmatrix.image.tree import (
+    DIR,
+    OPAQUE,
+    OTHER,
+    PLAIN_FILE,
+    WHITEOUT,
+    Inode,
+    LayerSummary,
+    Result,
+)
 
 
 def clean_member_name(name: str, *, layer: str) -> str:
     """Normalise a tar member name; refuse one that escapes the root, as Docker does."""
+    parts = name.split("/")
+    if "" not in parts and "." not in parts and ".." not in parts:
+        return name  # normal already: what the normalisation below leaves as it is
     path = posixpath.normpath("/" + name.lstrip("/")) if name not in ("", ".", "./") else "/"
     raw = posixpath.normpath(name.lstrip("/") or ".")
     if raw == ".." or raw.startswith("../"):
@@ -107,21 +119,24 @@ def summarise(
         if not path:
             continue
         summary.claim(path)
-        folder, base = posixpath.split(path)
-        if base == OPAQUE:
-            summary.make_opaque(folder)
-        elif base.startswith(WHITEOUT):
-            summary.whiteout(posixpath.join(folder, base[len(WHITEOUT) :]))
-        elif member.isdir():
-            summary.add(path, Inode("dir"))
-        elif member.issym():
+        folder, _, base = path.rpartition("/")
+        kind = member.type  # as TarInfo.isdir, issym, islnk and isreg tell it
+        if base.startswith(WHITEOUT):
+            if base == OPAQUE:
+                summary.make_opaque(folder)
+            else:
+                summary.whiteout(posixpath.join(folder, base[len(WHITEOUT) :]))
+        elif kind == tarfile.DIRTYPE:
+            summary.add(path, DIR)
+        elif kind == tarfile.SYMTYPE:
             summary.add(path, Inode("symlink", member.linkname))
-        elif member.islnk():
+        elif kind == tarfile.LNKTYPE:
             summary.add_hardlink(path, clean_member_name(member.linkname, layer=name))
-        elif member.isreg():
-            summary.add(path, Inode("file", result=read_file(member, path)))
+        elif kind in tarfile.REGULAR_TYPES:  # type: ignore[attr-defined]
+            result = read_file(member, path)
+            summary.add(path, PLAIN_FILE.inode if result is None else Inode("file", result=result))
         else:
-            summary.add(path, Inode("other"))
+            summary.add(path, OTHER)
     check_end(tar)
     return summary
 

@@ -76,6 +76,8 @@ class Leaf:
 
 PLAIN_FILE = Leaf(Inode("file"))
 """Every file without device code: one shared leaf (leaves are immutable)."""
+DIR, OTHER = Inode("dir"), Inode("other")
+"""The inodes of every folder and of every other entry (FIFOs, devices)."""
 
 
 class _Whiteout:
@@ -152,7 +154,20 @@ class LayerSummary:
 
     def _parent(self, path: str) -> tuple[Dir, str]:
         *folders, base = path.split("/")
-        return self._folder(folders, create=True, what=path), base
+        # The common walk, through folders only, inline; at a symlink, a non-folder,
+        # or a name :meth:`_folder` treats apart, that walk is taken from the root
+        # (the folders made so far are those it makes itself).
+        current = self.root
+        for part in folders:
+            child = current.children.get(part)
+            if child is None:
+                if part in ("", ".", ".."):
+                    return self._folder(folders, create=True, what=path), base
+                child = current.children[part] = Dir()
+            elif type(child) is not Dir:
+                return self._folder(folders, create=True, what=path), base
+            current = child
+        return current, base
 
     def add(self, path: str, inode: Inode) -> None:
         """A folder, file, symlink or other entry: it replaces what the path held."""
