@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import itertools
+import posixpath
 
 import pytest
 
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.errors import InputError
-from buildmatrix.image.layers import scan_layer
+from buildmatrix.image.layers import clean_member_name, scan_layer
 from buildmatrix.image.tree import merge
 from tests.binaries import container, elf_with_section, entry
 from tests.images import Dir, Entry, Hardlink, Symlink, fixture, layer_tar
@@ -190,3 +192,20 @@ def test_memory_per_entry_stays_bounded() -> None:
         [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True
     )
     assert int(out.stdout) < 300, out.stdout
+
+
+def test_member_names_clean_as_posix_normpath_cleans_them() -> None:
+    """Every name of up to seven characters from "a", "." and "/": the cleaned name
+    is POSIX normpath's (posixpath.normpath) under the root, and a name whose
+    normpath climbs above the root ("..", "../...") is refused, whichever way the
+    name is cleaned (names already normal skip normpath)."""
+    for length in range(1, 8):
+        for chars in itertools.product("a./", repeat=length):
+            name = "".join(chars)
+            raw = posixpath.normpath(name.lstrip("/") or ".")
+            if raw == ".." or raw.startswith("../"):
+                with pytest.raises(InputError, match="escapes the image root"):
+                    clean_member_name(name, layer="layer")
+                continue
+            want = posixpath.normpath("/" + name).lstrip("/")
+            assert clean_member_name(name, layer="layer") == want, name

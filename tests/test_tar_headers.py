@@ -8,6 +8,7 @@ header block, and recomputes the checksum where the case is not about the checks
 from __future__ import annotations
 
 import io
+import random
 import tarfile
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ import pytest
 
 from buildmatrix.errors import InputError
 from buildmatrix.image.layers import scan_layer
+from buildmatrix.image.tarheaders import StrictTarInfo
 from buildmatrix.image.tree import LayerSummary, merge
 from tests.images import fixture, scan_in_place
 
@@ -164,3 +166,51 @@ def test_a_tar_without_end_marker_still_reads() -> None:
     raw = _tar()
     end = _header(raw, 2)
     assert len(_read(bytes(raw[:end]))) == 2
+
+
+def _plain_blocks() -> list[bytes]:
+    """Header blocks tarfile writes (ustar, with the prefix field for long names, and
+    GNU), of every plain type, with numeric fields also in the other octal forms both
+    readers take (leading spaces, space or NUL padding)."""
+    rnd = random.Random(7)
+    names = ["a", "d/", "usr/lib/libé.so", "x" * 99, "p" * 60 + "/" + "q" * 90, "s/./t/", "/abs"]
+    blocks = []
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT):
+        for kind in b"0123456":
+            for name in names:
+                info = tarfile.TarInfo(name)
+                info.type, info.linkname = bytes([kind]), rnd.choice(["", "t", "../é/" + "l" * 90])
+                info.size = rnd.choice([0, 1, 511, 8**11 - 1]) if kind == ord("0") else 0
+                info.mtime, info.mode = rnd.choice([0, 1_700_000_000]), rnd.choice([0o644, 0o7777])
+                info.uid, info.gid, info.uname = rnd.randrange(8**7), 0, rnd.choice(["", "root"])
+                info.devmajor, info.devminor = rnd.randrange(8**7), rnd.randrange(8**7)
+                buf = bytearray(info.tobuf(fmt, "utf-8", "surrogateescape")[-512:])
+                for start, end in ((100, 108), (108, 116), (124, 136), (329, 337)):
+                    digits = bytes(buf[start:end]).strip(b" \0").lstrip(b"0") or b"0"
+                    pad = end - start - len(digits)
+                    lead = rnd.randrange(pad + 1)
+                    trail = bytes(rnd.choice(b" \0") for _ in range(pad - lead))
+                    buf[start:end] = b" " * lead + digits + trail
+                _fix_checksum(buf, 0)
+                blocks.append(bytes(buf))
+    return blocks
+
+
+def test_plain_headers_read_as_tarfile_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The strict reader builds plain header blocks itself (tarheaders.StrictTarInfo.
+    _plain); every attribute must be what tarfile's own TarInfo.frombuf reads."""
+    blocks = _plain_blocks()
+    assert len(blocks) == 2 * 7 * 7
+    built = []
+    plain = StrictTarInfo._plain
+    monkeypatch.setattr(
+        StrictTarInfo, "_plain", classmethod(lambda cls, *a: built.append(1) or plain(*a))
+    )
+    for buf in blocks:
+        ours = StrictTarInfo.frombuf(buf, "utf-8", "surrogateescape")
+        theirs = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+        for attr in tarfile.TarInfo.__slots__:  # type: ignore[attr-defined]
+            mine = getattr(ours, attr, "unset")
+            assert mine == getattr(theirs, attr, "unset"), (attr, buf)
+        assert ours.raw_type == theirs.type
+    assert len(built) == len(blocks)  # each through the strict reader's own build
