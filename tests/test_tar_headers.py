@@ -11,6 +11,7 @@ import io
 import random
 import tarfile
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -201,15 +202,18 @@ def test_plain_headers_read_as_tarfile_reads_them(monkeypatch: pytest.MonkeyPatc
     _plain); every attribute must be what tarfile's own TarInfo.frombuf reads."""
     blocks = _plain_blocks()
     assert len(blocks) == 2 * 7 * 7
-    built = []
+    built: list[bytes] = []
     plain = StrictTarInfo._plain
-    monkeypatch.setattr(
-        StrictTarInfo, "_plain", classmethod(lambda cls, *a: built.append(1) or plain(*a))
-    )
+
+    def counted(cls: type[StrictTarInfo], buf: bytes, *rest: Any) -> StrictTarInfo:
+        built.append(buf)
+        return plain(buf, *rest)
+
+    monkeypatch.setattr(StrictTarInfo, "_plain", classmethod(counted))
     for buf in blocks:
         ours = StrictTarInfo.frombuf(buf, "utf-8", "surrogateescape")
         theirs = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
-        for attr in tarfile.TarInfo.__slots__:  # type: ignore[attr-defined]
+        for attr in tarfile.TarInfo.__slots__:
             mine = getattr(ours, attr, "unset")
             assert mine == getattr(theirs, attr, "unset"), (attr, buf)
         assert ours.raw_type == theirs.type

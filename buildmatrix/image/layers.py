@@ -132,7 +132,7 @@ def summarise(
             summary.add(path, Inode("symlink", member.linkname))
         elif kind == tarfile.LNKTYPE:
             summary.add_hardlink(path, clean_member_name(member.linkname, layer=name))
-        elif kind in tarfile.REGULAR_TYPES:  # type: ignore[attr-defined]
+        elif kind in tarfile.REGULAR_TYPES:
             result = read_file(member, path)
             summary.add(path, PLAIN_FILE.inode if result is None else Inode("file", result=result))
         else:

@@ -83,8 +83,7 @@ class StrictTarInfo(ExtendedTarInfo):
         tests/test_tar_headers.py holds it to tarfile's own."""
         info = cls()
         name, linkname, uname, gname, prefix = (
-            field.split(b"\0", 1)[0].decode(encoding, errors)
-            for field in _STRINGS.unpack_from(buf)
+            field.split(b"\0", 1)[0].decode(encoding, errors) for field in _STRINGS.unpack_from(buf)
         )
         info.mode, info.uid, info.gid, info.size, info.mtime = numbers[:5]
         info.chksum, info.devmajor, info.devminor = numbers[5:]
