@@ -171,8 +171,8 @@ def test_a_tar_without_end_marker_still_reads() -> None:
 
 def _plain_blocks() -> list[bytes]:
     """Header blocks tarfile writes (ustar, with the prefix field for long names, and
-    GNU), of every plain type, with numeric fields also in the other octal forms both
-    readers take (leading spaces, space or NUL padding)."""
+    GNU), of every plain type, as written and with numeric fields in the other octal
+    forms both readers take (leading spaces, space or NUL padding)."""
     rnd = random.Random(7)
     names = ["a", "d/", "usr/lib/libé.so", "x" * 99, "p" * 60 + "/" + "q" * 90, "s/./t/", "/abs"]
     blocks = []
@@ -186,6 +186,7 @@ def _plain_blocks() -> list[bytes]:
                 info.uid, info.gid, info.uname = rnd.randrange(8**7), 0, rnd.choice(["", "root"])
                 info.devmajor, info.devminor = rnd.randrange(8**7), rnd.randrange(8**7)
                 buf = bytearray(info.tobuf(fmt, "utf-8", "surrogateescape")[-512:])
+                blocks.append(bytes(buf))  # as written
                 for start, end in ((100, 108), (108, 116), (124, 136), (329, 337)):
                     digits = bytes(buf[start:end]).strip(b" \0").lstrip(b"0") or b"0"
                     pad = end - start - len(digits)
@@ -201,7 +202,7 @@ def test_plain_headers_read_as_tarfile_reads_them(monkeypatch: pytest.MonkeyPatc
     """The strict reader builds plain header blocks itself (tarheaders.StrictTarInfo.
     _plain); every attribute must be what tarfile's own TarInfo.frombuf reads."""
     blocks = _plain_blocks()
-    assert len(blocks) == 2 * 7 * 7
+    assert len(blocks) == 2 * 7 * 7 * 2
     built: list[bytes] = []
     plain = StrictTarInfo._plain
 

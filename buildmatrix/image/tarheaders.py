@@ -40,6 +40,13 @@ _NUMERIC = (
     (337, 345),
 )
 _OCTAL = re.compile(rb" *([0-7]*)[ \0]*")
+# The numeric fields as tar writers write them (Go's archive/tar, GNU tar, Python's
+# tarfile: zero-padded octal and a NUL; the checksum NUL and space; device numbers
+# of non-devices all NULs), matched at once: each also matches _OCTAL.
+_CANONICAL = re.compile(
+    rb"([0-7]{7})\0([0-7]{7})\0([0-7]{7})\0([0-7]{11})\0([0-7]{11})\0([0-7]{6})\0 "
+    rb"(?s:.{173})(?:\0{8}|([0-7]{7})\0)(?:\0{8}|([0-7]{7})\0)"
+)
 # Header blocks tarfile reads as they stand (no old GNU sparse map, no NUL type that
 # the name may turn into a folder, no extension header): the string fields at once.
 _PLAIN = frozenset(b"0123456")
@@ -156,7 +163,11 @@ def check_header(buf: bytes) -> list[int] | None:
     if len(buf) != tarfile.BLOCKSIZE:
         raise TarHeaderError(f"a header is truncated ({len(buf)} bytes)")
     numbers: list[int] | None = []
-    for start, end in _NUMERIC:
+    fields = _NUMERIC
+    if (canonical := _CANONICAL.fullmatch(buf, 100, 345)) is not None:
+        numbers = [int(digits or b"0", 8) for digits in canonical.groups()]
+        fields = ()
+    for start, end in fields:
         field = buf[start:end]
         if field[0] & 0x80 == 0:
             if (digits := _OCTAL.fullmatch(field)) is None:
