@@ -163,7 +163,7 @@ def check_header(buf: bytes) -> list[int] | None:
     if len(buf) != tarfile.BLOCKSIZE:
         raise TarHeaderError(f"a header is truncated ({len(buf)} bytes)")
     numbers: list[int] | None = []
-    fields = _NUMERIC
+    fields: tuple[tuple[int, int], ...] = _NUMERIC
     if (canonical := _CANONICAL.fullmatch(buf, 100, 345)) is not None:
         numbers = [int(digits or b"0", 8) for digits in canonical.groups()]
         fields = ()
