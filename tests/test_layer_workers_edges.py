@@ -87,11 +87,10 @@ print(code, len(forks), flush=True)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="the first worker is left waiting: exit hangs")
 def test_a_pool_that_forks_one_worker_of_two_does_not_hang_the_exit(tmp_path: Path) -> None:
     """The second fork fails (OSError at submit, before the pool's manager thread
-    starts): run_all reads the layers here, but the first worker waits on the call
-    queue for good and multiprocessing joins it at exit (CPython
+    starts): run_all reads the layers here, and ends the first worker, which would
+    wait on the call queue for good while multiprocessing joins it at exit (CPython
     Lib/multiprocessing/util.py, _exit_function)."""
     import subprocess
 
@@ -146,3 +145,43 @@ def test_an_entry_nested_deeper_than_the_decoder_follows_is_a_miss() -> None:
         assert cache_codec.decode(data, "sha256:x") is None
     finally:
         sys.setrecursionlimit(limit)
+
+
+KILLED_WORKER = """
+import os, signal
+from buildmatrix.image import workers
+from tests.test_layer_workers_edges import _dies_in_a_worker
+
+workers.PARALLEL_BYTES = 0
+workers.workers = lambda: 2
+parent = os.getpid()
+jobs = [(parent, i) for i in range(6)]
+sizes = [10 * (i + 1) for i in range(6)]
+counted = []
+out = workers.run_all(_dies_in_a_worker, jobs, sizes, finished=counted.append)
+assert out == list(range(6)), out
+print(sum(counted), sum(sizes))
+"""
+
+
+def _dies_in_a_worker(job: tuple[int, int]) -> int:
+    """Job ``i``; the last one kills the worker process it runs in (as the OOM killer
+    would), never the process that made the jobs."""
+    import os
+    import signal
+    import time
+
+    parent, i = job
+    if i == 5 and os.getpid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.05 * (5 - i))  # the others end first, and are counted
+    return i
+
+
+def test_progress_after_a_worker_died_counts_each_job_once() -> None:
+    """A worker killed midway: the jobs are read again in this process, as the
+    threads would read them, and the progress count ends at the total, not above."""
+    from tests.test_in_place import _in_a_fresh_process
+
+    counted, total = _in_a_fresh_process(KILLED_WORKER).split()
+    assert counted == total, (counted, total)

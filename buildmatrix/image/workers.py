@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 # Below this many bytes of candidate files, one process is faster than starting workers.
 PARALLEL_BYTES = 256 << 20
@@ -75,9 +75,14 @@ def run_all(
     # re-imports the program's main module in them.
     context = multiprocessing.get_context("fork")
     order = sorted(range(len(jobs)), key=lambda i: -sizes[i])  # the biggest first
+    counted: set[int] = set()  # jobs whose end was reported to ``finished``
     try:
         with ProcessPoolExecutor(count, mp_context=context) as pool:
-            futures = {i: pool.submit(inspect, jobs[i]) for i in order}
+            try:
+                futures = {i: pool.submit(inspect, jobs[i]) for i in order}
+            except BaseException:
+                _end_forked(pool)
+                raise
             # The pool forked all its workers at the first submit, before it started
             # a thread (CPython Lib/concurrent/futures/process.py,
             # ProcessPoolExecutor._start_executor_manager_thread, for "fork").
@@ -86,6 +91,7 @@ def run_all(
                 index = {future: i for i, future in futures.items()}
                 for future in as_completed(futures.values()):
                     finished(sizes[index[future]])
+                    counted.add(index[future])
             return [futures[i].result() for i in range(len(jobs))]
     except (
         BrokenProcessPool,
@@ -100,9 +106,10 @@ def run_all(
         # recurses once per nesting level: a layer's folder some hundreds of levels
         # down; CPython Lib/concurrent/futures/process.py, _sendback_result, sends the
         # pickling error instead): the same work, in this process (a job's own error
-        # is raised again there, as without workers).
+        # is raised again there, as without workers). Jobs whose end was counted
+        # already are not counted again.
         start()
-        return _here(inspect, jobs, sizes, finished)
+        return _here(inspect, jobs, sizes, finished, counted)
 
 
 def parallel(sizes: Sequence[int], *, most: int = MAX_WORKERS) -> bool:
@@ -116,16 +123,29 @@ def parallel(sizes: Sequence[int], *, most: int = MAX_WORKERS) -> bool:
     )
 
 
+def _end_forked(pool: Any) -> None:
+    """End the workers a pool forked before it failed to fork the rest (an ``OSError``
+    at ``submit``: a process limit): the pool's manager thread, which would end them,
+    is not started yet, so each would wait on its call queue for good, and
+    multiprocessing joins them at exit (CPython Lib/multiprocessing/util.py,
+    ``_exit_function``): the process would never end."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.kill()
+        process.join()
+
+
 def _here(
     inspect: Callable[[Job], Out],
     jobs: Sequence[Job],
     sizes: Sequence[int],
     finished: Callable[[int], None] | None,
+    counted: set[int] | frozenset[int] = frozenset(),
 ) -> list[Out]:
-    """The jobs in this process, one after another."""
+    """The jobs in this process, one after another (``counted``: jobs whose end was
+    reported to ``finished`` already)."""
     out = []
-    for job, size in zip(jobs, sizes, strict=True):
+    for i, (job, size) in enumerate(zip(jobs, sizes, strict=True)):
         out.append(inspect(job))
-        if finished is not None:
+        if finished is not None and i not in counted:
             finished(size)
     return out
