@@ -131,6 +131,12 @@ def _truncated_in_a_header(raw: bytearray, at: int) -> None:
     del raw[at + 300 :]
 
 
+def _binary_checksum(raw: bytearray, at: int) -> None:
+    # base-256: Go parses the checksum as octal only (format.go, getFormat); found by
+    # tests/test_fuzz.py as a ValueError traceback
+    raw[at + 148 : at + 156] = b"\xff\xff2235\0 "
+
+
 def _zero_block_then_more(raw: bytearray, at: int) -> None:
     raw[at:at] = b"\0" * 512  # Python stops at it; Go wants a second zero block
 
@@ -139,6 +145,7 @@ CASES: dict[str, tuple[Callable[[bytearray, int], None], str]] = {
     "size field with a leading NUL": (_size_with_leading_nul, "numeric field (bytes 124..136)"),
     "V7 header with a prefix": (_v7_with_prefix, "has bytes in it"),
     "bad checksum": (_bad_checksum, "checksum does not match"),
+    "base-256 checksum": (_binary_checksum, "checksum does not match"),
     "octal with a sign": (_python_only_octal, "numeric field (bytes 100..108)"),
     "octal with an underscore": (_underscore_octal, "numeric field (bytes 136..148)"),
     "sparse type": (_unknown_type, "type flag b'S'"),

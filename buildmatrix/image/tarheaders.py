@@ -180,9 +180,14 @@ def check_header(buf: bytes) -> list[int] | None:
             _refuse_numeric(buf, start, end)
     if buf[124] == 0xFF:  # Go: "negative size" is ErrHeader; tarfile seeks backwards
         raise TarHeaderError(f"member '{header_name(buf)}': a header with a negative size")
+    # Go parses the checksum as octal only (format.go, getFormat: parseOctal), so a
+    # base-256 one (top bit set; it passed the loop above) is no checksum: refused
+    # before it is parsed, which raised ValueError (a traceback) on such a field.
+    if buf[148] & 0x80:
+        raise TarHeaderError("a header's checksum does not match")
     unsigned = sum(buf) - sum(buf[148:156]) + 8 * 32
     checksum = _field(buf, 148, 156)  # the signed sum only where the unsigned one fails
-    if buf[148] & 0x80 or (checksum != unsigned and checksum != _signed(buf)):
+    if checksum != unsigned and checksum != _signed(buf):
         raise TarHeaderError("a header's checksum does not match")
     magic = buf[257:265]
     if buf[156] == 0 and magic == _USTAR and not buf[0] and buf[345]:
