@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -39,7 +41,13 @@ _BODY = b"""
 # The GPUs ptxas compiles each head for: plain, arch-specific, a newer major.
 _SMS = ("sm_80", "sm_90a", "sm_100")
 _HAVE_PTXAS = shutil.which("ptxas") is not None
-needs_ptxas = pytest.mark.skipif(not _HAVE_PTXAS, reason="ptxas is the oracle; .ci/run has it")
+_SKIP = pytest.mark.skipif(not _HAVE_PTXAS, reason="ptxas is the oracle; .ci/run has it")
+
+
+def needs_ptxas(test: Callable[..., None]) -> Callable[..., None]:
+    """Runs ptxas, of the CUDA toolchain: marked ``nvcc`` (so ``integration``, not among
+    the engine-free tests) and skipped where ptxas is missing."""
+    return cast(Callable[..., None], pytest.mark.nvcc(_SKIP(test)))
 
 
 def _ptxas_isa(facts: CudaFacts) -> Version:
