@@ -5,7 +5,8 @@ The images are docker-archive tars of the nvcc-built fixture libraries
 with a cuda-compat driver (a STAND-IN library with NVIDIA's note, tests/standins, as
 tests/test_forward_compat.py uses). The oracle is the real ``check REF... --snapshot
 FILE --json`` command on a node snapshot of each GPU model at the drivers in question,
-and ``smoke --snapshot`` for a pool without images.
+and ``smoke --snapshot`` for a pool without images; it reads each image once for the
+module (:class:`Scans`) and judges it afresh for every snapshot.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ import jsonschema
 import pytest
 from packaging.version import Version
 
+from buildmatrix import check_refs
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, major_minor, parse_driver_version
+from buildmatrix.image.open import scan_image
+from buildmatrix.image.platform import DEFAULT_PLATFORM
+from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.profile_files import default_profiles_dir, load_profiles
 from tests.conftest import REPO, CliRunner
 from tests.driver_fleet import Fleet, build_fleet
@@ -40,11 +45,34 @@ def _below(v: DriverVersion) -> DriverVersion:
     return parse_driver_version(f"{key[0]}.{key[1]}.{key[2]:02d}")
 
 
-class Oracle:
-    """``check --snapshot`` and ``smoke --snapshot`` run as commands, cached."""
+class Scans:
+    """Each image of the fleet read once for the module: ``check``'s own reader
+    (buildmatrix.image.open.scan_image) memoised on its reference and platform. The
+    tars do not change once written, and reading one is a pure function of its bytes,
+    so every later ``check`` judges the very image a fresh read would give; only the
+    judging (buildmatrix.check.run_check) is done again for each node."""
 
-    def __init__(self, cli: CliRunner, tmp: Path) -> None:
-        self.cli, self.tmp = cli, tmp
+    def __init__(self) -> None:
+        self.images: dict[tuple[str, str], ScannedImage] = {}
+
+    def scan(self, text: str, *, platform: str = DEFAULT_PLATFORM, **kw: Any) -> ScannedImage:
+        key = (text, platform)
+        if key not in self.images:
+            self.images[key] = scan_image(text, platform=platform, **kw)
+        return self.images[key]
+
+
+@pytest.fixture(scope="module")
+def scans() -> Scans:
+    return Scans()
+
+
+class Oracle:
+    """``check --snapshot`` and ``smoke --snapshot`` run as commands, cached; ``check``
+    reads each image once per module (:class:`Scans`)."""
+
+    def __init__(self, cli: CliRunner, tmp: Path, scans: Scans) -> None:
+        self.cli, self.tmp, self.scans = cli, tmp, scans
         self.seen: dict[Any, dict[str, bool]] = {}
 
     def snapshot(self, product: str, cc: str, driver: DriverVersion) -> Path:
@@ -71,7 +99,9 @@ class Oracle:
         key = ("check", product, driver.key, tuple(refs))
         if key not in self.seen:
             snap = self.snapshot(product, cc, driver)
-            r = self.cli("check", *refs, "--snapshot", str(snap), "--json")
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(check_refs, "scan_image", self.scans.scan)
+                r = self.cli("check", *refs, "--snapshot", str(snap), "--json")
             assert r.code in (0, 1), r.err
             doc = r.json()
             images = doc.get("images", [doc])
@@ -87,8 +117,8 @@ class Oracle:
 
 
 @pytest.fixture
-def oracle(cli: CliRunner, tmp_path: Path) -> Oracle:
-    return Oracle(cli, tmp_path)
+def oracle(cli: CliRunner, tmp_path: Path, scans: Scans) -> Oracle:
+    return Oracle(cli, tmp_path, scans)
 
 
 def _report(cli: CliRunner, fleet: Fleet, *args: str) -> tuple[int, dict[str, Any]]:
