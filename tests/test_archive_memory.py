@@ -176,8 +176,10 @@ def test_member_read_from_a_raw_stream_in_short_reads_is_read_whole(most: int) -
         head = data[:64]
         if len(data) < 4 or not might_hold_code(head, path.name):
             continue
+        if most == 1 and len(data) > 64 << 10:
+            continue  # byte by byte, the small ones; 7 bytes at a time reads them all
+        read += 1
         whole = inspect_member(io.BytesIO(data[64:]), len(data), path.name, head, None)
         trickled = cast(IO[bytes], _Trickle(data[64:], most))
         assert inspect_member(trickled, len(data), path.name, head, None) == whole, path.name
-        read += 1
-    assert read >= 5  # the fixtures with device code were all read
+    assert read >= 5  # the fixtures with device code were read
