@@ -31,9 +31,10 @@ import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tests.images import Image, layer_tar
+if TYPE_CHECKING:  # the promote job runs this module as docker, once per call
+    from tests.images import Image
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -152,6 +153,8 @@ def push_by_digest(
 ) -> Pushed:
     """``image`` pushed as build-push-action pushes it by digest with an SBOM and
     provenance attached, ``annotations`` on its manifest: nothing is tagged."""
+    from tests.images import layer_tar
+
     tars = [layer_tar(layer) for layer in image.layers]
     image_body = _manifest(
         host,
