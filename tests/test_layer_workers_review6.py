@@ -1,14 +1,12 @@
 """Review (branch review6): a layer worker whose result cannot be pickled for a
 reason other than PicklingError or RecursionError (CPython 3.11-3.13: a local object
-is AttributeError, a lock or a memoryview TypeError) escapes run_all as a traceback,
-where the thread route reads the same layers and passes."""
+is AttributeError, a lock or a memoryview TypeError) escaped run_all as a traceback,
+where the thread route reads the same layers and passes; it is read again here."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import pytest
 
 from tests.test_in_place import _in_a_fresh_process
 
@@ -54,11 +52,6 @@ print(json.dumps([threads, apart]))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review6: run_all falls back only on PicklingError/RecursionError from a "
-    "worker's result; TypeError/AttributeError from pickle escape as a traceback",
-)
 def test_a_result_a_worker_cannot_pickle_reads_as_by_threads(tmp_path: Path) -> None:
     out = _in_a_fresh_process(UNPICKLABLE, str(tmp_path / "layout"))
     threads, apart = json.loads(out)

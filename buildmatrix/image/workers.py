@@ -100,11 +100,14 @@ def run_all(
         ImportError,
         PicklingError,
         RecursionError,
+        TypeError,
+        AttributeError,
     ):
         # Workers that cannot start (a process limit, no working sem_open: no
         # /dev/shm), that died, or whose result could not be sent back (pickle
         # recurses once per nesting level: a layer's folder some hundreds of levels
-        # down; CPython Lib/concurrent/futures/process.py, _sendback_result, sends the
+        # down; an object pickle refuses, TypeError or AttributeError before CPython
+        # 3.14; CPython Lib/concurrent/futures/process.py, _sendback_result, sends the
         # pickling error instead): the same work, in this process (a job's own error
         # is raised again there, as without workers). Jobs whose end was counted
         # already are not counted again.
