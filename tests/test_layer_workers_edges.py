@@ -185,3 +185,55 @@ def test_progress_after_a_worker_died_counts_each_job_once() -> None:
 
     counted, total = _in_a_fresh_process(KILLED_WORKER).split()
     assert counted == total, (counted, total)
+
+
+UNPICKLABLE = """
+import io, json, os, sys, threading, contextlib
+from pathlib import Path
+from buildmatrix.cli import main
+from buildmatrix.image import layer_scan, workers
+from tests.images import Image, write_oci_layout
+
+layout = Path(sys.argv[1])
+image = Image(layers=[{"a/f": b"x"}, {"b/f": b"y"}, {"c/f": b"z"}])
+write_oci_layout(layout, image, tag="t")
+ARGS = ["check", f"oci:{layout}:t", "--sm", "sm_90", "--allow-empty", "--json", "--no-cache"]
+PARENT = os.getpid()
+real = layer_scan.scan_blob
+
+
+def scan_blob(blob, progress, keep=None):
+    summary = real(blob, progress, keep)
+    if os.getpid() != PARENT:  # only what a worker sends back cannot be pickled
+        summary.held = threading.Lock()  # TypeError: cannot pickle '_thread.lock' object
+    return summary
+
+
+layer_scan.scan_blob = scan_blob
+
+
+def run():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(ARGS)
+        except BaseException as exc:  # what the CLI lets through
+            return "raised", type(exc).__name__, str(exc)
+    return code, out.getvalue(), err.getvalue()
+
+
+threads = run()
+workers.PARALLEL_BYTES = 0
+apart = run()
+print(json.dumps([threads, apart]))
+"""
+
+
+def test_a_result_a_worker_cannot_pickle_reads_as_by_threads(tmp_path: Path) -> None:
+    """A result pickle refuses with TypeError (a lock) or AttributeError (a local
+    object), as CPython before 3.14 does, is read again in this process: it escaped
+    run_all as a traceback where threads pass."""
+    out = _in_a_fresh_process(UNPICKLABLE, str(tmp_path / "layout"))
+    threads, apart = json.loads(out)
+    assert threads[0] == 0, threads
+    assert apart == threads
