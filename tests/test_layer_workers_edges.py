@@ -13,7 +13,21 @@ import pytest
 from tests.conftest import CliRunner
 from tests.test_in_place import _in_a_fresh_process
 
-DEEP = """
+# check in this process, as the command line runs it: its exit code and output, or
+# what it let through
+RUN = """
+def run():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(ARGS)
+        except BaseException as exc:  # what the CLI lets through
+            return "raised", type(exc).__name__, str(exc)
+    return code, out.getvalue(), err.getvalue()
+"""
+
+DEEP = (
+    """
 import io, json, sys, contextlib
 from pathlib import Path
 from buildmatrix.cli import main
@@ -27,15 +41,9 @@ write_oci_layout(layout, image, tag="t")
 ARGS = ["check", f"oci:{layout}:t", "--sm", "sm_90", "--allow-empty", "--json", "--no-cache"]
 
 
-def run():
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(ARGS)
-        except BaseException as exc:  # what the CLI lets through
-            return "raised", type(exc).__name__, str(exc)
-    return code, out.getvalue(), err.getvalue()
-
+"""
+    + RUN
+    + """
 
 calls = []
 real = layer_scan.run_all
@@ -50,6 +58,7 @@ apart = run()
 assert calls, "not read by workers"
 print(json.dumps([threads, apart]))
 """
+)
 
 
 @pytest.mark.parametrize("depth", [sys.getrecursionlimit() // 4, 1500])
@@ -187,7 +196,8 @@ def test_progress_after_a_worker_died_counts_each_job_once() -> None:
     assert counted == total, (counted, total)
 
 
-UNPICKLABLE = """
+UNPICKLABLE = (
+    """
 import io, json, os, sys, threading, contextlib
 from pathlib import Path
 from buildmatrix.cli import main
@@ -212,27 +222,22 @@ def scan_blob(blob, progress, keep=None):
 layer_scan.scan_blob = scan_blob
 
 
-def run():
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(ARGS)
-        except BaseException as exc:  # what the CLI lets through
-            return "raised", type(exc).__name__, str(exc)
-    return code, out.getvalue(), err.getvalue()
-
+"""
+    + RUN
+    + """
 
 threads = run()
 workers.PARALLEL_BYTES = 0
 apart = run()
 print(json.dumps([threads, apart]))
 """
+)
 
 
 def test_a_result_a_worker_cannot_pickle_reads_as_by_threads(tmp_path: Path) -> None:
-    """A result pickle refuses with TypeError (a lock) or AttributeError (a local
-    object), as CPython before 3.14 does, is read again in this process: it escaped
-    run_all as a traceback where threads pass."""
+    """A result pickle refuses with TypeError (here a lock; a local object gives
+    AttributeError), as CPython before 3.14 does, is read again in this process: it
+    escaped run_all as a traceback where threads pass."""
     out = _in_a_fresh_process(UNPICKLABLE, str(tmp_path / "layout"))
     threads, apart = json.loads(out)
     assert threads[0] == 0, threads
