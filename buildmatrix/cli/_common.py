@@ -116,10 +116,22 @@ def platform_option(func: F) -> F:
     return decorator(func)
 
 
-CONTAINERD_OPTIONS = {  # option -> (environment variable, what it is), as ctr takes them
-    "--containerd-address": ("CONTAINERD_ADDRESS", "containerd's socket"),
-    "--containerd-namespace": ("CONTAINERD_NAMESPACE", "containerd namespace (default k8s.io)"),
-    "--containerd-root": ("CONTAINERD_ROOT", "containerd's root folder"),
+# option -> (environment variable, what it is), as ctr takes them; the defaults are
+# image/containerd_store.py's (not imported here: --help and --version start without
+# the image package), held equal by tests/test_containerd.py
+CONTAINERD_OPTIONS = {
+    "--containerd-address": (
+        "CONTAINERD_ADDRESS",
+        "containerd's socket (default /run/containerd/containerd.sock)",
+    ),
+    "--containerd-namespace": (
+        "CONTAINERD_NAMESPACE",
+        "containerd namespace (default k8s.io, the CRI's)",
+    ),
+    "--containerd-root": (
+        "CONTAINERD_ROOT",
+        "containerd's root folder (default /var/lib/containerd)",
+    ),
 }
 
 
@@ -138,7 +150,7 @@ def containerd_options(func: F) -> F:
             metavar="PATH" if "namespace" not in flag else "NAME",
             expose_value=False,
             callback=_keep_containerd,
-            help=f"For containerd: REFs: {what} (default: ${env}).",
+            help=f"For containerd: REFs: {what}; or ${env}.",
         )(func)
     return func
 

@@ -206,10 +206,11 @@ def socket_at(path: str) -> bool:
 def _missing(store: Store) -> EnvironmentUnavailable:
     socket = Path(store.address)
     why = (
-        f"a containerd socket is at {socket}, so its root is elsewhere: set $CONTAINERD_ROOT "
-        "to the 'root' of its config (containerd config dump)"
+        f"a containerd socket is at {socket}, so its root is elsewhere: pass --containerd-root "
+        "(or set $CONTAINERD_ROOT) to the 'root' of its config (containerd config dump)"
         if socket_at(store.address)
-        else f"and no containerd socket is at {socket} ($CONTAINERD_ADDRESS) either"
+        else f"and no containerd socket is at {socket} (--containerd-address, "
+        "$CONTAINERD_ADDRESS) either"
     )
     return EnvironmentUnavailable(
         f"containerd's metadata store {store.root / METADATA} is not there ({why}). In a "
