@@ -140,20 +140,25 @@ def test_the_archive_reader_reads_only_what_it_needs(
     assert r.json()["files"][0]["path"] == "usr/lib/l.so"
 
 
-def _in_a_fresh_process(code: str, *args: str) -> str:
+def _in_a_fresh_process(code: str, *args: str, timeout: float | None = None) -> str:
     """Run ``code`` in a new Python, which runs no thread but its main one (this
-    test process may run servers in threads, and then no worker is forked)."""
+    test process may run servers in threads, and then no worker is forked); a
+    process still running after ``timeout`` seconds fails the test."""
     import sys
     import textwrap
 
     repo = Path(__file__).resolve().parent.parent
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code), *args],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process did not end within {timeout} s: {exc.stdout!r}")
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CliRunner
+from tests.images import Image, write_oci_layout
 from tests.test_in_place import _in_a_fresh_process
 
 # check in this process, as the command line runs it: its exit code and output, or
@@ -101,21 +102,9 @@ def test_a_pool_that_forks_one_worker_of_two_does_not_hang_the_exit(tmp_path: Pa
     starts): run_all reads the layers here, and ends the first worker, which would
     wait on the call queue for good while multiprocessing joins it at exit (CPython
     Lib/multiprocessing/util.py, _exit_function)."""
-    import subprocess
-
-    repo = Path(__file__).resolve().parent.parent
-    try:
-        r = subprocess.run(
-            [sys.executable, "-c", SECOND_FORK_FAILS, str(tmp_path / "layout")],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            timeout=30,  # the check itself takes about a second
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the process did not end: {exc.stdout!r}")
-    assert r.returncode == 0 and r.stdout.split() == ["0", "2"], r.stdout + r.stderr
+    # the check itself takes about a second
+    out = _in_a_fresh_process(SECOND_FORK_FAILS, str(tmp_path / "layout"), timeout=30)
+    assert out.split() == ["0", "2"], out
 
 
 @pytest.mark.parametrize("depth", [sys.getrecursionlimit() // 2, 1500])
@@ -125,8 +114,6 @@ def test_a_deep_folder_is_checked_with_the_layer_cache_as_without(
     """The cache codec (buildmatrix/image/cache_codec.py) recurses once per folder
     level: such a layer is not kept in the cache, and is checked as with --no-cache
     (it raised RecursionError, exit 1, a traceback)."""
-    from tests.images import Image, write_oci_layout
-
     layout = tmp_path / "layout"
     image = Image(layers=[{"d/" * depth + "f": b"x"}, {"etc/hostname": b"h"}])
     write_oci_layout(layout, image, tag="t")
@@ -190,8 +177,6 @@ def _dies_in_a_worker(job: tuple[int, int]) -> int:
 def test_progress_after_a_worker_died_counts_each_job_once() -> None:
     """A worker killed midway: the jobs are read again in this process, as the
     threads would read them, and the progress count ends at the total, not above."""
-    from tests.test_in_place import _in_a_fresh_process
-
     counted, total = _in_a_fresh_process(KILLED_WORKER).split()
     assert counted == total, (counted, total)
 
