@@ -59,15 +59,20 @@ def _ptxas_isa(facts: CudaFacts) -> Version:
     return next(tk.ptx_isa for tk in facts.toolkits if tk.version == release)
 
 
-def _compiles(tmp_path: Path, text: bytes, sm: str) -> bool:
+def ptxas(tmp_path: Path, text: bytes, sm: str) -> subprocess.CompletedProcess[str]:
+    """ptxas compiling the PTX ``text`` for ``sm`` (in ``tmp_path``)."""
     source = tmp_path / "k.ptx"
     source.write_bytes(text)
-    proc = subprocess.run(
+    return subprocess.run(
         ["ptxas", f"-arch={sm}", str(source), "-o", str(tmp_path / "k.cubin")],
         capture_output=True,
+        text=True,
         check=False,
     )
-    return proc.returncode == 0
+
+
+def _compiles(tmp_path: Path, text: bytes, sm: str) -> bool:
+    return ptxas(tmp_path, text, sm).returncode == 0
 
 
 _FAKE = st.sampled_from([b".version 7.0", b".target sm_80", b".version 9.9", b".target sm_90a"])

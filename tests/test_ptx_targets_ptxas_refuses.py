@@ -4,7 +4,6 @@ The oracle is ptxas itself (CUDA 13.0), run on every name tried."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from buildmatrix.binary.ptx import ptx_directives
 from buildmatrix.cuda import load_cuda_facts
 from tests.conftest import CliRunner
-from tests.test_ptx_head import needs_ptxas
+from tests.test_ptx_head import needs_ptxas, ptxas
 
 _BODY = b"\n.address_size 64\n.visible .entry k()\n{\nret;\n}\n"
 # every two-digit SM and the three-digit ones up to 135, each with no suffix, "a" and "f"
@@ -20,14 +19,7 @@ _NAMES = [f"sm_{n:02d}{s}" for n in range(0, 136) for s in ("", "a", "f")]
 
 
 def _ptxas_knows(tmp_path: Path, name: str) -> bool:
-    source = tmp_path / f"{name}.ptx"
-    source.write_bytes(b".version 8.8\n.target " + name.encode() + _BODY)
-    proc = subprocess.run(
-        ["ptxas", "-arch=sm_90", str(source), "-o", str(tmp_path / "k.cubin")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = ptxas(tmp_path, b".version 8.8\n.target " + name.encode() + _BODY, "sm_90")
     return "Unsupported .target" not in proc.stderr
 
 
@@ -62,14 +54,7 @@ def test_a_ptx_file_for_an_sm_that_does_not_exist_fails(cli: CliRunner, tmp_path
 def test_a_debug_target_without_debug_sections_fails(cli: CliRunner, tmp_path: Path) -> None:
     """ptxas: "Debug information not found in presence of .target debug"."""
     text = b".version 8.8\n.target sm_90, debug" + _BODY
-    source = tmp_path / "k.ptx"
-    source.write_bytes(text)
-    proc = subprocess.run(
-        ["ptxas", "-arch=sm_90", str(source), "-o", str(tmp_path / "k.cubin")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = ptxas(tmp_path, text, "sm_90")
     assert proc.returncode != 0 and "Debug information not found" in proc.stderr
     root = tmp_path / "img"
     root.mkdir()
