@@ -10,6 +10,10 @@ scripts/test keeps it: ``PYTHONPYCACHEPREFIX``), one warm-up run each, then
 load. Prints a Markdown table of the median wall time and the median CPU time (user
 + system of the child; the steadier figure on a shared machine), with ratios.
 Nothing here asserts on time (docs/development.md, "Start-up time").
+
+``smoke --apply`` runs against the tests' stand-in API server (tests/kube_standin.py),
+served by this process; the warm-up run admits the node, the measured runs find it
+admitted (one GET each).
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +39,8 @@ COMMANDS = (
     "labels --snapshot tests/fixtures/nodes/a40.json",
     "check tests/fixtures/bin/libsass_sm80.so --sm sm_90",
     "k8s manifests",
+    "smoke --snapshot tests/fixtures/nodes/h100-535.json --json --apply --node gpu-1"
+    " --kubeconfig {kubeconfig}",
 )
 
 
@@ -64,10 +72,18 @@ def main() -> int:
     parser.add_argument("--pycache", type=Path, default=REPO / ".venv" / "pycache")
     opts = parser.parse_args()
     trees = {"before": opts.before.resolve(), "after": REPO}
+    sys.path.insert(0, str(REPO))
+    from tests.test_kube_apply import standin_with_nodes
+
+    standin = standin_with_nodes()
+    server, url = standin.serve()
+    scratch = Path(tempfile.mkdtemp(prefix="buildmatrix-startup-"))
+    kubeconfig = standin.kubeconfig(scratch / "kubeconfig", url, "smoke")
     print(f"load average at the start: {os.getloadavg()}", file=sys.stderr)
     print("| command | before: wall, CPU | after: wall, CPU | CPU after/before |")
     print("| --- | --- | --- | --- |")
-    for args in COMMANDS:
+    for command in COMMANDS:
+        args = command.format(kubeconfig=kubeconfig)
         for tree in trees.values():
             run_once(tree, args, opts.pycache)  # bytecode written, files in the page cache
         seen: dict[str, list[tuple[float, float, int]]] = {name: [] for name in trees}
@@ -82,8 +98,11 @@ def main() -> int:
             cells.append((wall, cpu, codes))
         ratio = cells[1][1] / cells[0][1] if cells[0][1] else float("nan")
         row = " | ".join(f"{w:.3f} s, {c:.3f} s (exit {codes})" for w, c, codes in cells)
-        print(f"| `{args}` | {row} | {ratio:.2f} |", flush=True)
+        print(f"| `{command}` | {row} | {ratio:.2f} |", flush=True)
     print(f"load average at the end: {os.getloadavg()}", file=sys.stderr)
+    server.shutdown()
+    server.server_close()
+    shutil.rmtree(scratch)
     return 0
 
 

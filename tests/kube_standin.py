@@ -15,6 +15,9 @@ What it reproduces of the real server, for ``/api/v1/nodes/{name}`` only:
   optimistic-concurrency precondition Kubernetes' own taint helpers rely on);
 - ``between_get_and_patch``: a callback run once after the next GET, as a second
   controller writing the node in between;
+- TLS (``serve(tls=...)``): served over HTTPS with a certificate for 127.0.0.1, as
+  every real API server is; the kubeconfig names the CA as ``kubectl`` writes it
+  (``certificate-authority-data``), or does not, and the client refuses the server;
 - ``policies``: ValidatingAdmissionPolicies (as ``k8s manifests`` renders them) run
   on every PATCH, by the stand-in policy plugin of tests/admission_policy.py, with the
   identity a token stands for (``identities``: user name and the ``extra`` a bound
@@ -28,8 +31,12 @@ no validation beyond what the tests need.
 
 from __future__ import annotations
 
+import base64
 import copy
+import datetime
+import ipaddress
 import json
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,7 +106,7 @@ class ApiStandIn:
 
     # ---------------------------------------------------------------- the server
 
-    def serve(self) -> tuple[ThreadingHTTPServer, str]:
+    def serve(self, tls: Certificate | None = None) -> tuple[ThreadingHTTPServer, str]:
         standin = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -221,23 +228,77 @@ class ApiStandIn:
                 self._send(200, out)
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        scheme = "http"
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(tls.cert, tls.key)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+            scheme = "https"
         # shutdown() waits for serve_forever's loop to wake, every poll_interval
         # (socketserver.BaseServer.serve_forever; 0.5 s by default): a short one so
         # that stopping the stand-in does not cost each test half a second.
         threading.Thread(target=server.serve_forever, args=(POLL,), daemon=True).start()
-        return server, f"http://127.0.0.1:{server.server_address[1]}"
+        return server, f"{scheme}://127.0.0.1:{server.server_address[1]}"
 
-    def kubeconfig(self, path: Path, server: str, token: str) -> Path:
+    def kubeconfig(self, path: Path, server: str, token: str, ca: Path | None = None) -> Path:
+        cluster: dict[str, str] = {"server": server}
+        if ca is not None:
+            cluster["certificate-authority-data"] = base64.b64encode(ca.read_bytes()).decode()
         doc = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "standin", "cluster": {"server": server}}],
+            "clusters": [{"name": "standin", "cluster": cluster}],
             "users": [{"name": "smoke", "user": {"token": token}}],
             "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "smoke"}}],
             "current-context": "standin",
         }
         path.write_text(json.dumps(doc))
         return path
+
+
+@dataclass(frozen=True)
+class Certificate:
+    cert: Path  # PEM, self-signed: also the CA a client must be given
+    key: Path
+
+
+def self_signed(folder: Path) -> Certificate:
+    """A certificate for 127.0.0.1 (subjectAltName IP, as the API server's serving
+    certificate names its addresses), valid for a day."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver stand-in")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    out = Certificate(folder / "apiserver.crt", folder / "apiserver.key")
+    out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    out.key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return out
 
 
 class PatchError(Exception):

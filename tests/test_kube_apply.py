@@ -18,7 +18,7 @@ from buildmatrix.node.apply import plan
 from buildmatrix.profile_files import load_profiles
 from tests.admission_policy import UserInfo
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
-from tests.kube_standin import ApiStandIn, PatchError, apply_patch
+from tests.kube_standin import ApiStandIn, Certificate, PatchError, apply_patch, self_signed
 from tests.pod_standin import PodWouldNotStart, run_once
 from tests.pool_registry import FITS_HOPPER, SM80_ONLY, push, registry_secret
 from tests.services import Registry
@@ -41,8 +41,7 @@ def agent_policy(gfd_keys: GfdKeys = GfdKeys.AUTO) -> Any:
     return policy
 
 
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, Path]]:
+def standin_with_nodes() -> ApiStandIn:
     """The stand-in API server with the agent's policy, the agent's token bound to
     the node gpu-1 (its Pod runs there)."""
     standin = ApiStandIn(
@@ -58,9 +57,29 @@ def api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, Path]]:
         taints=[ADMISSION, GPU_TAINT],
     )
     standin.add_node("gpu-2", labels={"kubernetes.io/hostname": "gpu-2"}, taints=[ADMISSION])
+    return standin
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, Path]]:
+    """:func:`standin_with_nodes` served, and the agent's kubeconfig for it."""
+    standin = standin_with_nodes()
     server, url = standin.serve()
     try:
         yield standin, standin.kubeconfig(tmp_path / "kubeconfig", url, "smoke")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def tls_api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, str, Certificate]]:
+    """:func:`standin_with_nodes` served over HTTPS: (stand-in, URL, its certificate)."""
+    cert = self_signed(tmp_path / "pki")
+    standin = standin_with_nodes()
+    server, url = standin.serve(tls=cert)
+    try:
+        yield standin, url, cert
     finally:
         server.shutdown()
         server.server_close()
@@ -380,6 +399,27 @@ def test_unknown_node_and_unreachable_server_exit_3(
     )
     assert r.code == 3
     assert "cannot be reached" in r.err
+
+
+def test_over_tls_the_kubeconfigs_ca_is_trusted_and_no_other(
+    cli: CliRunner, tls_api: tuple[ApiStandIn, str, Certificate], tmp_path: Path
+) -> None:
+    """A real API server speaks only HTTPS: the server is trusted through the CA the
+    kubeconfig carries; without it the client refuses the server, exit 3, and the
+    node is not touched."""
+    standin, url, cert = tls_api
+    untrusted = standin.kubeconfig(tmp_path / "untrusted", url, "smoke")
+    before = json.dumps(_node(standin))
+    code, err = _smoke(cli, untrusted, "h100-535")
+    assert code == 3
+    assert "cannot be reached" in str(err) and "CERTIFICATE_VERIFY_FAILED" in str(err)
+    assert "certificate-authority-data" in str(err)
+    assert json.dumps(_node(standin)) == before
+    trusted = standin.kubeconfig(tmp_path / "trusted", url, "smoke", ca=cert.cert)
+    code, doc = _smoke(cli, trusted, "h100-535", "--pools", POOLS)
+    assert code == 0, doc
+    assert _node(standin)["spec"]["taints"] == [GPU_TAINT]
+    assert _node(standin)["metadata"]["labels"]["gpu-pool"] == "training-hopper"
 
 
 def test_apply_needs_a_node_name(cli: CliRunner, tmp_path: Path) -> None:

@@ -173,40 +173,90 @@ class NodeApi:
                 "ServiceAccount, or pass --kubeconfig FILE."
             ) from None
         cfg.retries = 1  # a down API server is reported, not waited for
-        self._api = client.CoreV1Api(client.ApiClient(cfg))
+        api_client = client.ApiClient(cfg)
+        self._client = api_client
         self._exception = client.ApiException
+        # kubernetes >= 37 (OpenAPI Generator 7) imports each API and model on first
+        # use, and CoreV1Api's module imports the models of every core resource: 0.65 s
+        # of CPU at each start of the agent (docs/kubernetes.md, "The agent's start").
+        # There the two requests are built and sent as the generated read_node and
+        # patch_node do, through ApiClient.param_serialize and call_api (the same
+        # credentials, TLS, path quoting and JSON body). Before 37 the package imports
+        # every model anyway, and CoreV1Api is used.
+        self._core: Any = None
+        if not hasattr(api_client, "param_serialize"):
+            self._core = client.CoreV1Api(api_client)
 
     def get(self, name: str) -> dict[str, Any]:
-        return self._call("get", name, lambda: self._api.read_node(name, **_raw()))
+        return self._call("GET", name, None)
 
     def patch(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call(
-            "patch", name, lambda: self._api.patch_node(name, body, _content_type=SMP, **_raw())
-        )
+        return self._call("PATCH", name, body)
 
-    def _call(self, verb: str, name: str, request: Any) -> dict[str, Any]:
+    def _send(self, method: str, name: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        """(status, body) of the answer; ApiException where the client raises it."""
+        options: dict[str, Any] = {"_preload_content": False, "_request_timeout": _TIMEOUT}
+        if self._core is not None:  # kubernetes < 37: non-2xx raise ApiException
+            if body is None:
+                answer = self._core.read_node(name, **options)
+            else:
+                answer = self._core.patch_node(name, body, _content_type=SMP, **options)
+            return answer.status, answer.data
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = SMP
+        request = self._client.param_serialize(
+            method=method,
+            resource_path="/api/v1/nodes/{name}",
+            path_params={"name": name},
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._client.call_api(*request, _request_timeout=_TIMEOUT)
+        return response.status, response.read()  # type: ignore[no-untyped-call]
+
+    def _call(self, method: str, name: str, body: dict[str, Any] | None) -> dict[str, Any]:
         import urllib3
 
+        verb = method.lower()
         try:
-            response = request()
+            status, data = self._send(method, name, body)
         except self._exception as exc:
-            if exc.status == 409:
-                raise Conflict from None
-            raise EnvironmentUnavailable(_api_error(verb, name, exc.status, exc.body)) from None
+            if not exc.status:  # the client's refusal before an answer (TLS: status 0)
+                raise EnvironmentUnavailable(
+                    f"the Kubernetes API server cannot be reached ({self.where}): {exc.reason}."
+                ) from None
+            status, data = exc.status, exc.body
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            hint = ""
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                hint = (
+                    " The server's certificate is not signed by the CA the client was "
+                    "given: the kubeconfig's certificate-authority-data, or in the "
+                    "cluster the ServiceAccount's ca.crt."
+                )
             raise EnvironmentUnavailable(
-                f"the Kubernetes API server cannot be reached ({self.where}): {exc}."
+                f"the Kubernetes API server cannot be reached ({self.where}): {exc}.{hint}"
             ) from None
-        doc: dict[str, Any] = json.loads(response.data)
+        if status == 409:
+            raise Conflict
+        if not 200 <= status <= 299:
+            raise EnvironmentUnavailable(_api_error(verb, name, status, data))
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise EnvironmentUnavailable(
+                f"the Kubernetes API server answered {verb} node {name!r} with "
+                f"{str(data)[:200]}, not a JSON object."
+            )
         return doc
 
 
 class Conflict(EnvironmentUnavailable):
     """409: the node changed since it was read (:func:`apply` reads it again)."""
-
-
-def _raw() -> dict[str, Any]:
-    return {"_preload_content": False, "_request_timeout": _TIMEOUT}
 
 
 def _in_cluster() -> bool:
