@@ -697,3 +697,35 @@ def test_a_broken_kubeconfig_is_bad_input(cli: CliRunner, tmp_path: Path, text: 
     code, out = _smoke(cli, kubeconfig, "h100-535")
     assert code in (2, 3), out
     assert "kubeconfig" in out
+
+
+def test_an_answer_that_is_not_a_json_object_is_exit_3(cli: CliRunner, tmp_path: Path) -> None:
+    """A proxy's page or a truncated body in place of the Node: a message naming the
+    request, never a traceback, and no verdict applied."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>login required</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        kubeconfig = ApiStandIn().kubeconfig(tmp_path / "kubeconfig", url, "smoke")
+        code, err = _smoke(cli, kubeconfig, "h100-535")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 3
+    assert "answered get node 'gpu-1' with b'<html>login required</html>'" in str(err)
+    assert "not a JSON object" in str(err)
