@@ -26,12 +26,13 @@ registry (tests/services.py) what the real tools write there:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 if TYPE_CHECKING:  # the promote job runs this module as docker, once per call
     from tests.images import Image
@@ -280,7 +281,12 @@ def combine(sources: list[str], annotations: dict[str, str] | None = None) -> tu
     return json.dumps(index, indent=2).encode(), OCI_INDEX
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], out: BinaryIO | None = None, err: TextIO | None = None) -> int:
+    """``docker ARGV``: the exit status; what it prints goes to ``out`` and ``err``
+    (default: this process's stdout and stderr). A refusal deeper down raises
+    SystemExit with its message, as the process exits with it."""
+    out = out if out is not None else sys.stdout.buffer
+    err = err if err is not None else sys.stderr
     if argv[:3] == ["buildx", "imagetools", "create"]:
         tags, sources, args = [], [], argv[3:]
         notes: dict[str, str] = {}
@@ -291,9 +297,7 @@ def main(argv: list[str]) -> int:
             elif arg == "--annotation":
                 level, _, note = args.pop(0).partition(":")
                 if level != "index":
-                    print(
-                        f"stand-in: annotation level {level} is not stood in for", file=sys.stderr
-                    )
+                    print(f"stand-in: annotation level {level} is not stood in for", file=err)
                     return 2
                 key, _, value = note.partition("=")
                 notes[key] = value
@@ -302,7 +306,7 @@ def main(argv: list[str]) -> int:
         if not tags:
             print(
                 "ERROR: can't push with no tags specified, please set --tag or --dry-run",
-                file=sys.stderr,
+                file=err,
             )
             return 1
         body, media_type = combine(sources, notes)
@@ -313,12 +317,27 @@ def main(argv: list[str]) -> int:
     if argv[:4] == ["buildx", "imagetools", "inspect", "--raw"] and len(argv) == 5:
         got = get_manifest(*_split(argv[4]))
         if got is None:
-            print(f"ERROR: {argv[4]}: not found", file=sys.stderr)
+            print(f"ERROR: {argv[4]}: not found", file=err)
             return 1
-        sys.stdout.buffer.write(got[0])
+        out.write(got[0])
         return 0
-    print(f"stand-in: docker {' '.join(argv)} is not stood in for", file=sys.stderr)
+    print(f"stand-in: docker {' '.join(argv)} is not stood in for", file=err)
     return 2
+
+
+def called(argv: list[str]) -> tuple[int, bytes, str]:
+    """:func:`main` as a process would end it: (exit status, stdout, stderr), a
+    SystemExit's message on stderr with status 1 (Python's own handling of it)."""
+    out, err = io.BytesIO(), io.StringIO()
+    try:
+        status = main(argv, out, err)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            status = exc.code or 0
+        else:
+            print(exc.code, file=err)
+            status = 1
+    return status, out.getvalue(), err.getvalue()
 
 
 if __name__ == "__main__":

@@ -304,17 +304,17 @@ class Pipeline:
         artifact_download(step_of(promote, uses="actions/download-artifact"), ctx, artifacts)
         log = temp / "docker.log"
         log.write_text("")
-        docker = docker_stand_in(temp / "bin-docker", log)
-        keep = step_of(
-            promote, name="Point the unchanged variants' family tags at their content tag"
-        )
-        step = run_step(keep, ctx, self.cwd, [docker], env)
-        assert step.returncode == 0, step.stdout + step.stderr
-        publish = step_of(promote, name="Publish the family tags of the variants that passed")
-        assert publish["if"] == "${{ !cancelled() }}"
-        output = temp / "promote-output"
-        step = run_step(publish, ctx, self.cwd, [docker], {**env, "GITHUB_OUTPUT": str(output)})
-        assert step.returncode == 0, step.stdout + step.stderr
+        with docker_stand_in(temp / "bin-docker", log) as docker:
+            keep = step_of(
+                promote, name="Point the unchanged variants' family tags at their content tag"
+            )
+            step = run_step(keep, ctx, self.cwd, [docker], env)
+            assert step.returncode == 0, step.stdout + step.stderr
+            publish = step_of(promote, name="Publish the family tags of the variants that passed")
+            assert publish["if"] == "${{ !cancelled() }}"
+            output = temp / "promote-output"
+            step = run_step(publish, ctx, self.cwd, [docker], {**env, "GITHUB_OUTPUT": str(output)})
+            assert step.returncode == 0, step.stdout + step.stderr
         assert promote["outputs"]["promoted"] == "${{ steps.promote.outputs.promoted }}"
         (line,) = output.read_text().splitlines()
         promoted = line.removeprefix("promoted=").split()

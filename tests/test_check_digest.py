@@ -163,3 +163,61 @@ def test_the_action_outputs_the_digests_it_judged(tmp_path: Path, registry: Regi
     assert step.returncode == 0, step.stdout + step.stderr
     assert output.read_text().splitlines() == [f"digests={amd.manifest}", "verdict=pass"]
     assert action["outputs"]["digests"]["value"] == "${{ steps.check.outputs.digests }}"
+
+
+def test_the_served_docker_answers_as_the_process_does(registry: Registry, tmp_path: Path) -> None:
+    """tests/runner.py's ``docker`` hands each call to the stand-in in a thread of the
+    test process: every call the promote job makes, and its refusals, print the same
+    bytes and exit with the same status as ``python -m tests.buildx_standin``."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.runner import docker_stand_in
+
+    host = registry.host
+    first = push_by_digest(
+        host, "team/app", _image("amd64", "libsass_sm80.so"), {"org.example.note": "a b"}
+    )
+    calls = [
+        ["buildx", "imagetools", "inspect", "--raw", f"{host}/team/app@{first.index}"],
+        ["buildx", "imagetools", "inspect", "--raw", f"{host}/team/app:absent"],
+        ["buildx", "imagetools", "inspect", "--raw", "no-tag-or-digest"],
+        [
+            "buildx",
+            "imagetools",
+            "create",
+            "--tag",
+            f"{host}/team/app:1",
+            f"{host}/team/app@{first.index}",
+        ],
+        ["buildx", "imagetools", "inspect", "--raw", f"{host}/team/app:1"],
+        [
+            *("buildx", "imagetools", "create", "-t", f"{host}/team/app:2"),
+            *("--annotation", "index:org.opencontainers.image.title=über app"),
+            f"{host}/team/app:1",
+        ],
+        ["buildx", "imagetools", "inspect", "--raw", f"{host}/team/app:2"],
+        ["buildx", "imagetools", "create", f"{host}/team/app:1"],
+        ["buildx", "imagetools", "create", "--annotation", "manifest:a=b", "-t", f"{host}/x:1"],
+        ["buildx", "imagetools", "create", "-t", f"{host}/team/app:3", f"{host}/team/app:gone"],
+        ["version", "--format", "{{.Server.Version}}"],
+        [],
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with docker_stand_in(tmp_path / "bin", tmp_path / "docker.log") as folder:
+        for call in calls:
+            process = subprocess.run(
+                [sys.executable, "-m", "tests.buildx_standin", *call],
+                env=env,
+                capture_output=True,
+                check=False,
+            )
+            served = subprocess.run(
+                [str(folder / "docker"), *call], capture_output=True, check=False
+            )
+            got = (served.returncode, served.stdout, served.stderr)
+            assert got == (process.returncode, process.stdout, process.stderr), call
+    logged = (tmp_path / "docker.log").read_text().splitlines()
+    assert logged == [" ".join(call) for call in calls]
