@@ -185,6 +185,48 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Seconds each of the slowest modules took (its tests' setup, call and teardown summed,
+# `pytest -n 2 --dist loadfile --durations=0` on the 2-core development machine,
+# 2026-12-02). A parallel run hands the modules to the workers in this order, slowest
+# first, the rest after them as collected (scripts/test passes --no-loadscope-reorder:
+# pytest-xdist would otherwise order them by their number of tests), so that no long
+# module starts last while the other worker has run out of work (docs/development.md,
+# "The order of the modules"). Approximate by nature: it only orders, it never selects.
+SLOWEST = {
+    "test_workflow.py": 60,
+    "test_tool_image.py": 33,
+    "test_layer_semantics.py": 33,
+    "test_engine_storage.py": 28,
+    "test_build_end_to_end.py": 24,
+    "test_adopt.py": 20,
+    "test_torch_wheels.py": 18,
+    "test_release.py": 15,
+    "test_platform.py": 13,
+    "test_go_tar.py": 13,
+    "test_nvidia_wheels.py": 12,
+    "test_node_probe.py": 12,
+    "test_kube_apply.py": 11,
+    "test_mobypick.py": 11,
+    "test_containerd.py": 11,
+    "test_image_sources.py": 10,
+    "test_cuda_facts_compilers.py": 10,
+    "test_arm64_wheels.py": 9,
+    "test_compat.py": 8,
+    "test_engine_containerd.py": 7,
+    "test_cache_binding.py": 7,
+    "test_fuzz.py": 6,
+    "test_constraint.py": 6,
+    "test_node_cli.py": 6,
+    "test_translation_units.py": 6,
+}
+
+
+def _slowest_first(items: list[pytest.Item]) -> None:
+    """Sort the items by their module's seconds in SLOWEST, largest first; a stable
+    sort, so each module's items stay together and in their order."""
+    items.sort(key=lambda item: -SLOWEST.get(item.path.name, 0))
+
+
 def _external_engine() -> bool:
     """Whether the tests are given an engine (one for all pytest-xdist workers)."""
     return bool(os.environ.get("BUILDMATRIX_TEST_DOCKER_HOST") or os.environ.get("DOCKER_HOST"))
@@ -207,6 +249,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if shared_engine and item.get_closest_marker("docker"):
             item.add_marker("serial")
     parallel = hasattr(config, "workerinput") or config.getoption("numprocesses", None)
+    if parallel:
+        _slowest_first(items)
     serial_phase = config.getoption("serial_phase")
     if not parallel and not serial_phase:
         return
