@@ -6,10 +6,11 @@ module loads them once into frozen dataclasses and answers questions about them.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 
 from packaging.version import Version
 
@@ -97,11 +98,41 @@ class CudaFacts:
         Drivers newer than the newest known toolkit's report that toolkit: a lower
         bound, which is what the fail-closed rules need.
         """
+        index = self._by_driver
+        if index is not None:  # the last toolkit whose driver is <= driver
+            at = bisect.bisect_right(index[0], driver)
+            return index[1][at - 1] if at else None
         best: Version | None = None
         for tk in self.toolkits:
             if tk.driver is not None and tk.driver <= driver:
                 best = tk.version
         return best
+
+    def ptx_toolkit(self, ptx_isa: Version) -> Toolkit | None:
+        """The oldest toolkit whose PTX ISA is at least ``ptx_isa`` (None: newer than
+        every toolkit known)."""
+        isas = self._ptx_isas
+        if isas is not None:
+            at = bisect.bisect_left(isas, ptx_isa)
+            return self.toolkits[at] if at < len(isas) else None
+        return next((tk for tk in self.toolkits if tk.ptx_isa >= ptx_isa), None)
+
+    # Judging an image on a fleet asks the two questions above some hundred thousand
+    # times: where the table is in order (facts_from_data refuses one that is not),
+    # they are answered by bisection over these keys, else by the scans.
+
+    @cached_property
+    def _by_driver(self) -> tuple[list[DriverVersion], list[Version]] | None:
+        with_driver = [tk for tk in self.toolkits if tk.driver is not None]
+        drivers = [tk.driver for tk in with_driver if tk.driver is not None]
+        if any(a > b for a, b in itertools.pairwise(drivers)):
+            return None
+        return drivers, [tk.version for tk in with_driver]
+
+    @cached_property
+    def _ptx_isas(self) -> list[Version] | None:
+        isas = [tk.ptx_isa for tk in self.toolkits]
+        return None if any(a > b for a, b in itertools.pairwise(isas)) else isas
 
     def runtime_floor(self, cuda_major: int) -> DriverVersion | None:
         """Minimum driver for any runtime of this CUDA major (minor version compatibility)."""

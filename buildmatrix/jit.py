@@ -32,7 +32,7 @@ def ptx_targets(arch: Arch, cc: ComputeCapability) -> bool:
 
 def ptx_toolkit(ptx_isa: Version, facts: CudaFacts) -> Toolkit | None:
     """The oldest toolkit whose PTX ISA is at least ``ptx_isa`` (None: newer than known)."""
-    return next((tk for tk in facts.toolkits if tk.ptx_isa >= ptx_isa), None)
+    return facts.ptx_toolkit(ptx_isa)
 
 
 def _judge_ptx_by_cuda(

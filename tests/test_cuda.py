@@ -3,9 +3,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from packaging.version import Version
 
 from buildmatrix.cuda import (
+    CudaFacts,
+    DriverVersion,
+    Toolkit,
     facts_from_data,
     load_cuda_facts,
     parse_cuda_version,
@@ -142,3 +147,74 @@ def test_ptx_of_the_newest_compilers(
     assert result.code == (0 if passes else 1)
     assert says in " ".join(result.json()["problems"])
     assert "update buildmatrix's CUDA table" not in result.out
+
+
+def _scan_driver_cuda(facts: CudaFacts, driver: DriverVersion) -> Version | None:
+    """The definition: the last toolkit in the table whose driver is <= ``driver``."""
+    best = None
+    for tk in facts.toolkits:
+        if tk.driver is not None and tk.driver <= driver:
+            best = tk.version
+    return best
+
+
+def _scan_ptx_toolkit(facts: CudaFacts, isa: Version) -> Toolkit | None:
+    """The definition: the first toolkit in the table whose PTX ISA is >= ``isa``."""
+    return next((tk for tk in facts.toolkits if tk.ptx_isa >= isa), None)
+
+
+def test_the_lookups_answer_as_the_definitions_on_the_shipped_table() -> None:
+    """driver_cuda and ptx_toolkit bisect the table; every driver and ISA of the table,
+    one below and one above each, and the ends, answer as a scan does."""
+    facts = load_cuda_facts()
+    drivers = {tk.driver for tk in facts.toolkits if tk.driver is not None}
+    probes = set()
+    for d in drivers:
+        a, b, c = d.key
+        probes |= {d, DriverVersion((a, b, c + 1), "x"), DriverVersion((a, b, c - 1), "x")}
+    probes |= {DriverVersion((0, 0, 0), "0"), DriverVersion((999, 0, 0), "999")}
+    for driver in sorted(probes):
+        assert facts.driver_cuda(driver) == _scan_driver_cuda(facts, driver), driver
+    isas = {tk.ptx_isa for tk in facts.toolkits}
+    for isa in sorted(
+        isas | {Version(f"{v.major}.{v.minor + 1}") for v in isas} | {Version("0.1")}
+    ):
+        assert facts.ptx_toolkit(isa) is _scan_ptx_toolkit(facts, isa), isa
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.tuples(st.integers(0, 5), st.integers(0, 3))),
+            st.tuples(st.integers(0, 5), st.integers(0, 3)),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    driver=st.tuples(st.integers(0, 6), st.integers(0, 4)),
+    isa=st.tuples(st.integers(0, 6), st.integers(0, 4)),
+)
+def test_the_lookups_answer_as_the_definitions_on_any_table(
+    rows: list[tuple[tuple[int, int] | None, tuple[int, int]]],
+    driver: tuple[int, int],
+    isa: tuple[int, int],
+) -> None:
+    """Tables in order (bisected) and out of order (made without facts_from_data,
+    which refuses them: scanned) alike."""
+    facts = CudaFacts(
+        toolkits=tuple(
+            Toolkit(
+                version=Version(f"1.{n}"),
+                driver=None if d is None else DriverVersion((d[0], d[1], 0), f"{d[0]}.{d[1]}"),
+                ptx_isa=Version(f"{i[0]}.{i[1]}"),
+            )
+            for n, (d, i) in enumerate(rows)
+        ),
+        minor_compat={},
+        architectures={},
+    )
+    probe = DriverVersion((driver[0], driver[1], 0), "probe")
+    assert facts.driver_cuda(probe) == _scan_driver_cuda(facts, probe)
+    wanted = Version(f"{isa[0]}.{isa[1]}")
+    assert facts.ptx_toolkit(wanted) is _scan_ptx_toolkit(facts, wanted)
