@@ -29,6 +29,7 @@ import hashlib
 import io
 import json
 import sys
+import traceback
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -327,7 +328,8 @@ def main(argv: list[str], out: BinaryIO | None = None, err: TextIO | None = None
 
 def called(argv: list[str]) -> tuple[int, bytes, str]:
     """:func:`main` as a process would end it: (exit status, stdout, stderr), a
-    SystemExit's message on stderr with status 1 (Python's own handling of it)."""
+    SystemExit's message, or an uncaught exception's traceback, on stderr with status 1
+    (Python's own handling of them)."""
     out, err = io.BytesIO(), io.StringIO()
     try:
         status = main(argv, out, err)
@@ -337,6 +339,9 @@ def called(argv: list[str]) -> tuple[int, bytes, str]:
         else:
             print(exc.code, file=err)
             status = 1
+    except Exception:  # an uncaught error: the traceback, status 1
+        traceback.print_exc(file=err)
+        status = 1
     return status, out.getvalue(), err.getvalue()
 
 

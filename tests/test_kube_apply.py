@@ -413,7 +413,19 @@ def test_over_tls_the_kubeconfigs_ca_is_trusted_and_no_other(
     code, err = _smoke(cli, untrusted, "h100-535")
     assert code == 3
     assert "cannot be reached" in str(err) and "CERTIFICATE_VERIFY_FAILED" in str(err)
-    assert "certificate-authority-data" in str(err)
+    assert "not signed by a CA the client trusts (the system's trust store)" in str(err)
+    assert json.dumps(_node(standin)) == before
+    other = self_signed(tmp_path / "other-ca")  # a CA, but not the server's
+    wrong = standin.kubeconfig(tmp_path / "wrong", url, "smoke", ca=other.cert)
+    code, err = _smoke(cli, wrong, "h100-535")
+    assert code == 3
+    assert "not signed by a CA the client trusts (the CA in " in str(err)
+    # the right CA, the wrong name: the certificate names 127.0.0.1, not localhost
+    by_name = url.replace("127.0.0.1", "localhost")
+    mismatch = standin.kubeconfig(tmp_path / "mismatch", by_name, "smoke", ca=cert.cert)
+    code, err = _smoke(cli, mismatch, "h100-535")
+    assert code == 3
+    assert "cannot be reached" in str(err) and "not signed" not in str(err)
     assert json.dumps(_node(standin)) == before
     trusted = standin.kubeconfig(tmp_path / "trusted", url, "smoke", ca=cert.cert)
     code, doc = _smoke(cli, trusted, "h100-535", "--pools", POOLS)
@@ -699,20 +711,48 @@ def test_a_broken_kubeconfig_is_bad_input(cli: CliRunner, tmp_path: Path, text: 
     assert "kubeconfig" in out
 
 
-def test_an_answer_that_is_not_a_json_object_is_exit_3(cli: CliRunner, tmp_path: Path) -> None:
-    """A proxy's page or a truncated body in place of the Node: a message naming the
-    request, never a traceback, and no verdict applied."""
+_NODE = {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "gpu-1"}, "spec": {}}
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b"<html>login required</html>", "with b'<html>login required</html>', not a JSON object"),
+        (json.dumps({"kind": "Status", "status": "Success"}).encode(), "(kind 'Status')"),
+        (json.dumps({**_NODE, "metadata": "x"}).encode(), "(metadata.name None)"),
+        (json.dumps({**_NODE, "metadata": {"name": "gpu-2"}}).encode(), "(metadata.name 'gpu-2')"),
+        (
+            json.dumps({**_NODE, "metadata": {"name": "gpu-1", "labels": {"a": 1}}}).encode(),
+            "(metadata.labels is not a map of strings)",
+        ),
+        (
+            json.dumps({**_NODE, "spec": {"taints": "all"}}).encode(),
+            "(spec.taints is not a list of taints)",
+        ),
+    ],
+    ids=["html", "status", "metadata-not-an-object", "another-node", "labels", "taints"],
+)
+def test_an_answer_that_is_not_the_node_is_exit_3_and_nothing_is_sent(
+    cli: CliRunner, tmp_path: Path, body: bytes, said: str
+) -> None:
+    """A proxy's page, or a server answering 200 with anything but the Node (a Status
+    object, another node, a malformed one): exit 3 naming the request, never a
+    traceback, never a verdict applied to it (no PATCH follows)."""
     import http.server
     import threading
 
+    seen: list[str] = []
+
     class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b"<html>login required</html>"
+        def _answer(self) -> None:
+            seen.append(self.command)
             self.send_response(200)
-            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        do_GET = do_PATCH = _answer
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -726,6 +766,7 @@ def test_an_answer_that_is_not_a_json_object_is_exit_3(cli: CliRunner, tmp_path:
     finally:
         server.shutdown()
         server.server_close()
-    assert code == 3
-    assert "answered get node 'gpu-1' with b'<html>login required</html>'" in str(err)
-    assert "not a JSON object" in str(err)
+    assert code == 3, err
+    assert "answered get node 'gpu-1' with" in str(err)
+    assert said in str(err)
+    assert seen == ["GET"]

@@ -173,6 +173,8 @@ class NodeApi:
                 "ServiceAccount, or pass --kubeconfig FILE."
             ) from None
         cfg.retries = 1  # a down API server is reported, not waited for
+        # the CA file the loader set (certificate-authority-data is written to one)
+        self._ca: str | None = cfg.ssl_ca_cert
         api_client = client.ApiClient(cfg)
         self._client = api_client
         self._exception = client.ApiException
@@ -230,11 +232,16 @@ class NodeApi:
             status, data = exc.status, exc.body
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             hint = ""
-            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            text = str(exc).lower()
+            if "certificate_verify_failed" in text and any(
+                why in text for why in ("issuer certificate", "self-signed", "self signed")
+            ):
+                trusted = f"the CA in {self._ca}" if self._ca else "the system's trust store"
                 hint = (
-                    " The server's certificate is not signed by the CA the client was "
-                    "given: the kubeconfig's certificate-authority-data, or in the "
-                    "cluster the ServiceAccount's ca.crt."
+                    f" The server's certificate is not signed by a CA the client trusts "
+                    f"({trusted}): the kubeconfig's certificate-authority or "
+                    "certificate-authority-data, or in the cluster the ServiceAccount's "
+                    "ca.crt, must name the API server's CA."
                 )
             raise EnvironmentUnavailable(
                 f"the Kubernetes API server cannot be reached ({self.where}): {exc}.{hint}"
@@ -252,7 +259,43 @@ class NodeApi:
                 f"the Kubernetes API server answered {verb} node {name!r} with "
                 f"{str(data)[:200]}, not a JSON object."
             )
+        wrong = _not_the_node(doc, name)
+        if wrong:
+            # a proxy or another server answering 200: nothing it says is the Node's
+            # state, and a verdict applied to it would be applied to nothing
+            raise EnvironmentUnavailable(
+                f"the Kubernetes API server answered {verb} node {name!r} with an object "
+                f"that is not that Node ({wrong}); nothing was changed on it "
+                f"({self.where})."
+            )
         return doc
+
+
+def _not_the_node(doc: Mapping[str, Any], name: str) -> str:
+    """Why ``doc`` is not the Node ``name`` as the API server returns it (TypeMeta
+    ``kind: Node``, ``metadata.name``, labels and annotations maps of strings,
+    ``spec.taints`` a list of objects); empty where it is."""
+    meta = doc.get("metadata")
+    if doc.get("kind") != "Node":
+        return f"kind {doc.get('kind')!r}"
+    if not isinstance(meta, dict) or meta.get("name") != name:
+        return f"metadata.name {meta.get('name') if isinstance(meta, dict) else None!r}"
+    for key in ("labels", "annotations"):
+        value = meta.get(key)
+        if value is not None and not (
+            isinstance(value, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        ):
+            return f"metadata.{key} is not a map of strings"
+    spec = doc.get("spec")
+    if spec is not None and not isinstance(spec, dict):
+        return "spec is not an object"
+    taints = (spec or {}).get("taints")
+    if taints is not None and not (
+        isinstance(taints, list) and all(isinstance(t, dict) for t in taints)
+    ):
+        return "spec.taints is not a list of taints"
+    return ""
 
 
 class Conflict(EnvironmentUnavailable):
