@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -72,10 +73,10 @@ def api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, Path]]:
         server.server_close()
 
 
-@pytest.fixture
-def tls_api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, str, Certificate]]:
+@contextlib.contextmanager
+def served_over_tls(folder: Path) -> Iterator[tuple[ApiStandIn, str, Certificate]]:
     """:func:`standin_with_nodes` served over HTTPS: (stand-in, URL, its certificate)."""
-    cert = self_signed(tmp_path / "pki")
+    cert = self_signed(folder / "pki")
     standin = standin_with_nodes()
     server, url = standin.serve(tls=cert)
     try:
@@ -83,6 +84,12 @@ def tls_api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, str, Certificate]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def tls_api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, str, Certificate]]:
+    with served_over_tls(tmp_path) as served:
+        yield served
 
 
 def _smoke(

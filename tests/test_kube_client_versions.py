@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube_standin import ApiStandIn, Certificate, self_signed
-from tests.test_kube_apply import ADMISSION, GPU_TAINT, NODES, POOLS, standin_with_nodes
+from tests.kube_standin import ApiStandIn, Certificate
+from tests.test_kube_apply import ADMISSION, GPU_TAINT, NODES, POOLS, served_over_tls
 from tests.test_torch_wheels import download
 
 pytestmark = [pytest.mark.integration, pytest.mark.index]
@@ -41,14 +41,8 @@ def legacy_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def tls_server(tmp_path: Path) -> Iterator[tuple[ApiStandIn, str, Certificate]]:
-    cert = self_signed(tmp_path / "pki")
-    standin = standin_with_nodes()
-    server, url = standin.serve(tls=cert)
-    try:
-        yield standin, url, cert
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served_over_tls(tmp_path) as served:
+        yield served
 
 
 def _apply(
