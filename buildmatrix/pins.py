@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from buildmatrix.bases import Bases, apply, external_refs
-from buildmatrix.errors import InputError
 from buildmatrix.image.ref import parse_ref
 
 
@@ -42,7 +41,7 @@ def _asked(ref: str, bases: Bases) -> str:
 def pin_states(bases: Bases) -> list[PinState]:
     """Each pin with the digest its tag names now (network; exit 3 when a registry
     cannot be reached or refuses, as ``check`` does)."""
-    from buildmatrix.image.registry import RegistryClient
+    from buildmatrix.image.registry import NotFound, RegistryClient
 
     states = []
     for ref, pinned in sorted(bases.pins.items()):
@@ -51,9 +50,7 @@ def pin_states(bases: Bases) -> list[PinState]:
         client = RegistryClient(parsed)
         try:
             _, current = client.manifest(parsed.reference, digest=None)
-        except InputError as exc:
-            if "(404)" not in str(exc):
-                raise
+        except NotFound:
             current = None
         states.append(PinState(ref=ref, pinned=pinned, pulled_from=asked, current=current))
     return states

@@ -112,6 +112,11 @@ def api_host(host: str) -> str:
     return DOCKER_HUB_API if host in DOCKER_HUB_NAMES else host
 
 
+class NotFound(InputError):
+    """The registry answered 404: it has no such manifest or blob (exit 2 as any bad
+    reference; ``generate --check-pins`` reads it as a tag that is gone)."""
+
+
 class RegistryClient:
     def __init__(self, ref: ImageRef, *, timeout: float | None = None) -> None:
         import oras.provider
@@ -211,7 +216,7 @@ class RegistryClient:
         if response.status_code in (401, 403):
             raise self._refused(f"{response.status_code} for {what}")
         if response.status_code == 404:
-            raise InputError(
+            raise NotFound(
                 f"'{self.ref.given}': {what} not found in {self.ref.host} "
                 f"(404). Check the name and tag."
             )
