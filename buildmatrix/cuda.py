@@ -123,11 +123,11 @@ class CudaFacts:
 
     @cached_property
     def _by_driver(self) -> tuple[list[DriverVersion], list[Version]] | None:
-        with_driver = [tk for tk in self.toolkits if tk.driver is not None]
-        drivers = [tk.driver for tk in with_driver if tk.driver is not None]
+        pairs = [(tk.driver, tk.version) for tk in self.toolkits if tk.driver is not None]
+        drivers = [driver for driver, _ in pairs]
         if any(a > b for a, b in itertools.pairwise(drivers)):
             return None
-        return drivers, [tk.version for tk in with_driver]
+        return drivers, [version for _, version in pairs]
 
     @cached_property
     def _ptx_isas(self) -> list[Version] | None:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -745,9 +747,6 @@ def test_an_answer_that_is_not_the_node_is_exit_3_and_nothing_is_sent(
     """A proxy's page, or a server answering 200 with anything but the Node (a Status
     object, another node, a malformed one): exit 3 naming the request, never a
     traceback, never a verdict applied to it (no PATCH follows)."""
-    import http.server
-    import threading
-
     seen: list[str] = []
 
     class Page(http.server.BaseHTTPRequestHandler):

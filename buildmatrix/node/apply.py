@@ -175,8 +175,7 @@ class NodeApi:
         cfg.retries = 1  # a down API server is reported, not waited for
         # the CA file the loader set (certificate-authority-data is written to one)
         self._ca: str | None = cfg.ssl_ca_cert
-        api_client = client.ApiClient(cfg)
-        self._client = api_client
+        self._client = client.ApiClient(cfg)
         self._exception = client.ApiException
         # kubernetes >= 37 (OpenAPI Generator 7) imports each API and model on first
         # use, and CoreV1Api's module imports the models of every core resource: 0.65 s
@@ -186,8 +185,8 @@ class NodeApi:
         # credentials, TLS, path quoting and JSON body). Before 37 the package imports
         # every model anyway, and CoreV1Api is used.
         self._core: Any = None
-        if not hasattr(api_client, "param_serialize"):
-            self._core = client.CoreV1Api(api_client)
+        if not hasattr(self._client, "param_serialize"):
+            self._core = client.CoreV1Api(self._client)
 
     def get(self, name: str) -> dict[str, Any]:
         return self._call("GET", name, None)
