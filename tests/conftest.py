@@ -204,8 +204,7 @@ SLOWEST = {
     "test_platform.py": 13,
     "test_go_tar.py": 13,
     "test_nvidia_wheels.py": 12,
-    "test_node_probe.py": 12,
-    "test_kube_apply.py": 11,
+    "test_kube_apply.py": 9,
     "test_mobypick.py": 11,
     "test_containerd.py": 11,
     "test_image_sources.py": 10,
@@ -216,7 +215,6 @@ SLOWEST = {
     "test_cache_binding.py": 7,
     "test_fuzz.py": 6,
     "test_constraint.py": 6,
-    "test_node_cli.py": 6,
     "test_translation_units.py": 6,
 }
 

@@ -294,7 +294,7 @@ def test_gfds_keys_are_untouched_on_pass_and_fail_where_gfd_labels(
 def test_without_nvml_gfds_keys_stay_and_the_taint_stays(
     api: tuple[ApiStandIn, Path], tmp_path: Path
 ) -> None:
-    """A fresh process with no NVML library at all (a node whose driver is not there
+    """A new process with no NVML library at all (a node whose driver is not there
     yet): exit 3, the node marked failed and tainted, GFD's keys as GFD wrote them."""
     from tests.standins import run_cli
 
@@ -502,7 +502,7 @@ def test_the_standin_patches_as_the_api_server_does() -> None:
 
 # ------------------------------------------------------- fail closed, live (fast)
 #
-# The three ways a live node fails, each through the real probe in a fresh process
+# The three ways a live node fails, each through the real probe in a new process
 # (tests/standins): no libnvidia-ml at all, NVML's init answering
 # NVML_ERROR_DRIVER_NOT_LOADED, and a check that fails (uncorrected ECC errors).
 # Each must leave the admission taint on a node that joined with it, put it back on

@@ -1,7 +1,8 @@
 """The NVML probe through the real nvidia-ml-py bindings, against a STAND-IN NVML.
 
 No GPU here: ``tests/standins/nvml.c`` is built as ``libnvidia-ml.so.1`` and put on
-the loader path of a fresh ``buildmatrix`` process (tests/standins/__init__.py). The
+the loader path of a new ``buildmatrix`` process (tests/standins/__init__.py, forked
+from one that has imported buildmatrix: tests/forked_cli.py). The
 bindings, their ctypes calls and buildmatrix's probe are the real ones.
 """
 

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests import forked_cli
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -176,12 +178,15 @@ def run_cli(
     nvml: dict[str, Any] | None = None,
     cuda: dict[str, Any] | None = None,
     sysfs: Path | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``buildmatrix ARGS`` in a new process whose loader sees only the stand-ins.
 
     ``libs=None`` runs with no GPU library at all (as on a CPU-only machine).
     ``sysfs``: the PCI bus the probe reads (default: none, so this machine's own
-    /sys never enters a test).
+    /sys never enters a test). The process is forked from one that has imported
+    buildmatrix (tests/forked_cli.py); ``fresh``: started as ``python -m buildmatrix``
+    instead.
     """
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "NODE_NAME")}
     env.pop("BUILDMATRIX_PROFILES", None)
@@ -195,14 +200,16 @@ def run_cli(
         (tmp / "cuda.json").write_text(json.dumps(cuda))
         env["CUDA_STANDIN_SCENARIO"] = str(tmp / "cuda.json")
         env["CUDA_STANDIN_LOG"] = str(tmp / "cuda.log")
-    return subprocess.run(
-        [sys.executable, "-m", "buildmatrix", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    if fresh:
+        return subprocess.run(
+            [sys.executable, "-m", "buildmatrix", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    return forked_cli.run(args, env, cwd=Path.cwd(), timeout=120)
 
 
 # The note of NVIDIA's CUDA 13.1 compat driver 590.44.01, as the NVIDIA container

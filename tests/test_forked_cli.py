@@ -1,0 +1,99 @@
+"""The node tests' ``buildmatrix`` runs are forked from a process that has imported it
+(tests/forked_cli.py). Each run here is made both ways, forked and as a fresh
+``python -m buildmatrix``, against the same stand-in libraries and files: the exit
+status, standard output, standard error and every file the run writes are the same.
+The runs cover each exit status (0 pass, 1 verdict fail, 2 bad input, 3 no NVML),
+NVML through the stand-in library, CUDA module loads through the stand-in libcuda, a
+feature file written, and a run with no GPU library on the loader path."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from tests.conftest import REPO
+from tests.standins import nvml_scenario, run_cli
+
+NODES = REPO / "tests" / "fixtures" / "nodes"
+BIN = REPO / "tests" / "fixtures" / "bin"
+H100_535 = json.loads((NODES / "h100-535.json").read_text())
+H100 = {"name": "NVIDIA H100 80GB HBM3", "cc": [9, 0], "load": "CUDA_SUCCESS"}
+
+
+# the expiry a feature file carries is a day from the moment it is written
+EXPIRY = re.compile(rb"expiry-time=[0-9TZ:-]+")
+
+
+def _failing_field() -> dict[str, Any]:
+    scenario = nvml_scenario(H100_535)
+    scenario["gpus"][3]["ecc_uncorrected_volatile"] = "NVML_ERROR_UNKNOWN"
+    return scenario
+
+
+def _rootfs(folder: Path) -> str:
+    (folder / "usr" / "lib").mkdir(parents=True)
+    shutil.copy(BIN / "libsass_ptx.so", folder / "usr" / "lib")
+    return f"dir:{folder}"
+
+
+class Run(NamedTuple):
+    args: list[str]  # {tmp}: the run's folder; {image}: a root folder with a library
+    stand_ins: bool  # the stand-in libraries on the loader path
+    nvml: Any  # the stand-in NVML's scenario
+    cuda: Any  # the stand-in libcuda's scenario
+    status: int
+
+
+RUNS = {
+    "record-pass": Run(
+        ["smoke", "--record", "{tmp}/r.json", "--json"], True, nvml_scenario(H100_535), None, 0
+    ),
+    "record-fail": Run(["smoke", "--record", "{tmp}/r.json"], True, _failing_field(), None, 1),
+    "no-nvml": Run(["smoke", "--json", "--nfd-file", "{tmp}/features"], False, None, None, 3),
+    "bad-input": Run(["smoke", "--snapshot", "{tmp}/missing.json"], True, None, None, 2),
+    "load-test": Run(
+        ["smoke", "--snapshot", str(NODES / "h100-580.json"), "--image", "{image}", "--load-test"],
+        True,
+        None,
+        {"devices": [H100, H100]},
+        0,
+    ),
+    "help": Run(["smoke", "--help"], False, None, None, 0),
+}
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_forked_run_answers_as_a_fresh_process(
+    standin_libs: Path, tmp_path: Path, name: str
+) -> None:
+    run = RUNS[name]
+    answers = []
+    for fresh in (True, False):
+        # the same path for both runs (the messages name it), emptied in between
+        tmp = tmp_path / "run"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        image = _rootfs(tmp / "rootfs")
+        proc = run_cli(
+            [a.format(tmp=tmp, image=image) for a in run.args],
+            libs=standin_libs if run.stand_ins else None,
+            tmp=tmp,
+            nvml=run.nvml,
+            cuda=run.cuda,
+            fresh=fresh,
+        )
+        written = {
+            str(p.relative_to(tmp)): EXPIRY.sub(b"expiry-time=(a day on)", p.read_bytes())
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file() and "rootfs" not in p.parts
+        }
+        answers.append((proc.returncode, proc.stdout, proc.stderr, written))
+    fresh_answer, forked_answer = answers
+    assert fresh_answer[0] == run.status, fresh_answer[2]
+    assert "Traceback" not in fresh_answer[2]
+    assert forked_answer == fresh_answer
