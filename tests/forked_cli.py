@@ -34,15 +34,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# What a node run imports (``smoke``, ``--record``, ``--apply``, ``--load-test``):
-# module imports only, none of which loads a library or reads the environment.
+# What a node run (``smoke``, ``--record``, ``--apply``, ``--load-test``) and a check of
+# a registry's image import: module imports only, none of which loads a library,
+# reads the environment or starts a thread.
 WARM = (
     "buildmatrix.cli",
     "buildmatrix.cli.node_cmd",
+    "buildmatrix.cli.check_cmd",
+    "buildmatrix.check",
     "buildmatrix.node.admit",
     "buildmatrix.node.probe",
     "buildmatrix.node.apply",
     "buildmatrix.snapshot",
+    "buildmatrix.image.registry",
+    "oras.provider",
     "pynvml",
     "jsonschema",
     "yaml",

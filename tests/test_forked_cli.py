@@ -2,9 +2,11 @@
 (tests/forked_cli.py). Each run here is made both ways, forked and as a fresh
 ``python -m buildmatrix``, against the same stand-in libraries and files: the exit
 status, standard output, standard error and every file the run writes are the same.
-The runs cover each exit status (0 pass, 1 verdict fail, 2 bad input, 3 no NVML),
-NVML through the stand-in library, CUDA module loads through the stand-in libcuda, a
-feature file written, and a run with no GPU library on the loader path."""
+The runs cover each exit status (0 pass, 1 verdict fail, 2 bad input, 3 no NVML or
+no registry), NVML through the stand-in library, CUDA module loads through the
+stand-in libcuda, a feature file written, a run with no GPU library on the loader
+path, and ``check`` of a folder and of an unreachable registry (the time-out tests'
+runs)."""
 
 from __future__ import annotations
 
@@ -64,6 +66,11 @@ RUNS = {
         0,
     ),
     "help": Run(["smoke", "--help"], False, None, None, 0),
+    "check": Run(["check", "{image}", "--sm", "9.0", "--json"], False, None, None, 0),
+    # port 1 on loopback: nothing listens, the connection is refused
+    "unreachable-registry": Run(
+        ["check", "docker://127.0.0.1:1/team/app:1", "--timeout", "5"], False, None, None, 3
+    ),
 }
 
 

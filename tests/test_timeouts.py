@@ -8,9 +8,9 @@ hanging it."""
 from __future__ import annotations
 
 import http.server
+import os
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +20,7 @@ import pytest
 from buildmatrix.errors import EnvironmentUnavailable
 from buildmatrix.image.ref import parse_ref
 from buildmatrix.image.registry import DEFAULT_TIMEOUT, RegistryClient, waiting
+from tests import forked_cli
 from tests.conftest import REPO, CliRunner
 
 LIMIT = 60  # seconds a child may take: far above any --timeout here, far below a hang
@@ -32,14 +33,9 @@ NODE = REPO / "tests" / "fixtures" / "nodes" / "h100-535.json"
 
 
 def _buildmatrix(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "buildmatrix", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=LIMIT,
-        cwd=REPO,
-    )
+    """``python -m buildmatrix ARGS`` in a new process (forked from one that has
+    imported buildmatrix: tests/forked_cli.py)."""
+    return forked_cli.run(list(args), dict(os.environ), cwd=REPO, timeout=LIMIT)
 
 
 @pytest.fixture
