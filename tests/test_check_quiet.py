@@ -9,9 +9,7 @@ import json
 import re
 from pathlib import Path
 
-import jsonschema
-
-from tests.conftest import REPO, CliRunner
+from tests.conftest import REPO, CliRunner, validate
 from tests.fixtures.build import BIN
 from tests.images import write_docker_archive
 from tests.test_check_cli import HOPPER_IMAGE
@@ -77,7 +75,7 @@ def test_a_toolchain_newer_than_cuda_version_is_said(cli: CliRunner, tmp_path: P
         "follow 13.0"
     ) in text.out
     doc = cli("check", archive, "--driver", "580.65.06", "--format", "json").json()
-    jsonschema.validate(doc, SCHEMA)
+    validate(doc, SCHEMA)
     assert doc["cuda_runtime"]["version"] == "13.0"
     sources = {(s["version"], s["source"]) for s in doc["cuda_runtime_sources"]}
     assert ("12.4", "CUDA_VERSION in the image config") in sources

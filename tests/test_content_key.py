@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from packaging.version import Version
 
 from buildmatrix.content_key import content_key, context_files, used_sources
-from tests.conftest import REPO, CliRunner
+from tests.conftest import REPO, CliRunner, validate
 
 NAMES = st.sampled_from(["a", "b", "c", "lib", "src"])
 FILES = st.dictionaries(
@@ -301,17 +301,15 @@ def test_run_labels_from_the_environment(
 
 
 def test_json_output_follows_its_schema(repo_copy: Path, cli: CliRunner) -> None:
-    import jsonschema
-
     schema = json.loads((REPO / "buildmatrix" / "schemas" / "matrix.schema.json").read_text())
     run = ["--source", "https://github.com/o/r", "--revision", "abc", "--created", "now"]
     for extra in ([], run):
         doc = json.loads(cli("matrix", "--format", "json", *extra).out)
-        jsonschema.validate(doc, schema)
+        validate(doc, schema)
         github = json.loads(cli("matrix", "--format", "github", *extra).out)["include"]
         entry = {"$ref": "#/$defs/entry", "$defs": schema["$defs"]}
         for e in github:  # a subset of the json entry's keys, the same values
-            jsonschema.validate(doc["entries"][0] | e, entry)
+            validate(doc["entries"][0] | e, entry)
 
 
 def test_links_count_by_target_and_fifos_are_not_read(tmp_path: Path) -> None:

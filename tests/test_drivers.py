@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 from packaging.version import Version
 
@@ -26,7 +25,7 @@ from buildmatrix.image.open import scan_image
 from buildmatrix.image.platform import DEFAULT_PLATFORM
 from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.profile_files import default_profiles_dir, load_profiles
-from tests.conftest import REPO, CliRunner
+from tests.conftest import REPO, CliRunner, validate
 from tests.driver_fleet import Fleet, build_fleet
 
 FACTS = load_cuda_facts()
@@ -125,7 +124,7 @@ def _report(cli: CliRunner, fleet: Fleet, *args: str) -> tuple[int, dict[str, An
     r = cli("drivers", "--pools", str(fleet.pools), "--format", "json", *args)
     assert r.code in (0, 1), r.err
     doc = r.json()
-    jsonschema.validate(doc, SCHEMA)
+    validate(doc, SCHEMA)
     return r.code, {p["name"]: p for p in doc["pools"]}
 
 

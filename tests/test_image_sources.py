@@ -16,10 +16,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import jsonschema
 import pytest
 
-from tests.conftest import REPO, CliRunner
+from tests.conftest import REPO, CliRunner, validate
 from tests.images import Dir, Image, Symlink, fixture, write_docker_archive, write_oci_layout
 from tests.services import Registry, refusing_port, serve_registry
 
@@ -63,7 +62,7 @@ def run_check(cli: CliRunner, ref: str, *extra: str) -> tuple[int, dict[str, obj
     result = cli("check", ref, "--json", *extra)
     assert result.code in (0, 1), result.err
     doc = result.json()
-    jsonschema.validate(doc, CHECK_SCHEMA)
+    validate(doc, CHECK_SCHEMA)
     return result.code, doc
 
 

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.conftest import REPO, CliRunner
+from tests.conftest import REPO, CliRunner, validate
 from tests.driver_fleet import Fleet, build_fleet
 
 CRD = REPO / "tests" / "fixtures" / "crds" / "nvidia.com_nvidiadrivers.yaml"
@@ -62,7 +62,7 @@ def test_one_valid_object_per_pool(cli: CliRunner, fleet: Fleet) -> None:
     schema = _schema()
     assert [o["spec"]["nodeSelector"] for o in objects] == [{"gpu-pool": p} for p in proposed]
     for obj, (pool, version) in zip(objects, proposed.items(), strict=True):
-        jsonschema.validate(obj, schema)
+        validate(obj, schema)
         assert (obj["apiVersion"], obj["kind"]) == ("nvidia.com/v1alpha1", "NVIDIADriver")
         assert obj["spec"]["version"] == version
         assert obj["spec"]["default"] is False
@@ -88,7 +88,7 @@ def test_the_schema_rejects_what_the_operator_rejects(cli: CliRunner, fleet: Fle
         {**obj, "spec": {**obj["spec"], "nodeSelector": {"gpu-pool": 3}}},
     ):
         with pytest.raises(jsonschema.ValidationError):
-            jsonschema.validate(broken, schema)
+            validate(broken, schema)
     assert not _cel_default_without_node_selector({**obj["spec"], "default": True})
 
 
@@ -112,4 +112,4 @@ def test_repository_and_image_and_json(cli: CliRunner, fleet: Fleet, tmp_path: P
     (obj,) = r.json()["items"]
     assert obj["spec"]["repository"] == "registry.example.com/nvidia"
     assert obj["spec"]["image"] == "driver-signed"
-    jsonschema.validate(obj, _schema())
+    validate(obj, _schema())

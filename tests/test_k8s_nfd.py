@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from buildmatrix.labelkeys import TAINT_EFFECT, TAINT_KEY
-from tests.conftest import REPO, CliRunner
+from tests.conftest import REPO, CliRunner, validate
 from tests.nfd_standin import (
     TAINTS_ANNOTATION,
     parse_feature_file,
@@ -70,11 +70,11 @@ def test_objects_validate_offline(cli: CliRunner) -> None:
     (version,) = crd["spec"]["versions"]
     (rule,) = [d for d in docs if d["kind"] == "NodeFeatureRule"]
     assert rule["apiVersion"] == f"{crd['spec']['group']}/{version['name']}"
-    jsonschema.validate(rule, version["schema"]["openAPIV3Schema"])
+    validate(rule, version["schema"]["openAPIV3Schema"])
     broken = copy.deepcopy(rule)
     broken["spec"]["rules"][0]["taints"][0]["effect"] = 7
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(broken, version["schema"]["openAPIV3Schema"])
+        validate(broken, version["schema"]["openAPIV3Schema"])
 
 
 class Cluster:

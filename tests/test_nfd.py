@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from buildmatrix.errors import InputError
 from buildmatrix.node.nfd import MAX_FEATURE_FILE, feature_file, node_feature, write_atomically
-from tests.conftest import REPO
+from tests.conftest import REPO, validate
 from tests.nfd_standin import parse_feature_file
 
 CRD = REPO / "tests" / "fixtures" / "crds" / "nfd.k8s-sigs.io_nodefeatures.yaml"
@@ -104,21 +104,11 @@ def _schema() -> dict[str, Any]:
     return dict(version["schema"]["openAPIV3Schema"])
 
 
-@functools.cache
-def _validator() -> Any:
-    """What ``jsonschema.validate`` makes on every call (the schema checked against its
-    metaschema, then a validator of the schema's draft), made once."""
-    schema = _schema()
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)
-
-
 @settings(max_examples=100, deadline=None)
 @given(labels=LABELS, node=_NODE)
 def test_node_feature_is_valid_for_nfds_crd(labels: dict[str, str], node: str) -> None:
     obj = node_feature(labels, node=node, namespace="node-feature-discovery")
-    _validator().validate(obj)
+    validate(obj, _schema())
     assert obj["kind"] == "NodeFeature" and obj["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1"
     assert obj["spec"]["labels"] == labels
     assert obj["metadata"]["labels"] == {NODE_NAME_LABEL: node}
@@ -133,4 +123,4 @@ def test_the_crd_schema_refuses_what_nfd_refuses() -> None:
     obj = node_feature({"a": "1"}, node="n", namespace="x")
     obj["spec"]["labels"] = {"a": 1}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(obj, _schema())
+        validate(obj, _schema())

@@ -14,7 +14,7 @@ from buildmatrix.matrix import expand_all, merges
 from buildmatrix.profile_files import load_profiles
 from buildmatrix.specs import load_specs
 from buildmatrix.variant import Entry
-from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
+from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner, validate
 from tests.services import Registry
 
 PROFILES = load_profiles(SHIPPED_PROFILES)
@@ -266,10 +266,8 @@ def _check_both_ways(cli: CliRunner, ref: str) -> None:
 def validate_check_json(doc: dict[str, object]) -> None:
     import json
 
-    import jsonschema
-
     schema = json.loads((REPO / "buildmatrix/schemas/check.schema.json").read_text())
-    jsonschema.validate(doc, schema)
+    validate(doc, schema)
 
 
 def test_check_judges_the_arm64_entry_of_an_oci_index(tmp_path: Path, cli: CliRunner) -> None:

@@ -15,7 +15,7 @@ from packaging.version import Version
 from buildmatrix.arch import Family
 from buildmatrix.errors import InputError
 from buildmatrix.profile_files import load_profiles
-from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
+from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner, validate
 
 SCHEMA = json.loads((REPO / "buildmatrix/schemas/arch-profile.schema.json").read_text())
 
@@ -23,7 +23,7 @@ SCHEMA = json.loads((REPO / "buildmatrix/schemas/arch-profile.schema.json").read
 @pytest.mark.parametrize("path", sorted(SHIPPED_PROFILES.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_profile_matches_schema(path: Path) -> None:
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
-    jsonschema.validate(yaml.safe_load(path.read_text()), SCHEMA)
+    validate(yaml.safe_load(path.read_text()), SCHEMA)
 
 
 def test_shipped_profiles_cover_the_fleet() -> None:

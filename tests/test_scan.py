@@ -11,13 +11,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.scan import inspect_file, scan_tree
 from tests.binaries import container, elf_with_section, entry
-from tests.conftest import REPO, CliRunner
+from tests.conftest import REPO, CliRunner, validate
 from tests.fixtures.build import BIN, FIXTURES, Fixture, expected
 
 INSPECT_SCHEMA = json.loads((REPO / "buildmatrix/schemas/inspect.schema.json").read_text())
@@ -87,7 +86,7 @@ def test_inspect_cli_json(tmp_path: Path, cli: CliRunner) -> None:
     result = cli("inspect", "--json", str(root), str(BIN / "kernels_sm90a.cubin"))
     assert result.code == 0
     doc = result.json()
-    jsonschema.validate(doc, INSPECT_SCHEMA)
+    validate(doc, INSPECT_SCHEMA)
     assert [f["path"] for f in doc["files"]] == [
         "usr/lib/cuda/libsass_ptx.so",
         str(BIN / "kernels_sm90a.cubin"),
