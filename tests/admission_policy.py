@@ -49,12 +49,17 @@ def request(
     }
 
 
-_ENV = celpy.Environment()
+@functools.cache
+def _environment() -> celpy.Environment:
+    """cel-python's environment, made on first use: it builds its parser (~0.2 s), which
+    every pytest worker would otherwise pay for when it imports this module."""
+    return celpy.Environment()
 
 
 @functools.cache
 def _program(expression: str) -> Any:
-    return _ENV.program(_ENV.compile(expression))
+    env = _environment()
+    return env.program(env.compile(expression))
 
 
 def _eval(expression: str, activation: Json) -> Any:
