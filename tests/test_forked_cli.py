@@ -11,13 +11,17 @@ runs)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 
+from tests import forked_cli
 from tests.conftest import REPO
 from tests.standins import nvml_scenario, run_cli
 
@@ -104,3 +108,50 @@ def test_a_forked_run_answers_as_a_fresh_process(
     assert fresh_answer[0] == run.status, fresh_answer[2]
     assert "Traceback" not in fresh_answer[2]
     assert forked_answer == fresh_answer
+
+
+# How a process ends, from a package of its own (``python -m ending CASE``): the
+# forked run ends as the interpreter does, and its output ends as a pipe's does.
+ENDING = """\
+import atexit, subprocess, sys, threading, time
+
+case = sys.argv[1]
+print("main", case, flush=True)
+if case == "thread":  # a thread that is not a daemon, still working when main returns
+    threading.Thread(target=lambda: (time.sleep(0.3), print("thread done"))).start()
+elif case == "atexit":  # a handler that prints, one that fails
+    atexit.register(lambda: print("atexit ran"))
+    atexit.register(lambda: 1 / 0)
+elif case == "helper":  # a process left running that holds stdout for a while
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5); print('helper')"])
+elif case == "text":
+    sys.exit("a message for exit")
+elif case == "huge":
+    sys.exit(2**70)
+elif case == "raises":
+    raise ValueError("not caught")
+sys.exit(4)
+"""
+
+
+@pytest.mark.parametrize("case", ["thread", "atexit", "helper", "text", "huge", "raises"])
+def test_a_forked_run_ends_as_a_fresh_process_ends(tmp_path: Path, case: str) -> None:
+    (tmp_path / "ending").mkdir()
+    (tmp_path / "ending" / "__main__.py").write_text(ENDING)
+    env = dict(os.environ) | {"PYTHONPATH": str(tmp_path)}
+    fresh = subprocess.run(
+        [sys.executable, "-m", "ending", case],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    forked = forked_cli.run([case], env, cwd=tmp_path, timeout=60, module="ending")
+    assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
+    assert _without_frames(forked.stderr) == _without_frames(fresh.stderr)
+    assert fresh.stdout.startswith(f"main {case}\n")
+
+
+def _without_frames(stderr: str) -> str:
+    """stderr less what differs between two processes by where they were started: a
+    traceback's frames (the fork's run_module, python -m's _run_module_as_main) and
+    object addresses."""
+    stderr = re.sub(r"^  File .*\n(    .*\n)?", "", stderr, flags=re.M)
+    return re.sub(r" at 0x[0-9a-f]+", " at 0x…", stderr)
