@@ -194,6 +194,13 @@ def _go_program(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     return out / name
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own cleanup (_pytest.tmpdir)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.old_basetemps import remove_in_background
+
+    remove_in_background(session.config)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--serial-phase",
