@@ -210,36 +210,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # Seconds each of the slowest modules took (its tests' setup, call and teardown summed,
-# `pytest -n 2 --dist loadfile --durations=0` on the 2-core development machine,
-# 2026-12-02). A parallel run hands the modules to the workers in this order, slowest
-# first, the rest after them as collected (scripts/test passes --no-loadscope-reorder:
-# pytest-xdist would otherwise order them by their number of tests), so that no long
-# module starts last while the other worker has run out of work (docs/development.md,
-# "The order of the modules"). Approximate by nature: it only orders, it never selects.
+# `scripts/test --durations=0` on the 2-core development machine, 2026-12-02, in one
+# of its slow hours). A parallel run hands the modules to the workers in this order,
+# slowest first, the rest after them as collected (scripts/test passes
+# --no-loadscope-reorder: pytest-xdist would otherwise order them by their number of
+# tests), so that no long module starts last while the other worker has run out of
+# work (docs/development.md, "The order of the modules"). Approximate by nature: it
+# only orders, it never selects.
 SLOWEST = {
-    "test_workflow.py": 60,
-    "test_tool_image.py": 33,
+    "test_workflow.py": 89,
+    "test_tool_image.py": 64,
+    "test_torch_wheels.py": 33,
     "test_layer_semantics.py": 33,
+    "test_release.py": 28,
     "test_engine_storage.py": 28,
-    "test_build_end_to_end.py": 24,
-    "test_adopt.py": 20,
-    "test_torch_wheels.py": 18,
-    "test_release.py": 15,
-    "test_platform.py": 13,
+    "test_build_end_to_end.py": 26,
+    "test_adopt.py": 26,
+    "test_nvidia_wheels.py": 24,
+    "test_containerd.py": 18,
+    "test_mobypick.py": 17,
+    "test_platform.py": 17,
+    "test_cuda_facts_compilers.py": 15,
     "test_go_tar.py": 13,
-    "test_nvidia_wheels.py": 12,
-    "test_kube_apply.py": 9,
-    "test_mobypick.py": 11,
-    "test_containerd.py": 11,
+    "test_kube_apply.py": 13,
+    "test_kube_client_versions.py": 13,
+    "test_arm64_wheels.py": 12,
+    "test_cache_binding.py": 11,
     "test_image_sources.py": 10,
-    "test_cuda_facts_compilers.py": 10,
-    "test_arm64_wheels.py": 9,
-    "test_compat.py": 8,
+    "test_fuzz.py": 8,
+    "test_translation_units.py": 8,
+    "test_drivers.py": 8,
     "test_engine_containerd.py": 7,
-    "test_cache_binding.py": 7,
-    "test_fuzz.py": 6,
-    "test_constraint.py": 6,
-    "test_translation_units.py": 6,
+    "test_ptx_targets_ptxas_refuses.py": 7,
+    "test_ldconfig.py": 7,
+    "test_docker_archive.py": 7,
 }
 
 

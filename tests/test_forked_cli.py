@@ -69,7 +69,6 @@ RUNS = {
         {"devices": [H100, H100]},
         0,
     ),
-    "help": Run(["smoke", "--help"], False, None, None, 0),
     "check": Run(["check", "{image}", "--sm", "9.0", "--json"], False, None, None, 0),
     # port 1 on loopback: nothing listens, the connection is refused
     "unreachable-registry": Run(
@@ -118,12 +117,12 @@ import atexit, subprocess, sys, threading, time
 case = sys.argv[1]
 print("main", case, flush=True)
 if case == "thread":  # a thread that is not a daemon, still working when main returns
-    threading.Thread(target=lambda: (time.sleep(0.3), print("thread done"))).start()
+    threading.Thread(target=lambda: (time.sleep(0.1), print("thread done"))).start()
 elif case == "atexit":  # a handler that prints, one that fails
     atexit.register(lambda: print("atexit ran"))
     atexit.register(lambda: 1 / 0)
 elif case == "helper":  # a process left running that holds stdout for a while
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5); print('helper')"])
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2); print('helper')"])
 elif case == "text":
     sys.exit("a message for exit")
 elif case == "huge":
