@@ -133,16 +133,24 @@ sys.exit(4)
 """
 
 
+@pytest.fixture(scope="module")
+def ending(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the package ``ending``, found by ``python -m`` from the working
+    folder (sys.path[0]); no PYTHONPATH, so the runs share the tests' server."""
+    folder = tmp_path_factory.mktemp("ending")
+    (folder / "ending").mkdir()
+    (folder / "ending" / "__main__.py").write_text(ENDING)
+    return folder
+
+
 @pytest.mark.parametrize("case", ["thread", "atexit", "helper", "text", "huge", "raises"])
-def test_a_forked_run_ends_as_a_fresh_process_ends(tmp_path: Path, case: str) -> None:
-    (tmp_path / "ending").mkdir()
-    (tmp_path / "ending" / "__main__.py").write_text(ENDING)
-    env = dict(os.environ) | {"PYTHONPATH": str(tmp_path)}
+def test_a_forked_run_ends_as_a_fresh_process_ends(ending: Path, case: str) -> None:
+    env = dict(os.environ)
     fresh = subprocess.run(
         [sys.executable, "-m", "ending", case],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+        env=env, cwd=ending, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    forked = forked_cli.run([case], env, cwd=tmp_path, timeout=60, module="ending")
+    forked = forked_cli.run([case], env, cwd=ending, timeout=60, module="ending")
     assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
     assert _without_frames(forked.stderr) == _without_frames(fresh.stderr)
     assert fresh.stdout.startswith(f"main {case}\n")
