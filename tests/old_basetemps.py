@@ -70,10 +70,16 @@ def remove_in_background(config: pytest.Config) -> None:
     command = ["rm", "-rf", "--", *map(str, aside)]
     if shutil.which("ionice"):
         command = ["ionice", "-c", "3", *command]  # idle: only when no one else reads
-    subprocess.Popen(
-        ["nice", "-n", "19", *command],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # not a child pytest waits for or signals
-    )
+    if shutil.which("nice"):
+        command = ["nice", "-n", "19", *command]
+    try:
+        subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # not a child pytest waits for or signals
+        )
+    except OSError:  # no rm to start: removed here, as pytest would have
+        for path in aside:
+            shutil.rmtree(path, ignore_errors=True)
