@@ -136,7 +136,11 @@ while chunk := requests.readline():
     req = json.loads(chunk)
     pid = os.fork()
     if pid == 0:
-        child(req)
+        try:
+            child(req)  # ends with os._exit
+        except BaseException:  # what escapes it (a working folder gone): never the loop
+            traceback.print_exc()
+        os._exit(1)
     _, status = os.waitpid(pid, 0)
     os.write(replies, (json.dumps(os.waitstatus_to_exitcode(status)) + "\n").encode())
 """
@@ -184,6 +188,20 @@ class _Server:
         self, request: dict[str, Any], timeout: float, reads: list[int], holds: list[int]
     ) -> tuple[int, list[bytearray]]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            return self._answer(request, timeout, reads, holds)
+        except BaseException:
+            # whatever cut the exchange short (a time-out, a signal's handler), the
+            # server's reply may still come: a server that is one reply behind would
+            # give the next run this run's status
+            if self.proc.returncode is None:
+                self.close()
+            raise
+
+    def _answer(
+        self, request: dict[str, Any], timeout: float, reads: list[int], holds: list[int]
+    ) -> tuple[int, list[bytearray]]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         data = {fd: bytearray() for fd in reads}
@@ -219,6 +237,10 @@ class _Server:
         with contextlib.suppress(ProcessLookupError):  # already ended
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
         for key, server in list(_servers.items()):
             if server is self:
                 del _servers[key]
@@ -251,6 +273,8 @@ def run(
     values ``env`` gives to what is read at import (started on first use, with the
     first such run's environment; ended when the tests end). ``module``: another
     package, for the tests of this one."""
+    if not cwd.is_dir():  # as subprocess.run: before anything starts
+        raise FileNotFoundError(2, "No such file or directory", cwd)
     key = _key(env)
     server = _servers.get(key)
     if server is None or server.proc.poll() is not None:

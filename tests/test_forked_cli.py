@@ -129,6 +129,8 @@ elif case == "huge":
     sys.exit(2**70)
 elif case == "raises":
     raise ValueError("not caught")
+elif case == "sleep":  # longer than any run here waits
+    time.sleep(60)
 sys.exit(4)
 """
 
@@ -162,3 +164,27 @@ def _without_frames(stderr: str) -> str:
     object addresses."""
     stderr = re.sub(r"^  File .*\n(    .*\n)?", "", stderr, flags=re.M)
     return re.sub(r" at 0x[0-9a-f]+", " at 0x…", stderr)
+
+
+def test_a_run_cut_short_leaves_no_reply_for_the_next(ending: Path) -> None:
+    """A run whose wait is cut short (here a time-out; a signal's handler alike) ends
+    its server: the next run starts a new one and gets its own answer, not the
+    earlier run's."""
+    env = dict(os.environ)
+    with pytest.raises(subprocess.TimeoutExpired) as cut:
+        forked_cli.run(["sleep"], env, cwd=ending, timeout=0.3, module="ending")
+    assert cut.value.output == "main sleep\n"  # what was read before the time-out
+    after = forked_cli.run(["text"], env, cwd=ending, timeout=60, module="ending")
+    assert (after.returncode, after.stdout) == (1, "main text\n")
+    assert after.stderr == "a message for exit\n"
+
+
+def test_a_working_folder_that_is_not_there_is_refused_as_subprocess_refuses_it(
+    tmp_path: Path,
+) -> None:
+    gone = tmp_path / "gone"
+    with pytest.raises(FileNotFoundError) as fresh:
+        subprocess.run([sys.executable, "-c", "pass"], cwd=gone, check=False)
+    with pytest.raises(FileNotFoundError) as forked:
+        forked_cli.run(["--version"], dict(os.environ), cwd=gone, timeout=60)
+    assert forked.value.filename == fresh.value.filename == gone
