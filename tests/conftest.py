@@ -136,6 +136,24 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> 
     return CliRunner(capsys)
 
 
+@pytest.fixture
+def tls_api(tmp_path: Path) -> Iterator[Any]:
+    """The kube-apiserver stand-in of tests/test_kube_apply.py (``standin_with_nodes``)
+    served over HTTPS: (stand-in, URL, its certificate). Used there and by
+    tests/test_kube_client_versions.py."""
+    from tests.kube_standin import self_signed
+    from tests.test_kube_apply import standin_with_nodes
+
+    cert = self_signed(tmp_path / "pki")
+    standin = standin_with_nodes()
+    server, url = standin.serve(tls=cert)
+    try:
+        yield standin, url, cert
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(scope="session")
 def standin_libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The STAND-IN libnvidia-ml.so.1 and libcuda.so.1, built once (tests/standins/)."""

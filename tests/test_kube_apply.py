@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import json
 import subprocess
@@ -73,25 +72,6 @@ def api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, Path]]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-@contextlib.contextmanager
-def served_over_tls(folder: Path) -> Iterator[tuple[ApiStandIn, str, Certificate]]:
-    """:func:`standin_with_nodes` served over HTTPS: (stand-in, URL, its certificate)."""
-    cert = self_signed(folder / "pki")
-    standin = standin_with_nodes()
-    server, url = standin.serve(tls=cert)
-    try:
-        yield standin, url, cert
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.fixture
-def tls_api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, str, Certificate]]:
-    with served_over_tls(tmp_path) as served:
-        yield served
 
 
 def _smoke(

@@ -14,13 +14,12 @@ import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.kube_standin import ApiStandIn, Certificate
-from tests.test_kube_apply import ADMISSION, GPU_TAINT, NODES, POOLS, served_over_tls
+from tests.test_kube_apply import ADMISSION, GPU_TAINT, NODES, POOLS
 from tests.test_torch_wheels import download
 
 pytestmark = [pytest.mark.integration, pytest.mark.index]
@@ -37,12 +36,6 @@ def legacy_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
         with zipfile.ZipFile(download(name, version, root / "wheels")) as zf:
             zf.extractall(root / "site")
     return root / "site"
-
-
-@pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[tuple[ApiStandIn, str, Certificate]]:
-    with served_over_tls(tmp_path) as served:
-        yield served
 
 
 def _apply(
@@ -74,9 +67,9 @@ def test_the_child_runs_the_legacy_client(legacy_client: Path) -> None:
 
 
 def test_the_legacy_client_applies_as_the_current_one(
-    legacy_client: Path, tls_server: tuple[ApiStandIn, str, Certificate], tmp_path: Path
+    legacy_client: Path, tls_api: tuple[ApiStandIn, str, Certificate], tmp_path: Path
 ) -> None:
-    standin, url, cert = tls_server
+    standin, url, cert = tls_api
     kubeconfig = standin.kubeconfig(tmp_path / "kubeconfig", url, "smoke", ca=cert.cert)
 
     # an untrusted server certificate: refused, the node untouched
