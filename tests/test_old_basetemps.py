@@ -27,6 +27,27 @@ CONFTEST = (
 )
 
 
+def _project(folder: Path) -> Path:
+    """A project whose conftest.py removes as tests/conftest.py does, with one test
+    that writes 50 files into its tmp_path."""
+    folder.mkdir()
+    (folder / "conftest.py").write_text(CONFTEST)
+    (folder / "test_write.py").write_text(
+        "def test_write(tmp_path):\n"
+        "    for i in range(50):\n"
+        "        (tmp_path / str(i)).write_text('x')\n"
+    )
+    return folder
+
+
+def _pytest(project: Path, env: dict[str, str], *args: str) -> None:
+    """One pytest run of ``project``, with buildmatrix's tests importable."""
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *args],
+        cwd=project, env=env | {"PYTHONPATH": str(REPO)}, check=True, capture_output=True,
+    )  # fmt: skip
+
+
 def test_the_folders_moved_aside_are_those_pytest_would_remove(tmp_path: Path) -> None:
     """Random sets of numbered folders, some locked, a few other names among them:
     the folders chosen are pytest's numbered candidates less the locked ones."""
@@ -68,14 +89,7 @@ def test_the_oldest_runs_folder_is_moved_aside_and_removed_by_another_process(
     ``nice`` on PATH that records what it is asked to run, then runs it: the first
     run's folder is moved aside and handed to it, and when that removal has ended the
     last three runs' folders are there, as pytest keeps them, and nothing else."""
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "conftest.py").write_text(CONFTEST)
-    (project / "test_write.py").write_text(
-        "def test_write(tmp_path):\n"
-        "    for i in range(50):\n"
-        "        (tmp_path / str(i)).write_text('x')\n"
-    )
+    project = _project(tmp_path / "project")
     tools, temproot, log = tmp_path / "tools", tmp_path / "temproot", tmp_path / "nice.log"
     tools.mkdir()
     temproot.mkdir()
@@ -83,14 +97,10 @@ def test_the_oldest_runs_folder_is_moved_aside_and_removed_by_another_process(
     (tools / "nice").chmod(0o755)
     env = dict(os.environ) | {
         "PYTEST_DEBUG_TEMPROOT": str(temproot),
-        "PYTHONPATH": str(REPO),
         "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}",
     }
     for _ in range(4):
-        subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
-            cwd=project, env=env, check=True, capture_output=True,
-        )  # fmt: skip
+        _pytest(project, env)
     (root,) = temproot.iterdir()
     asked = log.read_text()  # one call: nice's arguments, the script's lines among them
     assert asked.startswith("-n 19 ") and "from _pytest.pathlib import rm_rf" in asked
@@ -125,19 +135,10 @@ def test_a_folder_that_cannot_be_looked_into_is_left_to_pytest(
 def test_a_given_base_folder_leaves_its_neighbours_alone(tmp_path: Path) -> None:
     """With --basetemp the base folder is the user's: nothing beside it is touched,
     however it is named."""
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "conftest.py").write_text(CONFTEST)
-    (project / "test_one.py").write_text("def test_one(tmp_path):\n    pass\n")
     work = tmp_path / "work"
     for n in range(1, 5):
         (work / f"pytest-{n}").mkdir(parents=True)
         (work / f"pytest-{n}" / "mine").write_text("keep")
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         f"--basetemp={work / 'pytest-7'}"],
-        cwd=project, env=dict(os.environ) | {"PYTHONPATH": str(REPO)}, check=True,
-        capture_output=True,
-    )  # fmt: skip
+    _pytest(_project(tmp_path / "project"), dict(os.environ), f"--basetemp={work / 'pytest-7'}")
     assert sorted(p.name for p in work.iterdir()) == [f"pytest-{n}" for n in (1, 2, 3, 4, 7)]
     assert all((work / f"pytest-{n}" / "mine").read_text() == "keep" for n in range(1, 5))
