@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -71,6 +72,15 @@ def validate(instance: Any, schema: dict[str, Any]) -> None:
     """``jsonschema.validate(instance, schema)``, which checks the schema against its
     metaschema on every call (20-30 ms for check's): here once per schema and run."""
     _validator(json.dumps(schema, sort_keys=True)).validate(instance)
+
+
+def without_frames(stderr: str) -> str:
+    """stderr less what differs between two runs of the same code by where it runs (a
+    process, a fork of a prepared one, a thread): a traceback's frames, each a "File"
+    line and the indented lines under it (the runner's own frames differ), and object
+    addresses."""
+    stderr = re.sub(r"^  File .*\n(    .*\n)*", "", stderr, flags=re.M)
+    return re.sub(r" at 0x[0-9a-f]+", " at 0x…", stderr)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.buildx_standin import Pushed, combine, push_by_digest, put_manifest
-from tests.conftest import CliRunner
+from tests.conftest import CliRunner, without_frames
 from tests.images import Image, fixture
 from tests.services import Registry
 from tests.test_platforms import validate_check_json
@@ -218,16 +218,8 @@ def test_the_served_docker_answers_as_the_process_does(registry: Registry, tmp_p
             served = subprocess.run(
                 [str(folder / "docker"), *call], capture_output=True, check=False
             )
-            got = (served.returncode, served.stdout, _last_of_a_traceback(served.stderr))
-            want = (process.returncode, process.stdout, _last_of_a_traceback(process.stderr))
+            got = (served.returncode, served.stdout, without_frames(served.stderr.decode()))
+            want = (process.returncode, process.stdout, without_frames(process.stderr.decode()))
             assert got == want, call
     logged = (tmp_path / "docker.log").read_text().splitlines()
     assert logged == [" ".join(call) for call in calls]
-
-
-def _last_of_a_traceback(err: bytes) -> bytes:
-    """A traceback's last line (the exception; the frames above it differ between a
-    process and a thread); any other stderr whole."""
-    if not err.startswith(b"Traceback"):
-        return err
-    return err.rstrip(b"\n").rsplit(b"\n", 1)[-1]

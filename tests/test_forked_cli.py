@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from tests import forked_cli
-from tests.conftest import REPO
+from tests.conftest import REPO, without_frames
 from tests.standins import nvml_scenario, run_cli
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
@@ -154,16 +154,8 @@ def test_a_forked_run_ends_as_a_fresh_process_ends(ending: Path, case: str) -> N
     )  # fmt: skip
     forked = forked_cli.run([case], env, cwd=ending, timeout=60, module="ending")
     assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
-    assert _without_frames(forked.stderr) == _without_frames(fresh.stderr)
+    assert without_frames(forked.stderr) == without_frames(fresh.stderr)
     assert fresh.stdout.startswith(f"main {case}\n")
-
-
-def _without_frames(stderr: str) -> str:
-    """stderr less what differs between two processes by where they were started: a
-    traceback's frames (the fork's run_module, python -m's _run_module_as_main) and
-    object addresses."""
-    stderr = re.sub(r"^  File .*\n(    .*\n)?", "", stderr, flags=re.M)
-    return re.sub(r" at 0x[0-9a-f]+", " at 0x…", stderr)
 
 
 def test_a_run_cut_short_leaves_no_reply_for_the_next(ending: Path) -> None:
