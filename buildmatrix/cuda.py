@@ -9,8 +9,10 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
+from typing import Any
 
 from packaging.version import Version
 
@@ -125,14 +127,14 @@ class CudaFacts:
     def _by_driver(self) -> tuple[list[DriverVersion], list[Version]] | None:
         pairs = [(tk.driver, tk.version) for tk in self.toolkits if tk.driver is not None]
         drivers = [driver for driver, _ in pairs]
-        if any(a > b for a, b in itertools.pairwise(drivers)):
+        if not _ascending(drivers):
             return None
         return drivers, [version for _, version in pairs]
 
     @cached_property
     def _ptx_isas(self) -> list[Version] | None:
         isas = [tk.ptx_isa for tk in self.toolkits]
-        return None if any(a > b for a, b in itertools.pairwise(isas)) else isas
+        return isas if _ascending(isas) else None
 
     def runtime_floor(self, cuda_major: int) -> DriverVersion | None:
         """Minimum driver for any runtime of this CUDA major (minor version compatibility)."""
@@ -140,6 +142,11 @@ class CudaFacts:
 
     def arch_support(self, arch_name: str) -> ArchSupport | None:
         return self.architectures.get(arch_name)
+
+
+def _ascending(values: Sequence[Any]) -> bool:
+    """Whether ``values`` never decrease (equal neighbours allowed)."""
+    return all(a <= b for a, b in itertools.pairwise(values))
 
 
 def facts_from_data(data: object, *, source: str, text: str | None = None) -> CudaFacts:
@@ -159,7 +166,7 @@ def facts_from_data(data: object, *, source: str, text: str | None = None) -> Cu
         for t in data["toolkits"]
     )
     drivers = [tk.driver for tk in toolkits if tk.driver is not None]
-    drivers_ordered = all(a <= b for a, b in itertools.pairwise(drivers))
+    drivers_ordered = _ascending(drivers)
     for prev, cur in itertools.pairwise(toolkits):
         if not (prev.version < cur.version and drivers_ordered and prev.ptx_isa <= cur.ptx_isa):
             raise InputError(
