@@ -187,7 +187,6 @@ class _Server:
     def _exchange(
         self, request: dict[str, Any], timeout: float, reads: list[int], holds: list[int]
     ) -> tuple[int, list[bytearray]]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             return self._answer(request, timeout, reads, holds)
         except BaseException:
