@@ -14,7 +14,13 @@ tests/fixtures/crds/nvidia.com_nvidiadrivers.yaml). What it takes from there:
   (``internal/validator/validator.go``): one object per value of the pool label
   ``gpu-pool`` never overlaps, since a node carries one value;
 - the chart's defaults are ``repository: nvcr.io/nvidia``, ``image: driver``
-  (``deployments/gpu-operator/values.yaml``, ``driver:``).
+  (``deployments/gpu-operator/values.yaml``, ``driver:``);
+- the driver DaemonSet of an object tolerates ``nvidia.com/gpu`` and the object's own
+  ``spec.tolerations``, nothing else (``manifests/state-driver/0500_daemonset.yaml``:
+  the chart's ``daemonsets.tolerations`` do not reach it). A node joins tainted
+  ``buildmatrix.io/unverified`` and ``smoke`` needs the driver before it can admit the
+  node, so every object tolerates that taint; without it the pool's nodes never get a
+  driver and stay tainted.
 
 A version below the pool's floor (buildmatrix.drivers) is refused before any object
 is written.
@@ -29,7 +35,7 @@ from typing import Any
 
 from buildmatrix.drivers import PoolPolicy
 from buildmatrix.errors import InputError
-from buildmatrix.labelkeys import POOL
+from buildmatrix.labelkeys import POOL, TAINT_EFFECT, TAINT_KEY
 
 API_VERSION = "nvidia.com/v1alpha1"
 KIND = "NVIDIADriver"
@@ -105,6 +111,7 @@ def nvidia_driver(policy: PoolPolicy, image: DriverImage) -> dict[str, Any]:
             "image": image.image,
             "version": str(policy.proposed),
             "nodeSelector": {POOL: policy.name},
+            "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT}],
         },
     }
 

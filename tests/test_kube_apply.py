@@ -128,11 +128,12 @@ def test_fail_keeps_the_taint_and_says_why(cli: CliRunner, api: tuple[ApiStandIn
     assert doc["applied"]["taint"] == "kept"
 
 
-def test_fail_adds_the_taint_to_an_admitted_node_and_drops_its_pool(
+def test_fail_adds_the_taint_to_an_admitted_node_and_keeps_its_pool(
     cli: CliRunner, api: tuple[ApiStandIn, Path]
 ) -> None:
     """Re-run later, a node whose GPU degraded is tainted again and loses the labels
-    that selected it."""
+    smoke gave it, all but its pool: ``gpu-pool`` also selects the pool's driver
+    (``k8s drivers``), which the next round needs to pass."""
     standin, kubeconfig = api
     assert _smoke(cli, kubeconfig, "h100-535", "--pools", POOLS)[0] == 0
     code, doc = _smoke(cli, kubeconfig, "h100-ecc", "--pools", POOLS)
@@ -140,8 +141,10 @@ def test_fail_adds_the_taint_to_an_admitted_node_and_drops_its_pool(
     node = _node(standin)
     assert node["spec"]["taints"] == [GPU_TAINT, ADMISSION]
     labels = node["metadata"]["labels"]
-    assert "gpu-pool" not in labels
+    assert labels["gpu-pool"] == "training-hopper"
+    assert "gpu-pool" not in doc["applied"]["labels_removed"]
     assert "nvidia.com/gpu.family" not in labels
+    assert "nvidia.com/gpu.compute-capability" not in labels
     assert labels["buildmatrix.io/smoke"] == "failed"
     assert labels["team"] == "ml"
     assert doc["applied"]["taint"] == "added"
@@ -536,7 +539,9 @@ def test_a_live_node_that_fails_is_tainted_and_marked_failed(
     assert GPU_TAINT in node["spec"]["taints"]
     labels = node["metadata"]["labels"]
     assert labels["buildmatrix.io/smoke"] == "failed"
-    assert "gpu-pool" not in labels
+    # the pool stays as it was (it selects the pool's driver: a failed round, with
+    # the driver not loaded among them, must not take that away); nothing adds it
+    assert labels.get("gpu-pool") == ("training-hopper" if admitted else None)
     assert "nvidia.com/gpu.family" not in labels
     assert labels["team"] == "ml"
     assert reason in node["metadata"]["annotations"][REPORT_ANNOTATION]

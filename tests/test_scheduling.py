@@ -308,6 +308,82 @@ def test_provisioner_label_alone_does_not_bring_the_driver(cli: CliRunner) -> No
     assert done.admitted, done.blocked
 
 
+# --- GPU Operator cluster with a driver per pool (k8s drivers) ------------------------
+
+
+def pool_driver(obj: Mapping[str, Any]) -> Component:
+    """The driver DaemonSet the GPU Operator runs for one ``NVIDIADriver`` object: it
+    selects the nodes of the object's ``nodeSelector`` that have a GPU and are to get
+    a driver (internal/state/nodepool.go getNodePools adds ``nvidia.com/gpu.present``;
+    manifests/state-driver/0500_daemonset.yaml its ``nodeSelector``), and tolerates
+    ``nvidia.com/gpu`` and the object's ``spec.tolerations``, nothing else (the same
+    template: the chart's ``daemonsets.tolerations`` do not reach it)."""
+    spec = obj["spec"]
+    pod = {
+        "nodeSelector": {
+            **spec["nodeSelector"],
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.deploy.driver": "true",
+        },
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            *spec.get("tolerations", []),
+        ],
+    }
+
+    def act(node: Node) -> None:
+        node.facts.add("driver")
+
+    name = f"nvidia-gpu-driver-{obj['metadata']['name']}"
+    return Component(name=name, daemonset=_daemonset(name, pod), act=act)
+
+
+def _driver_objects(cli: CliRunner) -> list[dict[str, Any]]:
+    pools = str(NODES / "pools.yaml")
+    r = cli("k8s", "drivers", "--pools", pools, "--driver", "training-hopper=580.82.07")
+    assert r.code == 0, r.err
+    return [d for d in yaml.safe_load_all(r.out) if d is not None]
+
+
+def test_a_pools_driver_reaches_a_node_that_joins_tainted(cli: CliRunner) -> None:
+    """With per-pool drivers the provisioner sets ``gpu-pool`` at join (docs/drivers.md)
+    and the pool's driver must install on the tainted node before smoke can run; a
+    failed round later leaves the node in its pool, so the driver stays."""
+    (obj,) = _driver_objects(cli)
+    ds, _ = smoke(cli)
+    overlay = _values(cli, "--gpu-operator-values")
+    operator = [c for c in gpu_operator(overlay) if c.name != "nvidia-driver-daemonset"]
+    join = {"gpu-pool": "training-hopper"}
+    driver = pool_driver(obj)
+    done = walk([*operator, driver, ds], joining_node(join, facts=set()), {"nvidia": "nvidia"})
+    assert done.admitted, done.blocked
+    _before(done, driver.name, "nvidia-container-toolkit-daemonset", "buildmatrix-smoke")
+    # the same object without its toleration: the driver never comes, nor admission
+    bare = {**obj, "spec": {k: v for k, v in obj["spec"].items() if k != "tolerations"}}
+    stuck = walk(
+        [*operator, pool_driver(bare), ds], joining_node(join, facts=set()), {"nvidia": "nvidia"}
+    )
+    assert not stuck.admitted
+    assert stuck.blocked[driver.name] == TAINTED
+    # a failed round (a registry outage fails every node of the pool at once): the
+    # node is tainted again, and the driver's DaemonSet still selects it
+    patch, _ = plan(
+        done.node.obj,
+        passed=False,
+        labels={"buildmatrix.io/smoke": "failed"},
+        report="",
+        gfd_keys=GfdKeys.AUTO,
+    )
+    for key, value in patch["metadata"]["labels"].items():
+        if value is None:
+            done.node.labels.pop(key, None)
+        else:
+            done.node.labels[key] = value
+    done.node.obj["spec"]["taints"] = patch["spec"]["taints"]
+    assert done.node.labels["gpu-pool"] == "training-hopper"
+    assert should_run(driver.daemonset, done.node.obj) == (True, "fits")
+
+
 # --- NFD-only cluster, driver and toolkit on the host ---------------------------------
 
 HOST = {"driver", "runtime:nvidia"}

@@ -32,6 +32,7 @@ from typing import Any
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.labelkeys import (
+    POOL,
     REPORT_ANNOTATION,
     TAINT_EFFECT,
     TAINT_KEY,
@@ -92,7 +93,14 @@ def plan(
     """The strategic merge patch that brings ``node`` to the verdict (pure).
 
     Only labels buildmatrix owns (labelkeys.owned) are set or removed; GFD's keys are
-    left out of both where GFD labels the node (``gfd_keys``: labelkeys.GfdKeys)."""
+    left out of both where GFD labels the node (``gfd_keys``: labelkeys.GfdKeys).
+
+    A failed verdict leaves the pool label (``gpu-pool``) as the node has it: the
+    taint alone keeps workloads off, while the label also selects the pool's own
+    DaemonSets (the GPU Operator's driver of the pool's ``NVIDIADriver``: ``k8s
+    drivers``), whose Pods the DaemonSet controller deletes from a node it no longer
+    selects. Removing it on a failed round (a registry outage fails the whole pool at
+    once) would unload the driver the next round needs to pass."""
     meta = node.get("metadata") or {}
     current: dict[str, str] = dict(meta.get("labels") or {})
     taints: list[dict[str, Any]] = list((node.get("spec") or {}).get("taints") or [])
@@ -100,7 +108,11 @@ def plan(
     # one predicate for what is written and what is removed
     wanted = {k: v for k, v in labels.items() if owned(k, gfd_keys=ours_gfd)}
     label_patch: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
-    removed = sorted(k for k in current if owned(k, gfd_keys=ours_gfd) and k not in wanted)
+    removed = sorted(
+        k
+        for k in current
+        if owned(k, gfd_keys=ours_gfd) and k not in wanted and (passed or k != POOL)
+    )
     label_patch.update(dict.fromkeys(removed))
     ours = [t for t in taints if t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT]
     if passed:
