@@ -381,6 +381,7 @@ def test_a_pools_driver_reaches_a_node_that_joins_tainted(cli: CliRunner) -> Non
             done.node.labels[key] = value
     done.node.obj["spec"]["taints"] = patch["spec"]["taints"]
     assert done.node.labels["gpu-pool"] == "training-hopper"
+    assert driver.daemonset is not None
     assert should_run(driver.daemonset, done.node.obj) == (True, "fits")
 
 
