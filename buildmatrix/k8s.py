@@ -130,13 +130,13 @@ def render(
 
 
 def _namespace(settings: Settings, labels: dict[str, str]) -> dict[str, Any]:
-    """The Namespace. A hostPath volume (--mode nfd) or an added capability (SYS_ADMIN
-    for MIG monitoring, --mig-strategy) is refused by the Pod Security Standards'
-    baseline level, which clusters often enforce by default: such a namespace is
-    labelled privileged, as the GPU Operator labels its own (controllers/
-    state_manager.go, setPodSecurityLabelsForNamespace)."""
+    """The Namespace. A hostPath volume (--mode nfd's feature folder, --containerd's
+    stores) or an added capability (SYS_ADMIN for MIG monitoring, --mig-strategy) is
+    refused by the Pod Security Standards' baseline level, which clusters often
+    enforce by default: such a namespace is labelled privileged, as the GPU Operator
+    labels its own (controllers/state_manager.go, setPodSecurityLabelsForNamespace)."""
     meta: dict[str, Any] = {"name": settings.namespace, "labels": dict(labels)}
-    if settings.mode == "nfd" or settings.mig_strategy is not None:
+    if settings.mode == "nfd" or settings.mig_strategy is not None or settings.containerd:
         meta["labels"]["pod-security.kubernetes.io/enforce"] = "privileged"
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 

@@ -206,16 +206,60 @@ def test_a_namespace_the_api_server_would_refuse_is_bad_input(
     assert "is not a valid namespace name" in r.err
 
 
+# Capabilities the Pod Security Standards' baseline level lets a container add
+# (kubernetes.io/docs/concepts/security/pod-security-standards, "Capabilities";
+# k8s.io/pod-security-admission policy/check_capabilities_baseline.go).
+_BASELINE_CAPS = {
+    *("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD"),
+    *("NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"),
+}
+
+
+def _baseline_refuses(pod: dict[str, Any]) -> list[str]:
+    """What of a Pod spec the baseline level refuses, per the standard's controls:
+    host namespaces, privileged containers, added capabilities beyond its list,
+    hostPath volumes, host ports."""
+    found = [f"spec.{k}" for k in ("hostNetwork", "hostPID", "hostIPC") if pod.get(k)]
+    found += [f"hostPath {v['name']}" for v in pod.get("volumes", []) if "hostPath" in v]
+    for c in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+        ctx = c.get("securityContext") or {}
+        if ctx.get("privileged"):
+            found.append(f"{c['name']}: privileged")
+        added = set((ctx.get("capabilities") or {}).get("add") or []) - _BASELINE_CAPS
+        found += [f"{c['name']}: adds {cap}" for cap in sorted(added)]
+        found += [f"{c['name']}: hostPort" for p in c.get("ports", []) if p.get("hostPort")]
+    return found
+
+
 @pytest.mark.parametrize(
-    ("args", "privileged"),
-    [((), False), (("--mode", "nfd"), True), (("--mig-strategy", "single"), True)],
+    "args",
+    [
+        (),
+        ("--mode", "nfd"),
+        ("--mig-strategy", "single"),
+        ("--mig-strategy", "mixed"),
+        ("--containerd",),
+        ("--load-test",),
+        ("--runtime-class",),
+        ("--registry-secret", "pull"),
+        ("--mode", "nfd", "--containerd"),
+    ],
+    ids=lambda a: " ".join(a) or "default",
 )
 def test_pod_security_label_where_the_pods_need_it(
-    cli: CliRunner, args: tuple[str, ...], privileged: bool
+    cli: CliRunner, tmp_path: Path, args: tuple[str, ...]
 ) -> None:
-    """hostPath volumes (--mode nfd) and added capabilities (MIG monitoring) are refused
-    at the Pod Security Standards' baseline level; only then is the namespace labelled
-    privileged."""
-    (ns,) = [d for d in _docs(cli, *args) if d["kind"] == "Namespace"]
+    """The namespace is labelled privileged exactly where its DaemonSet's Pod would be
+    refused at the Pod Security Standards' baseline level (which clusters often
+    enforce by default): hostPath volumes (--mode nfd, --containerd), added
+    capabilities (MIG monitoring)."""
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        "families: {hopper: train}\npools:\n  train: {images: [registry.example.com/t:1]}\n"
+    )
+    docs = _docs(cli, "--pools", str(pools), *args)
+    (ns,) = [d for d in docs if d["kind"] == "Namespace"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    refused = _baseline_refuses(ds["spec"]["template"]["spec"])
     label = ns["metadata"]["labels"].get("pod-security.kubernetes.io/enforce")
-    assert label == ("privileged" if privileged else None)
+    assert label == ("privileged" if refused else None), refused
