@@ -55,6 +55,10 @@ POOLS_PATH = "/etc/buildmatrix/pools.yaml"
 # $DOCKER_CONFIG names: where the Docker CLI, and buildmatrix, read credentials.
 REGISTRY_CONFIG_DIR = "/var/run/secrets/buildmatrix.io/registry"
 CONTAINERD_ROOT = "/var/lib/containerd"  # containerd's default root (defaults/defaults_unix.go)
+PRIORITY_CLASS = "system-node-critical"  # the DaemonSet's Pods, as the GPU Operator's
+# Pods of PRIORITY_CLASS the namespace's quota admits: one per node; above the largest
+# cluster size any provider documents (GKE: 65,000 nodes).
+CRITICAL_PODS = "100000"
 # A Secret's name (apimachinery validation.IsDNS1123Subdomain): at most 253 characters.
 _DNS_SUBDOMAIN = re.compile(
     r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
@@ -110,6 +114,7 @@ def render(
     if settings.mode == "nfd":  # no ServiceAccount rights, no policy: k8s_nfd.py
         objects: list[dict[str, Any]] = [
             _namespace(settings, labels),
+            _critical_pods_quota(ns, labels),
             node_feature_rule(name=APP, labels=labels),
             _pools_config(settings, profiles, ns, labels),
         ]
@@ -141,6 +146,29 @@ def _namespace(settings: Settings, labels: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
 
+def _critical_pods_quota(ns: str, labels: dict[str, str]) -> dict[str, Any]:
+    """The ResourceQuota that lets the DaemonSet's Pods, of the ``system-node-critical``
+    class, be created outside ``kube-system`` where the cluster limits that class to
+    namespaces holding a quota that covers it, as GKE Standard does (the ResourceQuota
+    admission plugin's ``limitedResources``; Kubernetes "Resource Quotas", "Limit
+    Priority Class consumption by default"): without it the DaemonSet controller's
+    creates fail and every node that joins tainted stays so. Elsewhere it limits
+    nothing: one Pod per node, and the ceiling is above any cluster's node count."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": f"{APP}-critical-pods", "namespace": ns, "labels": labels},
+        "spec": {
+            "hard": {"pods": CRITICAL_PODS},
+            "scopeSelector": {
+                "matchExpressions": [
+                    {"scopeName": "PriorityClass", "operator": "In", "values": [PRIORITY_CLASS]}
+                ]
+            },
+        },
+    }
+
+
 def _apply_objects(
     settings: Settings, profiles: ProfileSet, meta: dict[str, Any], labels: dict[str, str]
 ) -> list[dict[str, Any]]:
@@ -148,6 +176,7 @@ def _apply_objects(
     ns = settings.namespace
     return [
         _namespace(settings, labels),
+        _critical_pods_quota(ns, labels),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -230,7 +259,7 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
                 "spec": {
                     "serviceAccountName": APP,
                     "runtimeClassName": RUNTIME_CLASS,
-                    "priorityClassName": "system-node-critical",
+                    "priorityClassName": PRIORITY_CLASS,
                     "affinity": {
                         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": gpu}
                     },

@@ -527,6 +527,7 @@ def test_manifests_validate_offline(cli: CliRunner, tmp_path: Path) -> None:
     kinds = [d["kind"] for d in docs]
     assert kinds == [
         "Namespace",
+        "ResourceQuota",
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",

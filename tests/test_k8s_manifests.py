@@ -82,7 +82,7 @@ def test_each_flag_adds_only_its_object_and_all_validate(
         )
         extra = ("--pools", str(pools))
     docs = _docs(cli, *flags, *extra, "--node-selector", "example.com/gpu-node=true")
-    kinds = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+    kinds = ["Namespace", "ResourceQuota", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
     kinds += ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap"]
     kinds += ["RuntimeClass"] if "--runtime-class" in flags else []
     kinds += ["DaemonSet"]
@@ -263,3 +263,46 @@ def test_pod_security_label_where_the_pods_need_it(
     refused = _baseline_refuses(ds["spec"]["template"]["spec"])
     label = ns["metadata"]["labels"].get("pod-security.kubernetes.io/enforce")
     assert label == ("privileged" if refused else None), refused
+
+
+def _scope_matches(expression: dict[str, Any], priority_class: str | None) -> bool:
+    """A PriorityClass scope selector expression against a Pod's class, as the quota
+    evaluator matches it (kubernetes pkg/quota/v1/evaluator/core/pods.go,
+    podMatchesScopeFunc and podMatchesSelector)."""
+    op, values = expression["operator"], expression.get("values", [])
+    if op == "In":
+        return priority_class in values
+    if op == "NotIn":
+        return priority_class is not None and priority_class not in values
+    if op == "Exists":
+        return priority_class is not None
+    return op == "DoesNotExist" and priority_class is None
+
+
+@pytest.mark.parametrize("args", [(), ("--mode", "nfd"), ("--namespace", "gpu-admission")])
+def test_a_quota_admits_the_critical_pods_where_the_cluster_limits_them(
+    cli: CliRunner, args: tuple[str, ...]
+) -> None:
+    """Where the ResourceQuota admission plugin limits the system-*-critical classes
+    (``limitedResources``, as GKE Standard configures it), a Pod of such a class is
+    created only in a namespace holding a quota whose scope selector matches it and
+    that limits pods (kubernetes plugin/pkg/admission/resourcequota, "insufficient
+    quota to match these scopes"). The DaemonSet's Pod must find one, of a ceiling no
+    cluster's node count reaches."""
+    docs = _docs(cli, *args)
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    covering = [
+        d
+        for d in docs
+        if d["kind"] == "ResourceQuota"
+        and d["metadata"]["namespace"] == ds["metadata"]["namespace"]
+        and "pods" in d["spec"]["hard"]
+        and all(
+            _scope_matches(e, pod["priorityClassName"])
+            for e in d["spec"]["scopeSelector"]["matchExpressions"]
+        )
+    ]
+    assert len(covering) == 1
+    assert int(covering[0]["spec"]["hard"]["pods"]) > 65000

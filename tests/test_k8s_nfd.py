@@ -47,7 +47,7 @@ def rendered(cli: CliRunner, *args: str) -> list[Any]:
 def test_the_agent_has_no_api_rights(cli: CliRunner) -> None:
     docs = rendered(cli)
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["Namespace", "NodeFeatureRule", "ConfigMap", "DaemonSet"]
+    assert kinds == ["Namespace", "ResourceQuota", "NodeFeatureRule", "ConfigMap", "DaemonSet"]
     for d in docs:  # no role of any kind, no binding, no token: no verb on nodes
         assert "Role" not in d["kind"] and "Binding" not in d["kind"]
     pod = docs[-1]["spec"]["template"]["spec"]
