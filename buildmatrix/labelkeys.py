@@ -127,9 +127,17 @@ def writes_gfd_keys(mode: GfdKeys, node_labels: Mapping[str, str] | None) -> boo
     return mode is GfdKeys.ALWAYS
 
 
+# What buildmatrix writes of a mixed MIG resource: product, count and the attributes.
+# GFD also writes its ``.replicas`` and ``.sharing-strategy`` (internal/lm/resource.go,
+# baseLabeler), which are the device plugin's sharing settings: never buildmatrix's.
+_MIG_RESOURCE_SUFFIXES = tuple(f".{s}" for s in ("product", "count", *MIG_ATTRIBUTE_SUFFIXES))
+
+
 def is_mig_key(key: str) -> bool:
     """A GFD MIG key buildmatrix writes with ``--mig-strategy single`` or ``mixed``."""
-    return key.startswith(MIG_RESOURCE_PREFIX) or key in GFD_MIG_KEYS
+    return key in GFD_MIG_KEYS or (
+        key.startswith(MIG_RESOURCE_PREFIX) and key.endswith(_MIG_RESOURCE_SUFFIXES)
+    )
 
 
 def owned(key: str, *, gfd_keys: bool) -> bool:

@@ -154,3 +154,39 @@ def test_the_admission_policy_lets_the_agent_write_its_mig_keys(cli: CliRunner) 
         written = copy.deepcopy(gfd)
         written["metadata"]["labels"][key] = labels[key]
         assert denials(policy, request(agent, gfd, written))
+
+
+def test_the_agent_owns_its_mig_keys_and_not_gfds_sharing_keys() -> None:
+    """Every MIG key smoke writes is one it owns (so a failed round removes it), and
+    the ``.replicas`` and ``.sharing-strategy`` GFD writes beside each MIG resource
+    (internal/lm/resource.go, baseLabeler: the device plugin's sharing settings) are
+    never touched, on pass or on fail, even where buildmatrix writes GFD's keys."""
+    from buildmatrix.cuda import load_cuda_facts
+    from buildmatrix.labelkeys import SMOKE, GfdKeys, is_mig_key
+    from buildmatrix.node.apply import plan
+    from buildmatrix.node.checks import NodeOptions, evaluate
+    from buildmatrix.node.labels import node_labels
+    from buildmatrix.profile_files import load_profiles
+    from buildmatrix.snapshot import load_snapshot
+    from tests.conftest import REPO, SHIPPED_PROFILES
+
+    snap = load_snapshot(REPO / "tests" / "fixtures" / "nodes" / "h100-mig-mixed.json")
+    profiles = load_profiles(SHIPPED_PROFILES)
+    report = evaluate(snap, profiles, load_cuda_facts(), options=NodeOptions(mig_strategy="mixed"))
+    labels = node_labels(snap, report, mig_strategy="mixed")
+    mig = {k for k in labels if k.startswith("nvidia.com/mig")}
+    assert mig and all(is_mig_key(k) for k in mig)
+    resources = {k.rsplit(".", 1)[0] for k in mig if k.endswith(".count")}
+    sharing = {
+        f"{r}.{s}": v
+        for r in resources
+        for s, v in (("replicas", "2"), ("sharing-strategy", "time-slicing"))
+    }
+    node = {"metadata": {"name": "gpu-a", "labels": {**labels, **sharing}}, "spec": {"taints": []}}
+    for passed, wanted in ((True, labels), (False, {SMOKE: "failed"})):
+        for mode in GfdKeys:
+            body, applied = plan(node, passed=passed, labels=wanted, report="r", gfd_keys=mode)
+            touched = set(body.get("metadata", {}).get("labels", {}))
+            assert not touched & set(sharing), (passed, mode)
+            if not passed and mode is GfdKeys.ALWAYS:
+                assert mig <= set(applied.labels_removed)
