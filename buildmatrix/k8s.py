@@ -70,6 +70,7 @@ class Settings:
     image: str
     namespace: str = "buildmatrix"
     interval: int = 600
+    deadline: int = 3600  # smoke --deadline: a round that hangs marks the node failed
     load_test: bool = False
     pools: str | None = None  # the pools file's text; None: every family its own pool
     registry_secret: str | None = None  # a kubernetes.io/dockerconfigjson Secret's name
@@ -286,6 +287,7 @@ def _smoke_script(settings: Settings) -> str:
         smoke = f"buildmatrix smoke --nfd-file {FEATURE_FILE} --pools {POOLS_PATH}"
     else:
         smoke = f"buildmatrix smoke --apply --pools {POOLS_PATH}"
+    smoke += f" --deadline {settings.deadline}"
     if settings.gfd_keys is not GfdKeys.AUTO:
         smoke += f" --gfd-keys {settings.gfd_keys.value}"
     if settings.load_test:

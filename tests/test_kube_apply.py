@@ -16,6 +16,7 @@ import yaml
 
 from buildmatrix.k8s import Settings, render
 from buildmatrix.labelkeys import REPORT_ANNOTATION, TAINT_KEY, GfdKeys
+from buildmatrix.node.admit import DEADLINE_THREAD
 from buildmatrix.node.apply import plan
 from buildmatrix.profile_files import load_profiles
 from tests.admission_policy import UserInfo
@@ -545,6 +546,63 @@ def test_a_live_node_that_fails_is_tainted_and_marked_failed(
     assert "nvidia.com/gpu.family" not in labels
     assert labels["team"] == "ml"
     assert reason in node["metadata"]["annotations"][REPORT_ANNOTATION]
+
+
+@pytest.mark.parametrize("admitted", [False, True], ids=["joined-tainted", "admitted-before"])
+def test_a_round_that_hangs_marks_the_node_failed_at_its_deadline(
+    cli: CliRunner,
+    api: tuple[ApiStandIn, Path],
+    standin_libs: Path,
+    tmp_path: Path,
+    admitted: bool,
+) -> None:
+    """NVML that never answers (a wedged GPU; the stand-in's init "hang"): when
+    --deadline passes, the node is tainted and marked failed with the reason, and smoke
+    exits 1, so a node admitted by an earlier round does not stay admitted; the NFD
+    feature file gets the same mark."""
+    standin, kubeconfig = api
+    if admitted:
+        assert _smoke(cli, kubeconfig, "h100-535", "--pools", POOLS)[0] == 0
+        assert ADMISSION not in _node(standin)["spec"]["taints"]
+    features = tmp_path / "features.d" / "buildmatrix"
+    features.parent.mkdir()
+    proc = run_cli(
+        [
+            *("smoke", "--apply", "--node", "gpu-1", "--kubeconfig", str(kubeconfig)),
+            *("--pools", POOLS, "--nfd-file", str(features), "--deadline", "1", "--json"),
+        ],
+        libs=standin_libs,
+        tmp=tmp_path,
+        nvml={"init": "hang"},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert "the round did not finish within 1 s (--deadline)" in proc.stderr
+    assert "node gpu-1 marked failed and tainted" in proc.stderr
+    node = _node(standin)
+    assert ADMISSION in node["spec"]["taints"]
+    labels = node["metadata"]["labels"]
+    assert labels["buildmatrix.io/smoke"] == "failed"
+    assert labels.get("gpu-pool") == ("training-hopper" if admitted else None)
+    assert "nvidia.com/gpu.family" not in labels
+    assert "deadline" in node["metadata"]["annotations"][REPORT_ANNOTATION]
+    assert "buildmatrix.io/smoke=failed" in features.read_text()
+
+
+def test_a_round_within_its_deadline_is_unchanged(
+    cli: CliRunner, api: tuple[ApiStandIn, Path]
+) -> None:
+    """The deadline's timer stops when the round concludes: the run in this process
+    passes, and no timer is left to end the process later."""
+    standin, kubeconfig = api
+    code, doc = _smoke(cli, kubeconfig, "h100-535", "--pools", POOLS, "--deadline", "600")
+    assert code == 0, doc
+    assert doc["verdict"] == "pass"
+    assert ADMISSION not in _node(standin)["spec"]["taints"]
+    for thread in threading.enumerate():
+        if thread.name == DEADLINE_THREAD:
+            thread.join(timeout=30)  # cancelled: it ends at once
+            assert not thread.is_alive()
 
 
 def test_a_pool_image_that_cannot_be_read_keeps_the_node_tainted(

@@ -45,6 +45,15 @@ def k8s() -> None:
     metavar="SECONDS",
     help="How often the DaemonSet re-runs smoke on each node.",
 )
+@click.option(
+    "--deadline",
+    type=click.IntRange(min=60),
+    default=3600,
+    show_default=True,
+    metavar="SECONDS",
+    help="smoke --deadline: a round that takes longer (a hung NVML call or load test) "
+    "marks the node failed.",
+)
 @click.option("--load-test", is_flag=True, help="Run smoke with --load-test.")
 @click.option(
     "--registry-secret",
@@ -126,12 +135,13 @@ def k8s() -> None:
 )
 @click.option("--format", "fmt", type=MANIFEST_FORMATS, default="yaml", show_default=True)
 @profiles_option
-# Over 60 lines only by its signature: one parameter per option (20 of them).
+# Over 60 lines only by its signature: one parameter per option (21 of them).
 def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     tool_image: str,
     pools: Path | None,
     namespace: str,
     interval: int,
+    deadline: int,
     load_test: bool,
     registry_secret: str | None,
     node_selectors: tuple[str, ...],
@@ -175,6 +185,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
         image=tool_image,
         namespace=namespace,
         interval=interval,
+        deadline=deadline,
         load_test=load_test,
         pools=pools_text,
         registry_secret=registry_secret,

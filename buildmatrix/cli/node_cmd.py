@@ -166,6 +166,14 @@ def _print_admission(admission: Admission) -> None:
     help="Credentials for --apply (default: in-cluster ServiceAccount, else ~/.kube/config).",
 )
 @click.option(
+    "--deadline",
+    type=click.FloatRange(min=0, min_open=True, max=86400),
+    metavar="SECONDS",
+    help="Give the round this long: past it, the node is marked failed where the verdict "
+    "goes (--apply: tainted; --nfd-file) and smoke exits 1 (3 if that mark cannot be "
+    "written), so that a hung NVML call or load test never leaves a node admitted.",
+)
+@click.option(
     "--prefer-containerd",
     is_flag=True,
     help="Read each registry image from the node's containerd when it holds that name "
@@ -195,6 +203,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     nfd_file: Path | None,
     apply_to_node: bool,
     kubeconfig: Path | None,
+    deadline: float | None,
     prefer_containerd: bool,
     node: str | None,
     platform: str,
@@ -228,6 +237,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         kubeconfig=kubeconfig,
         prefer_containerd=prefer_containerd,
         platform=platform if _given("platform") else None,
+        deadline=deadline,
     )
     profiles = load(profiles_dir)
     admission = admit(
@@ -236,12 +246,24 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         pools=_pools(pools, profiles),
         facts=load_cuda_facts(),
         containerd=containerd_store(),
+        overdue=_overdue,
     )
     if as_json:
         echo_json(_smoke_json(admission))
     else:
         _print_admission(admission)
     return admission.exit_code
+
+
+def _overdue(message: str, code: int) -> None:
+    """The deadline passed (node/admit.py, Deadline): say why and end the process at
+    once, from the timer's thread, whatever the main thread is waiting in."""
+    import os
+    import sys
+
+    sys.stderr.write(f"buildmatrix: FAIL: {message}\n")
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _given(option: str) -> bool:

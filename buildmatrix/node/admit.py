@@ -13,7 +13,8 @@ printed, its failure mark written) with the exit code of the environment error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,6 +61,73 @@ class AdmitOptions:
     kubeconfig: Path | None = None
     prefer_containerd: bool = False
     platform: str | None = None  # --platform where given (node/image_fit.images_platform)
+    deadline: float | None = None  # --deadline: seconds the round may take (Deadline)
+
+
+DEADLINE_THREAD = "buildmatrix-deadline"
+# Called by the deadline's thread with the message and the exit code; never returns
+# (the CLI prints the message and ends the process).
+Overdue = Callable[[str, int], None]
+
+
+class Deadline:
+    """``--deadline``: a round that has not concluded when it passes is concluded as
+    failed by this timer's thread (the failure mark written where the verdict would
+    go: the Node, the NFD file), which then hands over to ``overdue`` to end the
+    process. A GPU whose NVML calls hang, or a load test that never returns, must not
+    leave a node admitted by an earlier round admitted: the interval's re-check is
+    what catches a GPU that degrades after admission. NVML and the CUDA driver (the
+    load test) are called through ctypes, which releases the GIL while in them, and
+    registries are read with time-outs: the thread runs while the main thread waits."""
+
+    def __init__(
+        self, seconds: float, options: AdmitOptions, api: NodeApi | None, overdue: Overdue
+    ) -> None:
+        self._seconds = seconds
+        self._options = options
+        self._api = api
+        self._overdue = overdue
+        self._lock = threading.Lock()
+        self._claimed = False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.name = DEADLINE_THREAD
+        self._timer.daemon = True
+        self._timer.start()
+
+    def claim(self) -> None:
+        """The main thread concludes the round: the timer no longer may. Blocks only
+        where the timer is concluding, and it ends the process. Once is enough."""
+        if not self._claimed:
+            self._lock.acquire()
+            self._claimed = True
+            self._timer.cancel()
+
+    def _expire(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            return  # the main thread is writing its own verdict
+        why = (
+            f"deadline: the round did not finish within {self._seconds:g} s (--deadline): "
+            "an NVML call, an image read or the load test hung"
+        )
+        labels = {SMOKE: "failed"}
+        options, code = self._options, 1
+        try:
+            if options.nfd_file is not None:
+                _write_nfd(options.nfd_file, labels)
+            if self._api is not None and options.node is not None:
+                apply(
+                    self._api,
+                    options.node,
+                    passed=False,
+                    labels=labels,
+                    failures=[why],
+                    gfd_keys=options.gfd_keys,
+                )
+                why += f"; node {options.node} marked failed and tainted"
+        except (EnvironmentUnavailable, InputError, OSError) as exc:
+            why += f"; writing the failure mark failed: {exc}"
+            code = EnvironmentUnavailable.exit_code
+        self._overdue(why, code)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,24 +158,61 @@ def admit(
     pools: Pools | None,
     facts: CudaFacts,
     containerd: Store | None = None,
+    overdue: Overdue | None = None,
 ) -> Admission:
     """Admit (or reject) the node ``options`` describe.
 
     Bad input (a malformed reference, --load-test with no image anywhere, --apply
     without a node name) is refused before NVML or any image is read; unusable
     credentials for --apply likewise. ``containerd``: where ``containerd:`` references
-    are read (default: the environment's, as ``ctr`` takes it).
+    are read (default: the environment's, as ``ctr`` takes it). ``overdue``: what
+    ends the process when ``options.deadline`` passes (:class:`Deadline`).
     """
     for ref in options.images:
         parse_ref(ref)  # a malformed reference is bad input, before any NVML or I/O
     if options.load_test:
         require_images(options.images, pools)
     api = _node_api(options.node, options.kubeconfig) if options.apply else None
+    if options.deadline is None:
+        return _round(
+            options, api, None, profiles=profiles, pools=pools, facts=facts, containerd=containerd
+        )
+    if overdue is None:
+        raise ValueError("a deadline needs what ends the process when it passes")
+    deadline = Deadline(options.deadline, options, api, overdue)
+    try:
+        return _round(
+            options,
+            api,
+            deadline,
+            profiles=profiles,
+            pools=pools,
+            facts=facts,
+            containerd=containerd,
+        )
+    finally:
+        deadline.claim()  # bad input or an error raised midway: the timer stops too
+
+
+def _round(
+    options: AdmitOptions,
+    api: NodeApi | None,
+    deadline: Deadline | None,
+    *,
+    profiles: ProfileSet,
+    pools: Pools | None,
+    facts: CudaFacts,
+    containerd: Store | None,
+) -> Admission:
+    """The round itself: the node read, judged and its verdict written; the verdict
+    is written only after ``deadline`` is claimed from its timer."""
     try:
         snap = read_snapshot(
             snapshot=options.snapshot, record=options.record, node=options.node, sysfs=options.sysfs
         )
     except EnvironmentUnavailable as exc:
+        if deadline is not None:
+            deadline.claim()
         return _unreadable(exc, options, api)
     plan = plan_images(options.images, snapshot=snap, profiles=profiles, pools=pools)
     outcomes = (
@@ -129,6 +234,8 @@ def admit(
         verified=_verified(outcomes),
         mig_strategy=options.mig_strategy,
     )
+    if deadline is not None:
+        deadline.claim()
     return _conclude(options, api, snap, report, labels, plan=plan, outcomes=outcomes, empty=empty)
 
 

@@ -16,12 +16,16 @@
  * nvmlDeviceGetMigDeviceHandleByIndex below "max_mig_devices": NOT_FOUND for an
  * index without a device, INVALID_ARGUMENT past the maximum, as nvml.h documents.
  *
+ * A scenario whose "init" is "hang" never returns from nvmlInit: NVML on a node whose
+ * GPU or driver is wedged, where nvidia-smi hangs too.
+ *
  * Handles: a GPU is index + 1; a MIG device (GPU + 1) << 16 | (index + 1); a GPU
  * instance (GPU + 1) << 16 | 0x8000 | id.
  *
  * Build: gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 nvml.c
  */
 #include <stdint.h>
+#include <unistd.h>
 
 #include "scenario.h"
 
@@ -105,7 +109,10 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     if (!scn) scn = scenario_load("NVML_STANDIN_SCENARIO");
     if (!scn) return 9; /* no scenario: behave as a node without a loaded driver */
-    return error_of(jget(scn, "init"));
+    jval *init = jget(scn, "init");
+    if (init && init->type == J_STR && !strcmp(init->str, "hang"))
+        for (;;) pause();
+    return error_of(init);
 }
 
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
