@@ -72,6 +72,25 @@ def external_refs(text: str) -> list[str]:
     return refs
 
 
+# NVIDIA's CUDA images on Docker Hub: every tag is VERSION-FLAVOUR-OS, VERSION a full
+# MAJOR.MINOR.PATCH (gitlab.com/nvidia/container-images/cuda, doc/supported-tags.md).
+NVIDIA_CUDA = "nvidia/cuda"
+
+
+def nvidia_cuda_tags(text: str) -> list[tuple[str, str]]:
+    """``(reference, tag)`` of each FROM line that pulls ``nvidia/cuda`` from Docker Hub
+    by tag (a reference with a digest pulls the digest, whatever its tag says)."""
+    out = []
+    for ref in external_refs(text):
+        path = _docker_hub_path(ref)
+        if path is None or "@" in ref:
+            continue
+        name, _, tag = path.partition(":")
+        if name == NVIDIA_CUDA and tag:
+            out.append((ref, tag))
+    return out
+
+
 def apply(text: str, bases: Bases) -> str:
     """``text`` with each external FROM reference pinned (``REF@sha256:...``, the tag
     kept for readers; the digest is what Docker pulls) and, for Docker Hub

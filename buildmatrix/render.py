@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from buildmatrix.bases import NO_BASES, Bases, apply
+from buildmatrix.bases import NO_BASES, Bases, apply, nvidia_cuda_tags
 from buildmatrix.errors import InputError
 from buildmatrix.variant import Entry
 
@@ -89,6 +89,7 @@ def render(
         ) from None
     except jinja2.TemplateError as exc:
         raise InputError(f"{spec.template}: cannot render {entry.tag}: {exc}.") from None
+    _refuse_unpublished_cuda(body, entry)
     body = apply(body, bases)
     if "FROM" not in body.upper():
         raise InputError(f"{spec.template}: rendered {entry.tag} without a FROM line.")
@@ -101,6 +102,27 @@ def render(
     directives, rest = split_directives(body)
     header = HEADER.format(source=source, tag=entry.tag)
     return directives + header + rest.rstrip("\n") + "\n" + tail
+
+
+def _refuse_unpublished_cuda(body: str, entry: Entry) -> None:
+    """A FROM ``nvidia/cuda:VERSION-...`` whose VERSION is not a published release
+    (buildmatrix/data/cuda.yaml, ``releases``) fails only at ``docker build``: refuse
+    it here. The usual cause is a spec's ``cuda`` given as MAJOR.MINOR, which the
+    template writes as it is, while NVIDIA tags only full versions."""
+    releases = entry.facts.releases
+    for ref, tag in nvidia_cuda_tags(body):
+        version = tag.split("-", 1)[0]
+        mm = ".".join(version.split(".")[:2])
+        known = releases.get(mm)
+        if known is None or version in known:
+            continue  # a toolkit whose releases the facts do not list, or a release
+        listed = ", ".join(known) if known else f"none yet for CUDA {mm}"
+        raise InputError(
+            f"{entry.spec.template}: {entry.tag} pulls {ref}, a tag NVIDIA does not "
+            f"publish: nvidia/cuda tags name a full CUDA release ({listed}; "
+            "buildmatrix/data/cuda.yaml, releases). Give the spec's 'cuda' a full version, "
+            "or write one into the template."
+        )
 
 
 _DIRECTIVE = re.compile(r"#\s*(syntax|escape|check)\s*=.*", re.IGNORECASE)

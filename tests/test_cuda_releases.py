@@ -118,3 +118,48 @@ def test_the_shipped_specs_name_released_versions() -> None:
         for version in re.findall(r'"(\d+\.\d+\.\d+)"', line):
             mm = version.rsplit(".", 1)[0]
             assert version in FACTS.releases[mm], (spec, version)
+
+
+def test_a_major_minor_cuda_in_a_nvidia_cuda_tag_is_refused(cli: CliRunner, tmp_path: Path) -> None:
+    """The shipped templates write ``nvidia/cuda:{{ cuda }}-devel-ubuntu24.04``: with
+    ``cuda: ["12.9"]`` that is ``nvidia/cuda:12.9-devel-ubuntu24.04``, a tag NVIDIA does
+    not publish (only full versions), refused before any Dockerfile is written."""
+    result = _generate(cli, _images(tmp_path, '["12.9"]'), tmp_path)
+    assert result.code == 2
+    err = " ".join(result.err.split())
+    assert "pulls nvidia/cuda:12.9-devel-ubuntu24.04, a tag NVIDIA does not publish" in err
+    assert "(12.9.0, 12.9.1, 12.9.2;" in err
+    assert "Dockerfile.j2" in err
+    assert not (tmp_path / "build").exists()
+
+
+def test_a_rendered_nvidia_cuda_tag_is_a_listed_release_or_refused(tmp_path: Path) -> None:
+    """Exhaustive over the facts: a template pulling ``nvidia/cuda:{{ cuda }}-...`` (and
+    the same through ``docker.io/``) renders for each listed release and is refused
+    for MAJOR.MINOR; a digest-pinned reference is left alone (Docker pulls the
+    digest), as is another registry's ``nvidia/cuda``."""
+    from buildmatrix.matrix import expand
+    from buildmatrix.render import render
+
+    profiles = load_profiles(SHIPPED_PROFILES)
+    folder = tmp_path / "x"
+    folder.mkdir()
+    path = folder / "image.yaml"
+    templates = {
+        "FROM nvidia/cuda:{{ cuda }}-base-ubuntu24.04\n": True,
+        "FROM docker.io/nvidia/cuda:{{ cuda }}-base-ubuntu24.04 AS b\nFROM b\n": True,
+        "FROM nvidia/cuda:{{ cuda }}-base-ubuntu24.04@sha256:" + "0" * 64 + "\n": False,
+        "FROM nvcr.io/nvidia/cuda:{{ cuda }}-base-ubuntu24.04\n": False,
+    }
+    for text, checked in templates.items():
+        (folder / "Dockerfile.j2").write_text(text)
+        for mm, releases in FACTS.releases.items():
+            for version in (mm, *releases):
+                data = _spec([version]) | {"families": ["ampere"]}
+                spec = spec_from_data(data, path, profiles, facts=FACTS)
+                entry = expand(spec, profiles, facts=FACTS, out=tmp_path / "o").entries[0]
+                if checked and version not in releases:
+                    with pytest.raises(InputError, match="a tag NVIDIA does not publish"):
+                        render(entry, source="x")
+                else:
+                    assert f":{version}-base" in render(entry, source="x")
