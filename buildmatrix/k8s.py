@@ -288,8 +288,15 @@ def _smoke_script(settings: Settings) -> str:
     else:
         smoke = f"buildmatrix smoke --apply --pools {POOLS_PATH}"
     smoke += f" --deadline {settings.deadline}"
-    if settings.gfd_keys is not GfdKeys.AUTO:
-        smoke += f" --gfd-keys {settings.gfd_keys.value}"
+    gfd_keys = settings.gfd_keys
+    if settings.mode == "nfd" and gfd_keys is GfdKeys.AUTO:
+        # Without a Node to read, auto cannot see GFD's timestamp and would write its
+        # keys: a second NodeFeature with GFD's keys, whose values nfd-master merges by
+        # object name (node-feature-discovery nfd-master getAndMergeNodeFeatures), so a
+        # node's -SHARED product could be replaced. GFD's keys stay GFD's here.
+        gfd_keys = GfdKeys.NEVER
+    if gfd_keys is not GfdKeys.AUTO:
+        smoke += f" --gfd-keys {gfd_keys.value}"
     if settings.load_test:
         smoke += " --load-test"
     if settings.containerd:  # the pools' images as the node holds them, when it does

@@ -217,3 +217,34 @@ def test_the_values_overlays_turn_on_nfd_taints(
         assert {"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT} in values["worker"][
             "tolerations"
         ]
+
+
+@pytest.mark.parametrize(
+    ("given", "rendered_mode"), [((), "never"), (("--gfd-keys", "always"), "always")]
+)
+def test_gfds_keys_stay_gfds_unless_asked(
+    cli: CliRunner, tmp_path: Path, given: tuple[str, ...], rendered_mode: str
+) -> None:
+    """With no Node to read, smoke's auto cannot see GFD, and a feature file with GFD's
+    keys would be a second source of them for nfd-master: NFD mode renders
+    --gfd-keys never unless always is asked for, and the real smoke with the rendered
+    flag writes GFD's keys only then."""
+    r = cli("k8s", "manifests", "--mode", "nfd", *given)
+    assert r.code == 0, r.err
+    (ds,) = [d for d in yaml.safe_load_all(r.out) if d and d["kind"] == "DaemonSet"]
+    script = ds["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert f"--gfd-keys {rendered_mode}" in script
+    features = tmp_path / "buildmatrix"
+    snapshot = str(NODES / "h100-535.json")
+    args = (
+        "--snapshot",
+        snapshot,
+        "--pools",
+        str(NODES / "pools.yaml"),
+        "--nfd-file",
+        str(features),
+    )
+    assert cli("smoke", *args, "--gfd-keys", rendered_mode).code == 0
+    labels = parse_feature_file(features.read_text(), now=datetime.now(UTC))
+    assert labels["buildmatrix.io/smoke"] == "passed"
+    assert ("nvidia.com/gpu.product" in labels) is (rendered_mode == "always")
