@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from buildmatrix.arch import CodeKind, ComputeCapability
 from buildmatrix.binary.report import FileReport, dispatch_signs
-from buildmatrix.compat import combine, judge_codes, ptx_targets, sass_runs_on
+from buildmatrix.compat import combine, judge_code, judge_codes, ptx_targets, sass_runs_on
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.verdict import RANK, CodeTarget, FileJudgement, Judgement, Unit, Verdict
 
@@ -92,22 +92,35 @@ def _kept_as_data(
     return judged, specialised
 
 
-def _with_kernels_lacking(unit: Unit, cc: ComputeCapability, j: Judgement) -> Judgement:
-    """``j``, or none where the cubin ``cc`` loads lacks kernels the container's other
-    cubins define: the CUDA runtime loads the cubin of the highest SM that runs on
-    the GPU (CUDA C++ Programming Guide, "Binary Compatibility"), and a kernel it does
-    not define cannot be launched ("invalid device function"), whatever the other
-    cubins hold. Where two cubins tie (``sm_90``, ``sm_90a``), either may be loaded."""
-    if j.verdict is not Verdict.NATIVE or not unit.lacking:
+def _with_kernels_lacking(
+    unit: Unit, cc: ComputeCapability, j: Judgement, jits: Callable[[CodeTarget], bool]
+) -> Judgement:
+    """``j``, or none where the image ``cc`` loads lacks kernels the container's other
+    images define. The driver builds the module from one image of the container: the
+    cubin of the highest SM that runs on the GPU, else the PTX it JIT-compiles (CUDA
+    C++ Programming Guide, "Binary Compatibility" and "Application Compatibility"),
+    here the PTX of the highest compute capability that JITs there (``jits``: its
+    verdict is jit). A kernel that image does not define cannot be launched
+    ("invalid device function"), whatever the other images hold. Where two tie
+    (``sm_90`` and ``sm_90a``, ``compute_90`` and ``compute_90a``), either may be
+    loaded."""
+    if j.verdict is Verdict.NONE or not unit.lacking:
         return j
-    runs = [c.arch for c in unit.codes if c.arch.kind is CodeKind.SASS and sass_runs_on(c.arch, cc)]
+    if j.verdict is Verdict.NATIVE:
+        kind, verb = CodeKind.SASS, "loads"
+        runs = [c.arch for c in unit.codes if c.arch.kind is kind and sass_runs_on(c.arch, cc)]
+    else:
+        kind, verb = CodeKind.PTX, "JIT-compiles"
+        runs = [c.arch for c in unit.codes if c.arch.kind is kind and jits(c)]
     top = max((a.cc for a in runs), default=None)
-    for arch, missing in unit.lacking:
-        if arch.cc == top and arch in runs:
+    for lack in unit.lacking:
+        if lack.image.cc == top and lack.image in runs:
+            missing = lack.kernels
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             why = (
-                f"its {arch} cubin, the one {cc} loads, lacks kernels its other cubins "
-                f"define ({', '.join(missing[:3])}{more}); launching them fails there"
+                f"its {lack.describe()}, the one {cc} {verb}, lacks kernels its "
+                f"{lack.definers()} define{'s' if len(lack.defined_by) == 1 else ''} "
+                f"({', '.join(missing[:3])}{more}); launching them fails there"
             )
             return Judgement(verdict=Verdict.NONE, reasons=(why,))
     return j
@@ -155,7 +168,12 @@ def judge_units(
             j = judge_codes(u.codes, cc, driver=driver, facts=facts, driver_cuda=driver_cuda)
             judged_sets[u.codes] = j
         results.append(j)
-    results = [_with_kernels_lacking(u, cc, j) for u, j in zip(units, results, strict=True)]
+
+    def jits(code: CodeTarget) -> bool:
+        got = judge_code(code, cc, driver=driver, facts=facts, driver_cuda=driver_cuda)
+        return got.verdict is Verdict.JIT
+
+    results = [_with_kernels_lacking(u, cc, j, jits) for u, j in zip(units, results, strict=True)]
     judged, specialised = _registered(
         units, results, cc, strict=strict, signs=signs or cache(lambda: dispatch_signs(units))
     )

@@ -51,23 +51,47 @@ class FileJudgement:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Lacking:
+    """An image of a translation unit (a cubin or a PTX text, both read) that lacks
+    kernels other images of it define, and those images."""
+
+    image: Arch
+    kernels: tuple[str, ...]
+    defined_by: tuple[Arch, ...]
+
+    def describe(self) -> str:
+        """``sm_80 cubin`` or ``compute_80 PTX``: what the message calls the image."""
+        return _image(self.image)
+
+    def definers(self) -> str:
+        """The images that define the kernels, as the message names them."""
+        return " and ".join(_image(a) for a in self.defined_by)
+
+
+def _image(arch: Arch) -> str:
+    return f"{arch} {'cubin' if arch.kind is CodeKind.SASS else 'PTX'}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Unit:
     """One translation unit's loadable code (a fatbinary container) and the kernels
-    its cubins define (compressed ones decompressed: buildmatrix.binary.kernels)."""
+    its cubins and PTX texts define (compressed ones decompressed:
+    buildmatrix.binary.kernels)."""
 
     codes: tuple[CodeTarget, ...]
     kernels: tuple[str, ...] = ()
     index: int = 0  # the container's place in the file
-    # Whether its kernels were read: False where no cubin of it was (PTX only, or a
-    # compressed cubin the scan did not decompress); the rule never exempts on names
-    # it has not read.
+    # Whether its kernels were read: False where no image of it was (a compressed
+    # cubin or PTX text the scan did not decompress, a PTX text alone); the rule
+    # never exempts on names it has not read.
     kernels_known: bool = True
     # Kept as data and loaded by the program itself (cuModuleLoadData), which picks
     # one per GPU: found by content (buildmatrix.binary.embedded).
     embedded: bool = False
-    # Cubins of the container that lack kernels another of its cubins defines (both
-    # read): a GPU that loads such a cubin cannot launch those kernels.
-    lacking: tuple[tuple[Arch, tuple[str, ...]], ...] = ()
+    # Images of the container (cubins, PTX texts) that lack kernels another of its
+    # images defines (both read): a GPU that loads such an image cannot launch those
+    # kernels.
+    lacking: tuple[Lacking, ...] = ()
 
     @property
     def specific(self) -> bool:

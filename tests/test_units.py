@@ -20,7 +20,7 @@ from buildmatrix.compat import CodeTarget, Verdict, ptx_targets
 from buildmatrix.cuda import DriverVersion, load_cuda_facts, parse_driver_version
 from buildmatrix.profile_files import default_profiles_dir, load_profiles
 from buildmatrix.units import judge_file, judge_units
-from buildmatrix.verdict import Unit
+from buildmatrix.verdict import Lacking, Unit
 from tests.conftest import REPO
 
 CC = ComputeCapability
@@ -178,13 +178,19 @@ def test_a_specialised_container_whose_cubin_lacks_kernels_says_so() -> None:
         index=2,
         kernels=("_Z6only90v", "_Z4bothv"),
         kernels_known=True,
-        lacking=((parse_arch("sm_80"), ("_Z6only90v",)),),
+        lacking=(
+            Lacking(
+                image=parse_arch("sm_80"),
+                kernels=("_Z6only90v",),
+                defined_by=(parse_arch("sm_90"),),
+            ),
+        ),
     )
     got = judge_units([*full, guarded], CC(8, 0), driver=None, facts=FACTS)
     assert got.verdict is Verdict.NATIVE
     (line,) = got.specialised
     assert line.startswith("container 2 (sm_80, sm_90; kernels _Z6only90v, _Z4bothv): its sm_80 ")
-    assert "lacks kernels its other cubins define (_Z6only90v)" in line
+    assert "lacks kernels its sm_90 cubin defines (_Z6only90v)" in line
     assert "has nothing for" not in line and "; it is specialised code" in line
     # where the cubin it loads is complete, it counts as usual
     assert judge_units([*full, guarded], CC(9, 0), driver=None, facts=FACTS).specialised == ()

@@ -76,9 +76,9 @@ class FatbinEntry:
     offset: int
     # Which fatbinary container (one translation unit) of the file holds the entry.
     container: int = 0
-    # Kernel names of a SASS cubin (its .text.NAME sections); None for PTX, for a
-    # payload that is no readable ELF, and for a compressed cubin not decompressed
-    # (buildmatrix.binary.kernels says which are).
+    # Kernel names of a SASS cubin (its .text.NAME sections) or a PTX text (its
+    # .entry directives); None for a payload that is no readable ELF, and for an
+    # entry not read (buildmatrix.binary.kernels says which are).
     kernels: tuple[str, ...] | None = None
     # The CUDA release whose ptxas/nvlink wrote the cubin (.note.nv.tkinfo), if read.
     toolkit: Version | None = None
@@ -361,13 +361,29 @@ def decompressed_cubin(src: ByteSource, entry: FatbinEntry, *, name: str) -> Byt
     """The cubin of the compressed SASS entry ``entry`` of ``src``: its header read
     again for the compressed size (+16) and the uncompressed size (+56), the payload
     decompressed (buildmatrix.binary.decompress) within those bounds."""
+    where, data = _payload(src, entry, name=name, what="cubin")
+    return BytesSource(data, name=where)
+
+
+def ptx_text(src: ByteSource, entry: FatbinEntry, *, name: str) -> bytes:
+    """The whole text of the PTX entry ``entry`` of ``src``, decompressed where it is
+    compressed (as :func:`decompressed_cubin`)."""
+    return _payload(src, entry, name=name, what="PTX")[1]
+
+
+def _payload(src: ByteSource, entry: FatbinEntry, *, name: str, what: str) -> tuple[str, bytes]:
+    """(where, bytes) of ``entry``'s payload, decompressed where it is compressed."""
     raw = read_exact(src, entry.offset, _ENTRY.size, what="fatbin entry header")
     _, _, ehsize, payload, packed, _, _, _, flags, unc = _ENTRY.unpack(raw)
-    where = f"{name} ({entry.arch_name} cubin at {entry.offset + ehsize:#x})"
+    at = entry.offset + ehsize
+    packed_ptx = "compressed " if entry.compressed and what == "PTX" else ""
+    where = f"{name} ({packed_ptx}{entry.arch_name} {what} at {at:#x})"
+    if not entry.compressed:
+        return where, read_exact(src, at, payload, what=f"fatbin {what} entry")
     if not 0 < packed <= payload:
         raise CorruptBinary(
             f"{where}: compressed entry claims {packed} compressed bytes in a "
             f"{payload}-byte payload."
         )
-    data = read_exact(src, entry.offset + ehsize, packed, what="compressed fatbin entry")
-    return BytesSource(decompress_payload(data, flags=flags, size=unc, name=where), name=where)
+    data = read_exact(src, at, packed, what="compressed fatbin entry")
+    return where, decompress_payload(data, flags=flags, size=unc, name=where)

@@ -1,4 +1,5 @@
-"""Which compressed cubins of a file are decompressed, for their kernels and toolkit.
+"""Which compressed cubins of a file are decompressed, for their kernels and toolkit,
+and which PTX texts are read for their kernels.
 
 An uncompressed cubin is read in place for its kernels (``.text.NAME`` sections, or
 entry symbols: buildmatrix.binary.cubin.cubin_facts) and
@@ -15,12 +16,15 @@ them, and nowhere else (docs/check.md, "Per translation unit"):
   targets), each registered container that lacks SASS somewhere the file's most
   frequent target set (several tied: their union) has it; its smallest compressed
   cubin is read (nvcc compiles a translation unit's source once per arch);
-- **kernels of every cubin of a unit of several SMs**, where a cubin for one GPU
-  lacking a kernel another cubin defines would change the verdict (units.py,
-  ``_with_kernels_lacking``): in a file of one registered unit, or of several that
-  shows no sign of dispatch (:func:`_dispatches`; in a file that shows one, such a
-  unit is left out as specialised code, so the default verdict does not change, and
-  ``--strict`` does not see it: docs/check.md);
+- **kernels of every image of a unit of several** (cubins and PTX texts of
+  different archs), where the image the driver loads on one GPU lacking a kernel
+  another image defines would change the verdict (units.py,
+  ``_with_kernels_lacking``): an uncompressed PTX text is read wherever its unit
+  has another image (its ``.entry`` directives: buildmatrix.binary.ptx.ptx_kernels,
+  at memory speed); compressed cubins and PTX texts in a file of one registered
+  unit, or of several that shows no sign of dispatch (:func:`_dispatches`; in a
+  file that shows one, such a unit is left out as specialised code, so the default
+  verdict does not change, and ``--strict`` does not see it: docs/check.md);
 - **toolkit**, the one sign of a statically linked CUDA runtime and the runtime's
   driver floor: notes are read, smallest compressed cubin first (registered ones
   first), until one of the newest CUDA major the CUDA table knows
@@ -29,7 +33,7 @@ them, and nowhere else (docs/check.md, "Per translation unit"):
   one file may hold cubins of two releases (cuBLAS 13.1.1.3: one cubin of CUDA 12.7
   among those of 13.0), and a file of CUDA 12.x cubins is read whole.
 
-Each cubin read is marked on its entry (``kernels``, ``toolkit``). A unit none of
+Each cubin or PTX text read is marked on its entry (``kernels``, ``toolkit``). A unit none of
 whose cubins was read has unknown kernels (``Unit.kernels_known``), which the rule
 never exempts on names; a unit is taken for a link stub only when every one of its
 cubins was read and none defines a kernel.
@@ -45,7 +49,8 @@ from buildmatrix.arch import Arch, Suffix, serves_wherever
 from buildmatrix.binary.archnames import named_for_architecture
 from buildmatrix.binary.cubin import cubin_arch, cubin_facts
 from buildmatrix.binary.elf import ElfInfo
-from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, decompressed_cubin
+from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, decompressed_cubin, ptx_text
+from buildmatrix.binary.ptx import ptx_kernels
 from buildmatrix.binary.source import ByteSource
 from buildmatrix.cuda import load_cuda_facts
 
@@ -94,19 +99,16 @@ def units_needing_kernels(entries: Sequence[FatbinEntry]) -> set[int]:
     return {c for c, s in sets.items() if not serves_wherever(s, common)}
 
 
-def _several_sms(entries: Sequence[FatbinEntry], packed: Sequence[int]) -> set[int]:
-    """Registered containers with a compressed cubin among SASS cubins of two or more
-    SMs: the CUDA runtime loads one of them per GPU, and each must define every kernel
-    the others do (buildmatrix.units, ``_with_kernels_lacking``)."""
-    sms: dict[int, set[int]] = {}
+def _several_images(entries: Sequence[FatbinEntry]) -> set[int]:
+    """Containers of two or more loadable images (SASS cubins and PTX texts of
+    different archs): the driver loads one of them per GPU (the cubin of the highest
+    SM that runs there, else the PTX it JIT-compiles), and each must define every
+    kernel the others do (buildmatrix.units, ``_with_kernels_lacking``)."""
+    images: dict[int, set[Arch]] = {}
     for e in entries:
-        if e.kind is EntryKind.SASS and not e.embedded:
-            sms.setdefault(e.container, set()).add(e.arch.cc.number)
-    return {
-        entries[i].container
-        for i in packed
-        if not entries[i].embedded and len(sms[entries[i].container]) > 1
-    }
+        if e.kind is not EntryKind.LTOIR:
+            images.setdefault(e.container, set()).add(e.arch)
+    return {c for c, archs in images.items() if len(archs) > 1}
 
 
 def _dispatches(entries: Sequence[FatbinEntry]) -> bool:
@@ -148,29 +150,43 @@ def _newest_major() -> int:
 
 def read_compressed(src: ByteSource, entries: list[FatbinEntry]) -> list[FatbinEntry]:
     """``entries`` with the compressed cubins the verdict needs decompressed and
-    read for their kernels and toolkit (see the module's docstring)."""
-    packed = [i for i, e in enumerate(entries) if e.compressed and e.kind is EntryKind.SASS]
-    if not packed:
-        return entries
+    read for their kernels and toolkit, and the PTX texts it needs read for their
+    kernels (see the module's docstring)."""
+    several = _several_images(entries)
+    out = [
+        _read_ptx(src, e)
+        if e.kind is EntryKind.PTX and not e.compressed and e.container in several
+        else e
+        for e in entries
+    ]
+    packed = [i for i, e in enumerate(out) if e.compressed and e.kind is EntryKind.SASS]
     smallest: dict[int, int] = {}
     for i in packed:
-        c = entries[i].container
-        if not entries[i].embedded and (
-            c not in smallest or entries[i].size < entries[smallest[c]].size
-        ):
+        c = out[i].container
+        if not out[i].embedded and (c not in smallest or out[i].size < out[smallest[c]].size):
             smallest[c] = i
-    chosen = {smallest[c] for c in units_needing_kernels(entries) if c in smallest}
-    out = list(entries)
+    chosen = {smallest[c] for c in units_needing_kernels(out) if c in smallest}
     for i in sorted(chosen):
         out[i] = _read(src, out[i])
-    if not _dispatches(out):
-        whole = _several_sms(out, packed)
-        for i in packed:
-            if i not in chosen and out[i].container in whole:
+    # every compressed image of a registered container of several images
+    whole = [
+        i
+        for i, e in enumerate(out)
+        if e.compressed
+        and not e.embedded
+        and e.container in several
+        and e.kind is not EntryKind.LTOIR
+        and i not in chosen
+    ]
+    if whole and not _dispatches(out):
+        for i in whole:
+            if out[i].kind is EntryKind.SASS:
                 out[i] = _read(src, out[i])
                 chosen.add(i)
+            else:
+                out[i] = _read_ptx(src, out[i])
     rest = sorted(
-        (i for i in packed if i not in chosen), key=lambda i: (entries[i].embedded, entries[i].size)
+        (i for i in packed if i not in chosen), key=lambda i: (out[i].embedded, out[i].size)
     )
     # The toolkit: notes read, smallest cubin first, until one shows the newest major.
     newest = _newest_major()
@@ -182,6 +198,11 @@ def read_compressed(src: ByteSource, entries: list[FatbinEntry]) -> list[FatbinE
         toolkit = out[i].toolkit
         seen = max(seen, toolkit.major if toolkit is not None else 0)
     return out
+
+
+def _read_ptx(src: ByteSource, entry: FatbinEntry) -> FatbinEntry:
+    """``entry`` (a PTX text, compressed or not) with its kernels read."""
+    return replace(entry, kernels=ptx_kernels(ptx_text(src, entry, name=src.name)))
 
 
 def _read(src: ByteSource, entry: FatbinEntry) -> FatbinEntry:

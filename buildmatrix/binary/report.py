@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from buildmatrix.arch import Arch, ComputeCapability, Suffix, serves_wherever
 from buildmatrix.binary.archnames import named_for_architecture
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
-from buildmatrix.verdict import CodeTarget, FileJudgement, Unit
+from buildmatrix.verdict import CodeTarget, FileJudgement, Lacking, Unit
 
 if TYPE_CHECKING:
     from packaging.version import Version
@@ -123,18 +123,20 @@ class FileReport:
         }
 
 
-def _lacking(
-    entries: list[FatbinEntry], kernels: tuple[str, ...]
-) -> tuple[tuple[Arch, tuple[str, ...]], ...]:
-    """Each read cubin of a container that lacks kernels another read cubin of it
-    defines (nvcc compiles a kernel whose definition sits under ``#if __CUDA_ARCH__
-    >= 900`` into the sm_90 cubin alone), with those kernels."""
+def _lacking(entries: list[FatbinEntry], kernels: tuple[str, ...]) -> tuple[Lacking, ...]:
+    """Each read image of a container (a cubin or a PTX text) that lacks kernels
+    another read image of it defines, with those kernels and the images that define
+    them: nvcc compiles a kernel whose definition sits under ``#if __CUDA_ARCH__ >=
+    900`` into the sm_90 cubin alone, and one under ``__CUDA_ARCH__ < 900`` into the
+    compute_80 PTX and not the sm_90 cubin."""
+    read = [e for e in entries if e.kind is not EntryKind.LTOIR and e.kernels is not None]
     out = []
-    for e in entries:
-        if e.kind is EntryKind.SASS and e.kernels is not None:
-            have = set(e.kernels)
-            if missing := tuple(k for k in kernels if k not in have):
-                out.append((e.arch, missing))
+    for e in read:
+        have = set(e.kernels or ())
+        if missing := tuple(k for k in kernels if k not in have):
+            others = (o.arch for o in read if not have.issuperset(o.kernels or ()))
+            by = tuple(dict.fromkeys(others))
+            out.append(Lacking(image=e.arch, kernels=missing, defined_by=by))
     return tuple(out)
 
 
