@@ -51,3 +51,28 @@ def cuobjdump_lists(tool: Path, path: Path) -> tuple[Counter[str], Counter[str]]
         elif m:
             ptx["compute_" + m[2].removeprefix("sm_")] += 1
     return sass, ptx
+
+
+_BLOCK = re.compile(r"^Fatbin (elf|ptx) code:\n=+\narch = (sm_\d+[af]?)$", re.M)
+_TEXT_SECTION = re.compile(r"\s\.text\.(\S+)$", re.M)
+_PTX_ENTRY = re.compile(r"^\s*(?:\.(?:visible|weak)\s+)*\.entry\s+([\w$%]+)", re.M)
+
+
+def cuobjdump_kernels(tool: Path, path: Path) -> Counter[tuple[str, frozenset[str]]]:
+    """Each image of ``path`` with the kernels it defines, as cuobjdump prints them:
+    ``-elf``'s ``.text.NAME`` sections per cubin (named ``sm_XY``) and ``-ptx``'s
+    ``.entry`` directives per PTX text (named ``compute_XY`` to match buildmatrix)."""
+    images: Counter[tuple[str, frozenset[str]]] = Counter()
+    for option, kind in (("-elf", "elf"), ("-ptx", "ptx")):
+        out = subprocess.run(
+            [str(tool), option, str(path)], capture_output=True, text=True, check=True
+        ).stdout
+        blocks = list(_BLOCK.finditer(out))
+        for m, after in zip(blocks, [*blocks[1:], None], strict=True):
+            if m[1] != kind:
+                continue  # -elf names the PTX entries too, with nothing below
+            body = out[m.end() : after.start() if after is not None else len(out)]
+            found = _TEXT_SECTION if kind == "elf" else _PTX_ENTRY
+            arch = m[2] if kind == "elf" else "compute_" + m[2].removeprefix("sm_")
+            images[(arch, frozenset(found.findall(body)))] += 1
+    return images

@@ -10,12 +10,17 @@ import json
 import re
 import shutil
 import subprocess
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from buildmatrix.binary.scan import inspect_file
 from buildmatrix.cli import main
-from tests.cuobjdump import find_cuobjdump
+from tests.conftest import NVCC_CACHE
+from tests.cuobjdump import cuobjdump_kernels, find_cuobjdump
+from tests.fixtures.build import Fixture, cached_build, have_nvcc
 
 BIN = Path(__file__).parent / "fixtures" / "bin"
 
@@ -240,3 +245,98 @@ def test_a_cubin_without_a_kernel_of_its_unit_fails_where_it_is_loaded(
             assert "lacks kernels its sm_90 cubin defines (_Z6only90Pf)" in doc["problems"][0]
     code, doc = _check(capsys, lib.parent, "--sm", "9.0")
     assert code == 0, doc["problems"]
+
+
+# One translation unit as PTX for older GPUs and SASS for newer ones, or the other
+# way round, from tests/fixtures/src; each stored uncompressed and compressed.
+_PTX80_SM90 = ("arch=compute_80,code=compute_80", "arch=compute_90,code=sm_90")
+_SHAPES = {
+    "libguard_ptx80_sm90": Fixture(
+        name="", kind="shared", source="guard_ge90.cu", gencode=_PTX80_SM90
+    ),
+    "libguard_sm90_ptx80": Fixture(
+        name="", kind="shared", source="guard_lt90.cu", gencode=_PTX80_SM90[::-1]
+    ),
+}
+_COMPRESS = {"plain": "-compress=false", "compressed": "-compress-all"}
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shapes of :data:`_SHAPES`, built by nvcc (cached: tests/fixtures/build.py)."""
+    if not have_nvcc():
+        pytest.skip("nvcc and gcc build these libraries")
+    out = tmp_path_factory.mktemp("guarded")
+    fixtures = [
+        replace(fx, name=f"{shape}_{how}.so", extra=("-Xfatbin", flag))
+        for shape, fx in _SHAPES.items()
+        for how, flag in _COMPRESS.items()
+    ]
+    cached_build(out, fixtures, NVCC_CACHE, jobs=1)
+    return out
+
+
+def _images(path: Path) -> Counter[tuple[str, frozenset[str]]]:
+    """Each image buildmatrix read, with its kernels (cuobjdump_kernels's form)."""
+    report = inspect_file(path)
+    assert report is not None
+    read = [e for e in report.entries if e.kernels is not None]
+    return Counter((e.arch_name, frozenset(e.kernels or ())) for e in read)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("how", list(_COMPRESS))
+def test_ptx_without_a_kernel_of_its_unit_fails_where_it_is_jit_compiled(
+    capsys: pytest.CaptureFixture[str], guarded: Path, how: str
+) -> None:
+    """``-gencode arch=compute_80,code=compute_80 -gencode arch=compute_90,code=sm_90``
+    with ``only90`` under ``#if __CUDA_ARCH__ >= 900``: cuobjdump -ptx shows only
+    ``.entry _Z5everyPf``, the sm_90 cubin has both. On 8.0 and 8.6 the driver
+    JIT-compiles the PTX (CUDA C++ Programming Guide, "Application Compatibility"),
+    which cannot launch ``only90``; this passed as ``jit`` before. 9.0 loads the
+    complete sm_90 cubin."""
+    lib = guarded / f"libguard_ptx80_sm90_{how}.so"
+    images = _images(lib)
+    assert images[("compute_80", frozenset({"_Z5everyPf"}))] == 1
+    assert images[("sm_90", frozenset({"_Z5everyPf", "_Z6only90Pf"}))] == 1
+    tool = find_cuobjdump()
+    if tool is not None:
+        assert images == cuobjdump_kernels(tool, lib)
+    for sm in ("8.0", "8.6"):
+        code, doc = _check(capsys, lib, "--sm", sm, "--driver", "580.65.06")
+        assert code == 1, doc
+        assert (
+            f"its compute_80 PTX, the one {sm} JIT-compiles, lacks kernels its sm_90 cubin "
+            "defines (_Z6only90Pf)" in doc["problems"][0]
+        )
+    code, doc = _check(capsys, lib, "--sm", "9.0", "--driver", "580.65.06", "--require-sass")
+    assert code == 0, doc["problems"]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("how", list(_COMPRESS))
+def test_a_cubin_without_a_kernel_of_its_units_ptx_fails_where_it_is_loaded(
+    capsys: pytest.CaptureFixture[str], guarded: Path, how: str
+) -> None:
+    """``-gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80``
+    with ``pre90`` under ``#if __CUDA_ARCH__ < 900``: the PTX defines ``pre90`` and
+    ``every``, the sm_90 cubin ``every`` alone. 9.0 loads the cubin and cannot launch
+    ``pre90``; this passed even with ``--strict --require-sass``. 8.0 JIT-compiles
+    the complete PTX, and 10.0 too (no SASS of its major)."""
+    lib = guarded / f"libguard_sm90_ptx80_{how}.so"
+    images = _images(lib)
+    assert images[("compute_80", frozenset({"_Z5everyPf", "_Z5pre90Pf"}))] == 1
+    assert images[("sm_90", frozenset({"_Z5everyPf"}))] == 1
+    tool = find_cuobjdump()
+    if tool is not None:
+        assert images == cuobjdump_kernels(tool, lib)
+    for strict in ((), ("--strict", "--require-sass")):
+        code, doc = _check(capsys, lib, "--sm", "9.0", "--driver", "580.65.06", *strict)
+        assert code == 1, doc
+        assert (
+            "its sm_90 cubin, the one 9.0 loads, lacks kernels its compute_80 PTX defines "
+            "(_Z5pre90Pf)" in doc["problems"][0]
+        )
+    for sm in ("8.0", "10.0"):
+        code, doc = _check(capsys, lib, "--sm", sm, "--driver", "580.65.06")
+        assert code == 0, (sm, doc["problems"])

@@ -1,0 +1,96 @@
+"""The kernels a PTX text defines, read as ptxas reads them (buildmatrix/binary/ptx.py,
+``ptx_kernels``): ``.entry`` directives after any linkage directives (PTX ISA
+reference, "Kernel and Function Directives: .entry"), none inside a comment or a
+string, none only declared ``.extern``. ptxas is the oracle: the cubin it compiles
+from the text defines exactly the kernels read (buildmatrix.binary.cubin, whose
+kernels tests/test_kernels.py holds to cuobjdump).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from buildmatrix.binary.cubin import cubin_facts
+from buildmatrix.binary.ptx import ptx_kernels
+from buildmatrix.binary.source import BytesSource
+
+_TEXT = b"""//
+// .visible .entry fake_line(
+.version 9.0
+.target sm_80
+.address_size 64
+.extern .entry declared_elsewhere
+(
+\t.param .u64 p
+);
+.visible .entry a_visible(
+\t.param .u64 p
+)
+{
+\tret;
+}
+.weak // linkage, then a comment
+ .entry b_weak()
+{
+\tret;
+}
+.extern .global .u32 g;
+.entry c_plain()
+{
+\t.pragma "nounroll .entry fake_string";
+\tret;
+}
+.func (.reg .b32 r) not_a_kernel()
+{
+\tmov.b32 r, 0;
+\tret;
+}
+"""
+_READ = {"a_visible", "b_weak", "c_plain"}
+_BLOCK = b"""/* .visible .entry fake_block( ) { ret; } */
+.entry/* a comment */d_plain()
+{
+\tret;
+}
+"""
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["line comments", "block comments"])
+def test_kernels_are_the_entry_directives_outside_comments_and_strings(block: bool) -> None:
+    text = _TEXT + (_BLOCK if block else b"")
+    assert set(ptx_kernels(text)) == _READ | ({"d_plain"} if block else set())
+    # an unterminated block comment runs to the end of the text
+    assert set(ptx_kernels(text + b"/* .entry e_unterminated() { ret; }\n")) == set(
+        ptx_kernels(text)
+    )
+
+
+def test_a_large_text_is_read_at_memory_speed() -> None:
+    """nvcc's text: a ``//`` comment every few lines, no block comment, few
+    directives. 140 MB in well under the seconds a line-by-line scan needs."""
+    import time
+
+    body = b"\tld.global.f32 \t%f1, [%rd4];\n\tadd.f32 %f2, %f1, 0f3F800000;\n// c\n"
+    text = _TEXT + body * 2_000_000
+    start = time.process_time()
+    assert set(ptx_kernels(text)) == _READ
+    assert time.process_time() - start < 2.0
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is the oracle")
+@pytest.mark.parametrize("block", [False, True], ids=["line comments", "block comments"])
+def test_ptxas_compiles_the_kernels_read(tmp_path: Path, block: bool) -> None:
+    source = tmp_path / "k.ptx"
+    source.write_bytes(_TEXT + (_BLOCK if block else b""))
+    cubin = tmp_path / "k.cubin"
+    subprocess.run(
+        ["ptxas", "-arch=sm_80", str(source), "-o", str(cubin)], check=True, capture_output=True
+    )
+    kernels, _ = cubin_facts(BytesSource(cubin.read_bytes(), name=str(cubin)))
+    assert kernels is not None
+    assert set(kernels) == set(ptx_kernels(source.read_bytes()))
