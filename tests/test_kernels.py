@@ -80,6 +80,12 @@ def test_a_scan_reads_the_compressed_cubins_the_rule_needs_and_no_more() -> None
     assert one is not None
     sass = [e for e in one.entries if e.kind is EntryKind.SASS]
     assert all(e.compressed and e.kernels is not None for e in sass) and len(sass) == 4
+    # and its PTX, which 10.0 JIT-compiles: it must define what the cubins do
+    (ptx,) = [e for e in one.entries if e.kind is EntryKind.PTX]
+    assert ptx.compressed and set(ptx.kernels or ()) == {"_Z4axpyfPKfPfi", "_Z5scaleIdEvPT_S0_i"}
+    # a PTX text alone is compared with nothing: not read
+    alone = inspect_file(BIN / "libptx_only.so")
+    assert alone is not None and all(e.kernels is None for e in alone.entries)
     assert str(one.toolkit) == "13.0"
     # inspect without --deep reads none
     shallow = inspect_file(BIN / "libtwo_compressed.so", deep=False)
