@@ -25,6 +25,7 @@ from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatUse
 from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.scanned import ScannedImage
+from buildmatrix.jit_env import jit_env
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.runtime_sources import newest_runtime, runtime_note, runtime_sources
 from buildmatrix.snapshot import Snapshot
@@ -221,6 +222,7 @@ def run_check(
             "so the image fails (fail closed)"
         )
     states = choice.states if choice is not None else (None,)
+    jit = jit_env(image.config.env)
     judge = partial(
         judge_target,
         files=loaded,
@@ -231,6 +233,7 @@ def run_check(
         facts=facts,
         strict=opts.strict,
         driver_cuda=driver_cuda,
+        jit=jit,
     )
     # each target under every compat state a node on this driver may be in: the worst
     results = [worst([judge(target, forward=use) for use in states]) for target in targets]
@@ -238,6 +241,8 @@ def run_check(
     if not loaded and not opts.allow_empty:
         problems.append(_no_loaded_code(archives_only=bool(files)))
     warnings: list[str] = []
+    if jit.narrowed:
+        warnings.append(f"{jit.describe()}; every file is judged so")
     if runtime is None and driver is not None and loaded:
         unknown = (
             "no CUDA runtime found: the CUDA runtime the image needs cannot be determined "

@@ -23,6 +23,7 @@ from buildmatrix.compat import (
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.forward import CompatUse
 from buildmatrix.forward_devices import device_refusal
+from buildmatrix.jit_env import DEFAULT, JitEnv
 from buildmatrix.profiles import Profile
 from buildmatrix.units import judge_file
 
@@ -100,6 +101,7 @@ def judge_target(
     strict: bool,
     forward: CompatUse | None = None,
     driver_cuda: Version | None = None,
+    jit: JitEnv = DEFAULT,
 ) -> TargetResult:
     # Through a cuda-compat driver in use, the user-mode driver (runtime floor, PTX JIT)
     # is the compat library's; the kernel-mode driver (hardware floor) stays the node's.
@@ -107,8 +109,14 @@ def judge_target(
     if forward is not None and forward.in_use:
         # The node's reported CUDA version is its own libcuda's, not the compat one's.
         user_driver, driver_cuda = forward.version or driver, None
-    verdicts, failures, jit, specialised = _judge_files(
-        files, target.cc, driver=user_driver, facts=facts, strict=strict, driver_cuda=driver_cuda
+    verdicts, failures, jitted, specialised = _judge_files(
+        files,
+        target.cc,
+        driver=user_driver,
+        facts=facts,
+        strict=strict,
+        driver_cuda=driver_cuda,
+        jit=jit,
     )
     for problem in unreadable:  # fail closed: a file we cannot read may be one that fails
         verdicts.append(Verdict.NONE)
@@ -116,7 +124,7 @@ def judge_target(
     if not files and not unreadable and not allow_empty:
         failures.append("no device code in the image")
         verdicts.append(Verdict.NONE)
-    reasons = [*failures, *jit]
+    reasons = [*failures, *jitted]
     verdict = combine(verdicts)  # no files at all (allowed): nothing can fail on the GPU
     if verdict is Verdict.NATIVE:
         reasons.append(f"all {len(files)} file(s) with device code have SASS for {target.cc}")
@@ -140,7 +148,7 @@ def judge_target(
         driver_ok=driver_ok,
         reasons=tuple(reasons),
         code_failures=tuple(failures),
-        jit_files=tuple(jit),
+        jit_files=tuple(jitted),
         driver_failures=driver_failures,
         specialised=tuple(specialised),
     )
@@ -194,20 +202,23 @@ def _judge_files(
     facts: CudaFacts,
     strict: bool,
     driver_cuda: Version | None,
+    jit: JitEnv,
 ) -> tuple[list[Verdict], list[str], list[str], list[str]]:
     """Each file's verdict on ``cc`` (buildmatrix.units.judge_file), and the lines of
     the files without runnable code, of those that need JIT, and of the containers left
     out as specialised."""
     verdicts: list[Verdict] = []
     failures: list[str] = []
-    jit: list[str] = []
+    jitted: list[str] = []
     specialised: list[str] = []
     for f in files:
-        j = judge_file(f, cc, driver=driver, facts=facts, strict=strict, driver_cuda=driver_cuda)
+        j = judge_file(
+            f, cc, driver=driver, facts=facts, strict=strict, driver_cuda=driver_cuda, jit=jit
+        )
         verdicts.append(j.verdict)
         specialised.extend(f"{f.path}: {s}" for s in j.specialised)
         if j.verdict is Verdict.NONE:
             failures.append(f"{f.path}: " + "; ".join(j.reasons))
         elif j.verdict is Verdict.JIT:
-            jit.append(f"{f.path}: needs JIT: " + "; ".join(j.reasons))
-    return verdicts, failures, jit, specialised
+            jitted.append(f"{f.path}: needs JIT: " + "; ".join(j.reasons))
+    return verdicts, failures, jitted, specialised

@@ -8,6 +8,7 @@ translation unit"). One code entry is judged by buildmatrix.compat.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import cache
 
 from packaging.version import Version
@@ -16,6 +17,7 @@ from buildmatrix.arch import CodeKind, ComputeCapability
 from buildmatrix.binary.report import FileReport, dispatch_signs
 from buildmatrix.compat import combine, judge_code, judge_codes, ptx_targets, sass_runs_on
 from buildmatrix.cuda import CudaFacts, DriverVersion
+from buildmatrix.jit_env import DEFAULT, JitEnv, loadable_units
 from buildmatrix.verdict import RANK, CodeTarget, FileJudgement, Judgement, Unit, Verdict
 
 __all__ = ["FileJudgement", "Signs", "dispatch_signs", "judge_file", "judge_units"]
@@ -220,13 +222,28 @@ def judge_file(
     facts: CudaFacts,
     strict: bool = False,
     driver_cuda: Version | None = None,
+    jit: JitEnv = DEFAULT,
 ) -> FileJudgement:
-    """:func:`judge_units` of one file's units. Where no PTX of the file with a known
+    """:func:`judge_units` of one file's units, of the code ``jit`` (the image's Env)
+    lets the driver load. Where no PTX of the file with a known
     ISA JIT-compiles for ``cc``, the driver, the CUDA version it reports and the
     facts enter no rule the verdict takes (SASS: compat._judge_sass; PTX that does
     not target ``cc`` or of unknown ISA: jit.judge_ptx), so the verdict is kept on
     the report per (``cc``, ``strict``) and judging the file on the next driver
     costs a look-up."""
+    if jit.narrowed:  # rare: judged each time, never kept
+        j = judge_units(
+            loadable_units(report.code_units, jit),
+            cc,
+            driver=driver,
+            facts=facts,
+            strict=strict,
+            driver_cuda=driver_cuda,
+            signs=lambda: report.dispatch_signs,
+        )
+        if j.verdict is Verdict.NONE:
+            return replace(j, reasons=(*j.reasons, jit.describe()))
+        return j
     key = (cc, strict)
     if (known := report.verdicts.get(key)) is not None:
         return known

@@ -1,0 +1,86 @@
+"""``CUDA_FORCE_PTX_JIT`` and ``CUDA_DISABLE_PTX_JIT`` in an image's ``Env``: the driver
+loads only the code they leave (CUDA C++ Programming Guide, "CUDA Environment
+Variables": with the first, "If a kernel does not have embedded PTX code, it will fail
+to load"; with the second, "If a kernel does not have embedded binary code or the
+embedded binary was compiled for an incompatible architecture, then it will fail to
+load"). Every nvcc-built fixture library, setting and GPU, through ``check``,
+against the guide's rule stated over the fixtures' cuobjdump lists."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CliRunner
+from tests.cuobjdump import cuobjdump_lists, find_cuobjdump
+from tests.images import Image, fixture, write_oci_layout
+
+LIBRARIES = ("libsass_sm80.so", "libptx_only.so", "libsass_ptx.so")
+SETTINGS: dict[str, dict[str, str]] = {
+    "none": {},
+    "force": {"CUDA_FORCE_PTX_JIT": "1"},
+    "disable": {"CUDA_DISABLE_PTX_JIT": "1"},
+    "both": {"CUDA_FORCE_PTX_JIT": "1", "CUDA_DISABLE_PTX_JIT": "1"},
+    "force-off": {"CUDA_FORCE_PTX_JIT": "0", "CUDA_DISABLE_PTX_JIT": ""},
+}
+GPUS = ("8.0", "8.6", "9.0", "10.0")
+DRIVER = "580.65.06"  # CUDA 13.0: JIT-compiles every PTX ISA of the fixtures
+# cuobjdump is the oracle of what each fixture holds
+pytestmark = pytest.mark.integration
+
+
+def _cc(arch: str) -> tuple[int, int]:
+    digits = arch.split("_")[1]
+    return int(digits[:-1]), int(digits[-1])
+
+
+def _runs(sass: Iterable[str], ptx: Iterable[str], gpu: str, env: dict[str, str]) -> bool:
+    """The guide's rule: native SASS of the GPU's major and a minor not above it, else
+    PTX of a compute capability not above the GPU's, each only where the setting
+    leaves its kind."""
+    set_ = {k for k, v in env.items() if v.strip() not in ("", "0")}
+    major, minor = (int(x) for x in gpu.split("."))
+    native = any(_cc(a)[0] == major and _cc(a)[1] <= minor for a in sass)
+    jit = any(_cc(a) <= (major, minor) for a in ptx)
+    return (native and "CUDA_FORCE_PTX_JIT" not in set_) or (
+        jit and "CUDA_DISABLE_PTX_JIT" not in set_
+    )
+
+
+@pytest.fixture(scope="module")
+def listed() -> dict[str, tuple[Iterable[str], Iterable[str]]]:
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (the oracle of the fixtures' contents)")
+    from tests.fixtures.build import BIN
+
+    return {name: cuobjdump_lists(tool, BIN / name) for name in LIBRARIES}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_the_driver_loads_only_what_the_images_env_leaves(
+    cli: CliRunner,
+    tmp_path: Path,
+    listed: dict[str, tuple[Iterable[str], Iterable[str]]],
+    library: str,
+    setting: str,
+) -> None:
+    env = SETTINGS[setting]
+    image = Image(layers=[{f"usr/lib/{library}": fixture(library)}], env=env)
+    layout = write_oci_layout(tmp_path / "img", image)
+    args = [a for g in GPUS for a in ("--sm", g)]
+    r = cli("check", f"oci:{layout}", *args, "--driver", DRIVER, "--json")
+    doc: Any = r.json()
+    sass, ptx = (list(x) for x in listed[library])
+    narrowed = setting in ("force", "disable", "both")  # "0" and "" set nothing
+    for target in doc["targets"]:
+        want = _runs(sass, ptx, target["compute_capability"], env)
+        assert (target["verdict"] != "none") is want, (target, sass, ptx)
+        if not want and narrowed:
+            assert any("the image's Env sets CUDA_" in x for x in target["reasons"]), target
+    assert r.code == (0 if all(_runs(sass, ptx, g, env) for g in GPUS) else 1), r.err
+    assert any("the image's Env sets" in w for w in doc["warnings"]) is narrowed
