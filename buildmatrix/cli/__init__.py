@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import click
 
 from buildmatrix import installed_version
-from buildmatrix.cli._common import echo_error
+from buildmatrix.cli._common import Group, echo_error
 from buildmatrix.cli.affinity_cmd import affinity
 from buildmatrix.cli.check_cmd import check
 from buildmatrix.cli.drivers_cmd import drivers, k8s_drivers
@@ -25,7 +25,7 @@ from buildmatrix.cli.profiles_cmd import profiles
 from buildmatrix.errors import BuildmatrixError
 
 
-class _Group(click.Group):
+class _Group(Group):
     """Lists each command with its whole first paragraph, wrapped, where click would cut
     it at 45 characters with '...'."""
 

@@ -25,6 +25,73 @@ F = TypeVar("F", bound=Callable[..., Any])
 JSON_VERSION = 1
 
 
+class _NotBlank(click.ParamType[Any, Any]):
+    """``inner``, refusing an empty or blank value: ``--driver "$NODE_DRIVER"`` with the
+    variable unset must not read as "no driver given" and drop every driver floor.
+
+    Click's own environment variables need no such care: an empty one counts as
+    unset (``Parameter.resolve_envvar_value``), so its default applies, as documented
+    for ``$BUILDMATRIX_PROFILES``, ``$CONTAINERD_ROOT`` and the others."""
+
+    def __init__(self, inner: click.ParamType[Any, Any]) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def split_envvar_value(self, rv: str) -> Sequence[str]:
+        return self.inner.split_envvar_value(rv)
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
+        return self.inner.get_metavar(param, ctx)
+
+    def shell_complete(
+        self, ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[click.shell_completion.CompletionItem]:
+        return self.inner.shell_complete(ctx, param, incomplete)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            leave_out = (
+                f", or leave out {param.opts[0]} for its default"
+                if isinstance(param, click.Option)
+                else ""
+            )
+            self.fail(
+                f"the value is {'blank' if value else 'empty'}. Give one{leave_out} (an "
+                'unset or empty shell variable, as in "$VAR", gives an empty value).',
+                param,
+                ctx,
+            )
+        return self.inner.convert(value, param, ctx)
+
+
+def _refuse_blank(params: list[click.Parameter]) -> None:
+    for param in params:
+        if isinstance(param, click.Option) and (param.is_flag or param.count):
+            continue
+        if isinstance(param.type, click.types.StringParamType | click.Path):
+            param.type = _NotBlank(param.type)
+
+
+class Command(click.Command):
+    """Every command's class: each text or path it takes (option or argument) refuses an
+    empty or blank value with exit 2 naming it (:class:`_NotBlank`), in one place
+    rather than per option; choices and numbers refuse one already."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _refuse_blank(self.params)
+
+
+class Group(click.Group):
+    """:class:`Command` for a group: its own options and its subcommands'."""
+
+    command_class = Command
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _refuse_blank(self.params)
+
+
 def profiles_option(func: F) -> F:
     decorator = click.option(
         "--profiles",

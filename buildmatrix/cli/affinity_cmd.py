@@ -10,6 +10,7 @@ import click
 from buildmatrix.cli._common import (
     MANIFEST_FORMATS,
     ByteProgress,
+    Command,
     containerd_options,
     containerd_store,
     dump_manifests,
@@ -34,7 +35,7 @@ def _memory(_ctx: click.Context, param: click.Parameter, value: str | None) -> i
         raise click.BadParameter(str(exc).removeprefix("--min-memory "), param=param) from None
 
 
-@click.command("affinity")
+@click.command("affinity", cls=Command)
 @click.argument("ref")
 @click.option(
     "--require",

@@ -12,6 +12,7 @@ import click
 
 from buildmatrix.cli._common import (
     ByteProgress,
+    Command,
     containerd_options,
     containerd_store,
     echo_json,
@@ -50,7 +51,7 @@ def _markdown(result: CheckResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-@click.command("check")
+@click.command("check", cls=Command)
 @click.argument("refs", nargs=-1, required=True, metavar="REF...")
 @click.option(
     "--family",
@@ -162,8 +163,8 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     from buildmatrix.snapshot import load_snapshot
 
     profiles = load(profiles_dir)
-    drv = parse_driver_version(driver, what="--driver") if driver else None
-    snap = load_snapshot(snapshot) if snapshot else None
+    drv = None if driver is None else parse_driver_version(driver, what="--driver")
+    snap = None if snapshot is None else load_snapshot(snapshot)
     validate_targets(profiles, Options(families=families, sms=sms))  # before any I/O
     opts = Options(
         families=families,

@@ -10,6 +10,7 @@ import click
 
 from buildmatrix.cli._common import (
     ByteProgress,
+    Command,
     F,
     echo_json,
     load,
@@ -154,7 +155,7 @@ def policies(
     ]
 
 
-@click.command("drivers")
+@click.command("drivers", cls=Command)
 @_POOLS
 @_driver_options
 @click.option(
@@ -198,7 +199,7 @@ def drivers(  # noqa: PLR0917 - one parameter per option, as click passes them
     return 0 if fleet_passed(found) else 1
 
 
-@click.command("drivers")
+@click.command("drivers", cls=Command)
 @_POOLS
 @_driver_options
 @click.option(

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from buildmatrix.cli._common import JSON_VERSION, echo_error, load, profiles_option
+from buildmatrix.cli._common import JSON_VERSION, Command, echo_error, load, profiles_option
 from buildmatrix.errors import InputError
 
 
@@ -152,7 +152,7 @@ def _stale(out: Path, expected: dict[Path, str]) -> list[Path]:
     return stale
 
 
-@click.command("generate")
+@click.command("generate", cls=Command)
 @images_option
 @profiles_option
 @out_option
@@ -269,7 +269,7 @@ def _check_pins(bases: Any, texts: list[str]) -> str | None:
     return None
 
 
-@click.command("matrix")
+@click.command("matrix", cls=Command)
 @images_option
 @profiles_option
 @out_option

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from buildmatrix.cli._common import echo_json, json_option, table
+from buildmatrix.cli._common import Command, echo_json, json_option, table
 from buildmatrix.errors import InputError
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def collect(
     return reports, problems
 
 
-@click.command("inspect")
+@click.command("inspect", cls=Command)
 @click.argument("paths", nargs=-1, required=True, metavar="PATH...")
 @click.option(
     "--deep",

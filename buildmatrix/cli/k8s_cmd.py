@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from buildmatrix.cli._common import MANIFEST_FORMATS, dump_manifests, load, profiles_option
+from buildmatrix.cli._common import MANIFEST_FORMATS, Group, dump_manifests, load, profiles_option
 from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import GfdKeys
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from buildmatrix.profiles import ProfileSet
 
 
-@click.group("k8s")
+@click.group("k8s", cls=Group)
 def k8s() -> None:
     """Kubernetes manifests for node admission."""
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from buildmatrix.cli._common import (
+    Command,
     containerd_options,
     containerd_store,
     echo_json,
@@ -114,7 +115,7 @@ def _print_admission(admission: Admission) -> None:
         click.echo(f"applied  {admission.applied.describe()}")
 
 
-@click.command("smoke")
+@click.command("smoke", cls=Command)
 @click.option(
     "--snapshot",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -275,7 +276,7 @@ def _given(option: str) -> bool:
     return source is not ParameterSource.DEFAULT
 
 
-@click.command("labels")
+@click.command("labels", cls=Command)
 @click.option(
     "--snapshot",
     type=click.Path(dir_okay=False, path_type=Path),

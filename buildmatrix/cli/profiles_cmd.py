@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from buildmatrix.cli._common import echo_json, json_option, load, profiles_option, table
+from buildmatrix.cli._common import Group, echo_json, json_option, load, profiles_option, table
 
 if TYPE_CHECKING:
     from buildmatrix.profiles import Profile
@@ -35,7 +35,7 @@ def _value(value: object) -> str:
     return str(value)
 
 
-@click.group(invoke_without_command=True)
+@click.group(cls=Group, invoke_without_command=True)
 @profiles_option
 @json_option
 @click.pass_context
