@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from buildmatrix.cli._common import MAX_TIMEOUT
 from buildmatrix.errors import EnvironmentUnavailable
 from buildmatrix.image.ref import parse_ref
 from buildmatrix.image.registry import DEFAULT_TIMEOUT, RegistryClient, waiting
@@ -152,11 +153,27 @@ def test_affinity_and_smoke_take_the_time_out(silent: str) -> None:
     assert "(read time-out)" in smoke.stdout
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "soon"])
-def test_a_time_out_must_be_a_positive_number(cli: CliRunner, value: str, tmp_path: Path) -> None:
-    result = cli("check", str(tmp_path), "--timeout", value)
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf", "-inf", "1e300", ""])
+@pytest.mark.parametrize("command", ["check", "affinity", "smoke"])
+def test_a_time_out_must_be_a_positive_number(
+    cli: CliRunner, command: str, value: str, tmp_path: Path
+) -> None:
+    """NaN and infinity passed click's range and reached the socket as a traceback
+    ("ValueError: Invalid value NaN", "OverflowError: timestamp out of range")."""
+    result = cli(command, str(tmp_path), "--timeout", value)
     assert result.code == 2
-    assert "--timeout" in result.err
+    assert "Invalid value for '--timeout'" in result.err
+
+
+def test_a_time_out_of_nan_says_what_to_give(cli: CliRunner, tmp_path: Path) -> None:
+    result = cli("check", str(tmp_path), "--timeout", "nan")
+    assert f"'nan' is not a number of seconds: give one in the range 0<x<={MAX_TIMEOUT}" in (
+        result.err
+    )
+    longest = cli(
+        "check", str(tmp_path), "--sm", "9.0", "--allow-empty", "--timeout", str(MAX_TIMEOUT)
+    )
+    assert longest.code == 0, longest.err
 
 
 def test_the_default_suits_a_ci_step(cli: CliRunner) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 import time
@@ -140,6 +141,32 @@ def json_option(func: F) -> F:
     )(func)
 
 
+# A day: far beyond any registry's answer, and far below where a socket's time-out
+# overflows (socket.settimeout(1e10): "OverflowError: timestamp out of range for
+# platform time_t"; NaN: "ValueError: Invalid value NaN").
+MAX_TIMEOUT = 86400
+
+
+class Seconds(click.FloatRange):
+    """A time-out: a finite number of seconds above 0, at most :data:`MAX_TIMEOUT`.
+    ``float`` reads ``nan`` and ``inf`` too; click's range lets NaN through (it compares
+    false both ways), and either would reach the socket as a traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True, max=MAX_TIMEOUT)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)  # infinity is out of the range
+        if math.isnan(seconds):
+            self.fail(
+                f"{value!r} is not a number of seconds: give one in the range "
+                f"0<x<={MAX_TIMEOUT} (a day), e.g. 30.",
+                param,
+                ctx,
+            )
+        return seconds
+
+
 def timeout_option(func: F) -> F:
     """--timeout SECONDS: a registry's connect and read time-out for this command
     (image/registry.py, DEFAULT_TIMEOUT; docs/check.md, "Time-outs")."""
@@ -152,7 +179,7 @@ def timeout_option(func: F) -> F:
 
     decorator = click.option(
         "--timeout",
-        type=click.FloatRange(min=0, min_open=True),
+        type=Seconds(),
         metavar="SECONDS",
         expose_value=False,
         callback=enter,
