@@ -10,6 +10,7 @@ drawn by hypothesis, whatever buildmatrix reads must be what ptxas compiles.
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 import subprocess
@@ -23,10 +24,20 @@ from hypothesis import strategies as st
 from packaging.version import Version
 
 from buildmatrix.arch import ComputeCapability
-from buildmatrix.binary.ptx import looks_like_ptx, ptx_directives
+from buildmatrix.binary.ptx import PTX_HEAD, looks_like_ptx, ptx_directives
+from buildmatrix.binary.scan import read_head
 from buildmatrix.cuda import CudaFacts, load_cuda_facts
 from buildmatrix.jit import ptx_targets
 from tests.conftest import CliRunner
+from tests.fixtures.build import BIN
+from tests.images import (
+    Entry,
+    Image,
+    layer_tar,
+    scan_in_place,
+    write_docker_archive,
+    write_oci_layout,
+)
 
 _BODY = b"""
 .address_size 64
@@ -207,3 +218,133 @@ def test_a_ptx_file_is_judged_by_its_real_target(cli: CliRunner, tmp_path: Path)
     assert "PTX ISA 9.0" in result.out
     result = cli("check", f"dir:{root}", "--sm", "9.0", "--driver", "580.65.06", "--json")
     assert result.code == 0, result.out
+
+
+# nvcc's sm_90a PTX (ISA 9.0) behind a licence header, under a name that is not .ptx:
+# cuModuleLoad takes PTX by content whatever its name, so the image readers must find
+# it past the first 64 bytes they judge other files by (buildmatrix.binary.scan.read_head).
+_LICENCE = b"".join(b"// Copyright (c) 2025 Example Corp. Licensed under Apache-2.0. %d\n" % i
+                    for i in range(3))  # fmt: skip
+_BLOCK = b"/*\n" + b" * SPDX-License-Identifier: Apache-2.0 and a long notice.\n" * 90 + b" */\n"
+_HEADS = {"line comments (198 bytes)": _LICENCE, "a block comment (5 KiB)": _BLOCK}
+
+
+def _sources(tmp_path: Path, files: dict[str, bytes]) -> dict[str, str]:
+    """The same one-layer image as a folder, a docker-archive (read in place) and an
+    OCI layout (gzip: streamed)."""
+    root = tmp_path / "root"
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    layer: dict[str, Entry] = dict(files)
+    image = Image(layers=[layer])
+    return {
+        "dir": f"dir:{root}",
+        "docker-archive": f"docker-archive:{write_docker_archive(tmp_path / 'a.tar', image)}",
+        "oci": f"oci:{write_oci_layout(tmp_path / 'oci', image)}:latest",
+    }
+
+
+@pytest.mark.parametrize("head", list(_HEADS.values()), ids=list(_HEADS))
+def test_ptx_behind_a_long_comment_is_found_under_any_name(
+    cli: CliRunner, tmp_path: Path, head: bytes
+) -> None:
+    """Before, a head of comments longer than 64 bytes hid the PTX: ISA 9.0, which a
+    CUDA 12.2 driver (535) cannot JIT, passed on it."""
+    assert len(head) > 64
+    ptx = head + (BIN / "kernels_sm90a.ptx").read_bytes()
+    for ref in _sources(tmp_path, {"opt/app/kernels.bin": ptx}).values():
+        result = cli("check", ref, "--sm", "9.0", "--driver", "535.104.05", "-v")
+        assert result.code == 1, (ref, result.out)
+        assert "opt/app/kernels.bin" in result.out, ref
+        assert "PTX ISA 9.0" in result.out, ref
+        assert cli("check", ref, "--sm", "9.0", "--driver", "580.65.06").code == 0, ref
+
+
+def test_a_source_file_behind_a_long_comment_is_no_ptx(cli: CliRunner, tmp_path: Path) -> None:
+    """A C header opens with a licence too: read a little further, it is not PTX."""
+    header = _BLOCK + b"#pragma once\n// .version 9.0\n.version 9.0\n"
+    for ref in _sources(tmp_path, {"usr/include/k.h": header}).values():
+        result = cli("check", ref, "--sm", "9.0", "--allow-empty", "-v")
+        assert result.code == 0, (ref, result.out, result.err)
+        assert "files    0 with device code" in result.out, ref
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [
+        (b"\x7fELF" + b"\0" * 9000, 64),  # not a text: 64 bytes decide
+        (b"#!/bin/sh\n" + b"echo\n" * 2000, 64),
+        (_LICENCE + b"int x;\n" * 2000, 4096),  # the code after the comment decides
+        (
+            b"// 62 bytes of a comment, then a .version cut at byte 64.....\n.ver"
+            + b"sion 9.0\n.target sm_90a\n"
+            + b"\n" * 9000,
+            4096,
+        ),
+        (_BLOCK + b"int x;\n" * 20_000, PTX_HEAD),
+        (b"/*" + b" " * 100_000, PTX_HEAD),  # a comment that never closes: bounded
+        (b"// short\n", 9),
+    ],
+)
+def test_the_head_is_read_further_only_behind_comments(text: bytes, read: int) -> None:
+    reads: list[int] = []
+
+    def read_at(offset: int, n: int) -> bytes:
+        assert offset == sum(reads)  # on from where the last read stopped: a stream too
+        reads.append(len(text[offset : offset + n]))
+        return text[offset : offset + n]
+
+    head = read_head(read_at)
+    assert len(head) == read
+    assert len([n for n in reads if n]) <= 3  # 64 bytes, then 4 KiB, then 64 KiB at most
+    assert looks_like_ptx(head, "k") == (b".target" in text[:read] and b"\n.ver" in text)
+
+
+def test_the_two_layer_readers_read_the_head_as_the_stream_does(tmp_path: Path) -> None:
+    """docker-archive layers (in place) and overlay2 layer folders judge a file by
+    read_head too, as the tar stream does."""
+    from buildmatrix.image.layers import scan_layer
+    from buildmatrix.image.overlay2 import scan_layer_dir
+    from buildmatrix.image.tree import merge
+
+    files = {f"opt/{k}.bin": h + (BIN / "kernels_sm90a.ptx").read_bytes() for k, h in
+             (("lines", _LICENCE), ("block", _BLOCK))}  # fmt: skip
+    files["usr/include/k.h"] = _BLOCK + b"#pragma once\n"
+    layer: dict[str, Entry] = dict(files)
+    raw = layer_tar(layer)
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    views = [
+        merge([summary]).files()
+        for summary in (
+            scan_layer(io.BytesIO(raw), name="layer"),
+            scan_in_place(raw),
+            scan_layer_dir(tmp_path, name="layer"),
+        )
+    ]
+    found = [sorted(p for p, node in view if node.result is not None) for view in views]
+    assert found == [["opt/block.bin", "opt/lines.bin"]] * 3
+
+
+def test_the_in_place_workers_read_the_head_as_one_process_does() -> None:
+    """A large docker-archive layer is listed by its own reader, which picks the files
+    the workers inspect (buildmatrix.image.inplace): by read_head too."""
+    from tests.test_in_place import _in_a_fresh_process
+
+    out = _in_a_fresh_process(
+        """
+        from buildmatrix.image.tree import merge
+        from tests.images import layer_tar, scan_in_place
+        from tests.test_in_place import pool_everything
+        from tests.test_ptx_head import _BLOCK, _LICENCE, BIN
+
+        ptx = (BIN / "kernels_sm90a.ptx").read_bytes()
+        raw = layer_tar({"opt/lines.bin": _LICENCE + ptx, "opt/block.bin": _BLOCK + ptx})
+        assert pool_everything() is not None
+        view = merge([scan_in_place(raw)]).files()
+        print(*sorted(p for p, node in view if node.result is not None))
+        """
+    )
+    assert out.split() == ["opt/block.bin", "opt/lines.bin"]

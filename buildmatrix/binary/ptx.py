@@ -63,6 +63,18 @@ def looks_like_ptx(head: bytes, path: str) -> bool:
     )
 
 
+def ptx_undecided(head: bytes) -> bool:
+    """Whether more of a text whose first bytes are ``head`` could still make
+    :func:`looks_like_ptx` say yes: ``head`` is whitespace and comments so far (a
+    licence header, nvcc's banner), ending inside one or at a ``.version`` not yet
+    whole. The image readers then read further (buildmatrix.binary.scan.read_head),
+    as cuModuleLoad takes PTX by content whatever its name."""
+    rest = head[_skip(head, 0) :]
+    if rest in (b"", b"/") or rest.startswith(b"/*"):  # _GAP stops at an unclosed /*
+        return True
+    return b"\n" not in rest and (rest.startswith(b".version") or b".version".startswith(rest))
+
+
 def _skip(head: bytes, p: int) -> int:
     """Where the next token after ``p`` starts (whitespace and comments skipped)."""
     gap = _GAP.match(head, p)

@@ -39,7 +39,7 @@ from buildmatrix.binary.fatbin import (
 )
 from buildmatrix.binary.kernels import cubin_entry, read_compressed
 from buildmatrix.binary.ldconf_file import ConfFile, is_conf, read_conf
-from buildmatrix.binary.ptx import looks_like_ptx, ptx_target
+from buildmatrix.binary.ptx import PTX_HEAD, looks_like_ptx, ptx_target, ptx_undecided
 from buildmatrix.binary.registered import wrapped_containers
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.source import ByteSource, CorruptBinary, FileSource
@@ -51,6 +51,8 @@ from buildmatrix.errors import InputError
 # executable one (an object file). cuobjdump makes the same choice by default.
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 WRAPPER_SECTION = ".nvFatBinSegment"  # the runtime's __fatBinC_Wrapper_t records
+# The bytes that tell an ELF file, fatbinary, archive or PTX text from any other file;
+# a text that is only comments so far is read further (read_head).
 _HEAD = 64
 # Static archives inside static archives: no linker reads them, but a hostile file can
 # nest them to exhaust the stack (400 deep did); 16 is far above any real build.
@@ -58,7 +60,7 @@ MAX_ARCHIVE_NESTING = 16
 
 
 def might_hold_code(head: bytes, path: str) -> bool:
-    """Whether a file whose first bytes are ``head`` (64 are enough) may hold device
+    """Whether a file whose first bytes are ``head`` (:func:`read_head`) may hold device
     code: an ELF file, a fatbinary, a static archive or PTX text (the kinds
     :func:`inspect_source` reads; the image readers skip every other file unread)."""
     return (
@@ -76,6 +78,23 @@ def worth_reading(head: bytes, path: str) -> bool:
     return is_conf(path) or (len(head) >= 4 and might_hold_code(head, path))
 
 
+def read_head(read_at: Callable[[int, int], bytes]) -> bytes:
+    """The first bytes of a file that :func:`worth_reading` and :func:`inspect_source`
+    judge it by, ``read_at(offset, n)`` reading it: 64, and where those are only
+    whitespace and comments (a licence header before a PTX text's ``.version``,
+    buildmatrix.binary.ptx.ptx_undecided) 4 KiB, then up to 64 KiB (PTX_HEAD, as far as
+    ptx_target reads the directives). Only texts that open with a comment are read
+    further, each in one more read of one or a few pages; ELF files, archives and
+    other files are judged by 64 bytes as before."""
+    head, want = b"", _HEAD
+    while True:
+        while len(head) < want and (more := read_at(len(head), want - len(head))):
+            head += more
+        if len(head) < want or want >= PTX_HEAD or not ptx_undecided(head):
+            return head
+        want = min(want * 64, PTX_HEAD)
+
+
 def inspect_source(
     src: ByteSource, *, path: str, head: bytes | None = None, deep: bool = True, nesting: int = 0
 ) -> FileReport | None:
@@ -87,7 +106,7 @@ def inspect_source(
     many static archives hold this file (at most ``MAX_ARCHIVE_NESTING``).
     """
     if head is None:
-        head = src.read_at(0, _HEAD)
+        head = read_head(src.read_at)
     if is_archive(head):
         if nesting >= MAX_ARCHIVE_NESTING:
             raise InputError(
@@ -317,7 +336,7 @@ def _scan_file(
     else:
         try:
             src = FileSource(fd, name=rel)
-            head = src.read_at(0, _HEAD)
+            head = read_head(src.read_at)
             if compat:
                 result = inspect_image_file(src, path=rel, head=head, deep=deep)
             else:

@@ -14,7 +14,7 @@ from typing import IO, Any, cast
 
 from buildmatrix.binary.ldconf_file import is_conf
 from buildmatrix.binary.report import ScanProblem
-from buildmatrix.binary.scan import inspect_image_file, worth_reading
+from buildmatrix.binary.scan import inspect_image_file, read_head, worth_reading
 from buildmatrix.binary.source import CorruptBinary, FileSource, SliceSource
 from buildmatrix.errors import InputError
 from buildmatrix.image.digests import RegionHash
@@ -128,7 +128,7 @@ def _read_ahead(
                     continue
                 job = _job(file, offset, size, m, at)
                 _, start, length, path = job
-                head = archive.read_at(start, min(64, length))
+                head = read_head(SliceSource(archive, start, length, name=path).read_at)
                 if worth_reading(head, path):
                     jobs.append((m.offset, job))
     except refused:
@@ -165,7 +165,7 @@ def _inspect_in_archive(job: tuple[str, int, int, str], archive: FileSource) -> 
     archive (job: archive, start, length, path in the layer), or None."""
     _, start, length, path = job
     src = SliceSource(archive, start, length, name=path)
-    head = src.read_at(0, 64)
+    head = read_head(src.read_at)
     if not worth_reading(head, path):
         return None
     try:

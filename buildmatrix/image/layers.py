@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, cast
 
 from buildmatrix.binary.ldconf_file import is_conf
-from buildmatrix.binary.scan import worth_reading
+from buildmatrix.binary.scan import read_head, worth_reading
 from buildmatrix.errors import InputError
 from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.spool import inspect_member
@@ -206,7 +206,7 @@ def file_result(
     if member.size < 4 and not is_conf(path):
         return None
     data = member_data(tar, member)
-    head = data.read(64)
+    head = read_head(lambda _at, n: data.read(n))  # the stream goes on where it stopped
     if not worth_reading(head, path):
         return None
     return inspect_member(data, member.size, path, head, keep)

@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 from buildmatrix.binary.report import ScanProblem
-from buildmatrix.binary.scan import inspect_image_file, worth_reading
+from buildmatrix.binary.scan import inspect_image_file, read_head, worth_reading
 from buildmatrix.binary.source import CorruptBinary, FileSource
 from buildmatrix.binary.walk import walk
 from buildmatrix.errors import EnvironmentUnavailable, InputError
@@ -106,7 +106,7 @@ def _stored_candidate(full: str, path: str) -> bool:
     """Whether a file of a layer folder may hold device code (by its first bytes)."""
     fd = _open_stored(full)
     try:
-        head = os.pread(fd, 64, 0)
+        head = read_head(lambda at, n: os.pread(fd, n, at))
     except OSError as exc:
         raise UnreadableLayer(f"{full}: cannot read: {exc.strerror}") from None
     finally:
@@ -120,7 +120,7 @@ def _inspect_stored(job: tuple[str, str]) -> Result:
     fd = _open_stored(full)
     try:
         src = FileSource(fd, name=path)
-        head = src.read_at(0, 64)
+        head = read_head(src.read_at)
         return inspect_image_file(src, path=path, head=head)
     except CorruptBinary as exc:
         return ScanProblem(path=path, message=str(exc))
