@@ -605,6 +605,14 @@ def test_a_round_within_its_deadline_is_unchanged(
             assert not thread.is_alive()
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-5", "1e300"])
+def test_a_deadline_that_is_no_time_is_bad_input(cli: CliRunner, value: str) -> None:
+    r = cli("smoke", "--snapshot", str(NODES / "h100-535.json"), "--deadline", value)
+    assert r.code == 2, r.out
+    assert "Invalid value for '--deadline'" in r.err
+    assert "Traceback" not in r.err
+
+
 def test_a_pool_image_that_cannot_be_read_keeps_the_node_tainted(
     cli: CliRunner, api: tuple[ApiStandIn, Path], tmp_path: Path
 ) -> None:

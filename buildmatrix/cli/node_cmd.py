@@ -14,6 +14,7 @@ import click
 
 from buildmatrix.cli._common import (
     Command,
+    Seconds,
     containerd_options,
     containerd_store,
     echo_json,
@@ -168,7 +169,7 @@ def _print_admission(admission: Admission) -> None:
 )
 @click.option(
     "--deadline",
-    type=click.FloatRange(min=0, min_open=True, max=86400),
+    type=Seconds(),
     metavar="SECONDS",
     help="Give the round this long: past it, the node is marked failed where the verdict "
     "goes (--apply: tainted; --nfd-file) and smoke exits 1 (3 if that mark cannot be "
