@@ -54,13 +54,15 @@ def cuobjdump_lists(tool: Path, path: Path) -> tuple[Counter[str], Counter[str]]
 
 
 _BLOCK = re.compile(r"^Fatbin (elf|ptx) code:\n=+\narch = (sm_\d+[af]?)$", re.M)
-_TEXT_SECTION = re.compile(r"\s\.text\.(\S+)$", re.M)
+# -elf's symbol table: a kernel is a FUNC symbol cuobjdump marks ENTRY (STO_CUDA_ENTRY);
+# with -G a __device__ function kept out of line has a .text section too, and no ENTRY
+_ENTRY_SYMBOL = re.compile(r"\sFUNC\s+\S+\s+\S+\s+ENTRY\s+\S+\s+(\S+)$", re.M)
 _PTX_ENTRY = re.compile(r"^\s*(?:\.(?:visible|weak)\s+)*\.entry\s+([\w$%]+)", re.M)
 
 
 def cuobjdump_kernels(tool: Path, path: Path) -> Counter[tuple[str, frozenset[str]]]:
     """Each image of ``path`` with the kernels it defines, as cuobjdump prints them:
-    ``-elf``'s ``.text.NAME`` sections per cubin (named ``sm_XY``) and ``-ptx``'s
+    ``-elf``'s ENTRY functions per cubin (named ``sm_XY``) and ``-ptx``'s
     ``.entry`` directives per PTX text (named ``compute_XY`` to match buildmatrix)."""
     images: Counter[tuple[str, frozenset[str]]] = Counter()
     for option, kind in (("-elf", "elf"), ("-ptx", "ptx")):
@@ -72,7 +74,7 @@ def cuobjdump_kernels(tool: Path, path: Path) -> Counter[tuple[str, frozenset[st
             if m[1] != kind:
                 continue  # -elf names the PTX entries too, with nothing below
             body = out[m.end() : after.start() if after is not None else len(out)]
-            found = _TEXT_SECTION if kind == "elf" else _PTX_ENTRY
+            found = _ENTRY_SYMBOL if kind == "elf" else _PTX_ENTRY
             arch = m[2] if kind == "elf" else "compute_" + m[2].removeprefix("sm_")
             images[(arch, frozenset(found.findall(body)))] += 1
     return images

@@ -257,6 +257,11 @@ _SHAPES = {
     "libguard_sm90_ptx80": Fixture(
         name="", kind="shared", source="guard_lt90.cu", gencode=_PTX80_SM90[::-1]
     ),
+    # -G (device debug): a __device__ function kept out of line gets a .text section of
+    # its own in the cubin, beside the kernel's, and is no kernel
+    "libdebug_ptx80_sm90": Fixture(
+        name="", kind="shared", source="device_call.cu", gencode=_PTX80_SM90, extra=("-G",)
+    ),
 }
 _COMPRESS = {"plain": "-compress=false", "compressed": "-compress-all"}
 
@@ -268,7 +273,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("nvcc and gcc build these libraries")
     out = tmp_path_factory.mktemp("guarded")
     fixtures = [
-        replace(fx, name=f"{shape}_{how}.so", extra=("-Xfatbin", flag))
+        replace(fx, name=f"{shape}_{how}.so", extra=(*fx.extra, "-Xfatbin", flag))
         for shape, fx in _SHAPES.items()
         for how, flag in _COMPRESS.items()
     ]
@@ -338,5 +343,33 @@ def test_a_cubin_without_a_kernel_of_its_units_ptx_fails_where_it_is_loaded(
             "(_Z5pre90Pf)" in doc["problems"][0]
         )
     for sm in ("8.0", "10.0"):
+        code, doc = _check(capsys, lib, "--sm", sm, "--driver", "580.65.06")
+        assert code == 0, (sm, doc["problems"])
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("how", list(_COMPRESS))
+def test_a_device_function_of_a_debug_build_is_no_kernel(
+    capsys: pytest.CaptureFixture[str], guarded: Path, how: str
+) -> None:
+    """``nvcc -G`` with ``compute_80`` PTX and ``sm_90`` SASS: the cubin has
+    ``.text._Z6helperi`` beside ``.text._Z4kernPi``, but only the kernel is an entry
+    function (cuobjdump -elf: ENTRY), and the PTX defines it as ``.entry``; the
+    helper is a ``.func`` in both. 8.0 JIT-compiles the PTX, which launches ``kern``
+    as well as the cubin does: no kernel is lacking (this failed 8.0 while kernels
+    were read from section names)."""
+    lib = guarded / f"libdebug_ptx80_sm90_{how}.so"
+    images = _images(lib)
+    assert images[("compute_80", frozenset({"_Z4kernPi"}))] == 1
+    assert images[("sm_90", frozenset({"_Z4kernPi"}))] == 1
+    assert not any("_Z6helperi" in kernels for _, kernels in images)
+    tool = find_cuobjdump()
+    if tool is not None:
+        assert images == cuobjdump_kernels(tool, lib)
+        elf = subprocess.run(
+            [str(tool), "-elf", str(lib)], check=True, capture_output=True, text=True
+        )
+        assert ".text._Z6helperi" in elf.stdout  # the section that is no kernel's
+    for sm in ("8.0", "8.6", "9.0", "10.0"):
         code, doc = _check(capsys, lib, "--sm", sm, "--driver", "580.65.06")
         assert code == 0, (sm, doc["problems"])

@@ -104,11 +104,18 @@ _MAX_NOTE = 4096
 
 
 def _kernels(cubin: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
-    """A cubin's kernels: its ``.text.NAME`` sections, as nvcc names them; where a
-    cubin has none, or executable code (``SHF_EXECINSTR``) in a section named
-    otherwise, also its symbol table's entry functions (:func:`entry_symbols`, what
-    cuobjdump lists as ENTRY). Executable code whose kernels cannot be named so is
-    None (unknown): such a cubin is never taken for a device-link stub."""
+    """A cubin's kernels: its symbol table's entry functions (:func:`entry_symbols`,
+    what cuobjdump lists as ENTRY), where it has any. A ``.text.NAME`` section is not
+    always a kernel's: with ``-G`` (and with relocatable device code) nvcc gives a
+    ``__device__`` function kept out of line a section of its own, which no PTX
+    ``.entry`` matches. Without entry symbols, its ``.text.NAME`` sections, as nvcc
+    names them, and where it has none, or executable code (``SHF_EXECINSTR``) in a
+    section named otherwise, the entry functions too. Executable code whose kernels
+    cannot be named so is None (unknown): such a cubin is never taken for a
+    device-link stub."""
+    entries = entry_symbols(cubin, info)
+    if entries:
+        return entries
     named = tuple(s.name[6:] for s in info.sections if s.name.startswith(".text."))
     other_code = any(
         s.flags & SHF_EXECINSTR and s.size and not s.name.startswith(".text.")
@@ -116,7 +123,6 @@ def _kernels(cubin: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
     )
     if named and not other_code:
         return named
-    entries = entry_symbols(cubin, info)
     if other_code and not entries:
         return None
     return tuple(dict.fromkeys(named + (entries or ())))
