@@ -8,12 +8,15 @@ kernels tests/test_kernels.py holds to cuobjdump).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from buildmatrix.binary import ptx
 from buildmatrix.binary.cubin import cubin_facts
 from buildmatrix.binary.ptx import ptx_kernels
 from buildmatrix.binary.source import BytesSource
@@ -69,16 +72,44 @@ def test_kernels_are_the_entry_directives_outside_comments_and_strings(block: bo
     )
 
 
-def test_a_large_text_is_read_at_memory_speed() -> None:
-    """nvcc's text: a ``//`` comment every few lines, no block comment, few
-    directives. 140 MB in well under the seconds a line-by-line scan needs."""
-    import time
+class _Counting:
+    """``_NOT_CODE`` that counts the bytes it is asked to search."""
 
-    body = b"\tld.global.f32 \t%f1, [%rd4];\n\tadd.f32 %f2, %f1, 0f3F800000;\n// c\n"
-    text = _TEXT + body * 2_000_000
-    start = time.process_time()
-    assert set(ptx_kernels(text)) == _READ
-    assert time.process_time() - start < 2.0
+    def __init__(self, pattern: re.Pattern[bytes]) -> None:
+        self.pattern = pattern
+        self.searched = 0
+
+    def finditer(self, text: bytes, start: int, end: int) -> Iterator[re.Match[bytes]]:
+        self.searched += end - start
+        return self.pattern.finditer(text, start, end)
+
+    def sub(self, repl: bytes, text: bytes) -> bytes:
+        self.searched += len(text)
+        return self.pattern.sub(repl, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # nvcc's text: a // comment every few lines, no block comment, few directives
+        _TEXT + b"\tld.global.f32 \t%f1, [%rd4];\n\tadd.f32 %f2, %f1, 0f3F800000;\n// c\n" * 50_000,
+        # a whole module on one line (ptxas takes it), a string before its directives
+        b'.version 8.0 .target sm_80 .address_size 64 .pragma "nounroll"; '
+        + b" ".join(b".visible .entry k%d() { ret; }" % i for i in range(20_000)),
+    ],
+    ids=["nvcc", "one line"],
+)
+def test_the_text_is_searched_for_comments_once(
+    monkeypatch: pytest.MonkeyPatch, text: bytes
+) -> None:
+    """Linear time (docs/security.md): each line's comments and strings are looked for
+    once, however many directives it holds; a module on one line with 20,000
+    kernels was searched once per directive, quadratic in its length."""
+    counting = _Counting(ptx._NOT_CODE)
+    monkeypatch.setattr(ptx, "_NOT_CODE", counting)
+    found = ptx_kernels(text)
+    assert len(found) == (len(_READ) if text.startswith(_TEXT) else 20_000)
+    assert counting.searched <= len(text)
 
 
 @pytest.mark.nvcc

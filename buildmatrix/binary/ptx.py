@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 
 from packaging.version import Version
 
@@ -193,13 +194,33 @@ _WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 _BETWEEN = re.compile(rb"(?:[ \t\r\n]+|//[^\n]*)*")
 
 
-def _in_code(text: bytes, at: int) -> bool:
-    """Whether ``at`` is outside any line comment and string of its line (a text
-    without block comments)."""
-    start = text.rfind(b"\n", 0, at) + 1
-    if b"//" not in text[start:at] and b'"' not in text[start:at]:
-        return True
-    return all(not m.start() <= at < m.end() for m in _NOT_CODE.finditer(text, start, at + 1))
+class _Lines:
+    """Whether a place of a text without block comments is outside every line comment
+    and string of its line. Each line's comments and strings are found once, however
+    many directives it holds (ptxas takes a whole module on one line): linear time."""
+
+    def __init__(self, text: bytes) -> None:
+        self._text = text
+        self._line = (0, -1)  # [start, end) of the line whose spans are kept
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+
+    def in_code(self, at: int) -> bool:
+        """Asked in increasing order of ``at``: each line is looked at once."""
+        text = self._text
+        if not self._line[0] <= at < self._line[1]:
+            start = text.rfind(b"\n", max(self._line[1], 0), at) + 1
+            end = text.find(b"\n", at)
+            end = len(text) if end < 0 else end
+            self._line = (start, end)
+            if text.find(b"//", start, end) < 0 and text.find(b'"', start, end) < 0:
+                spans = []
+            else:
+                spans = [m.span() for m in _NOT_CODE.finditer(text, start, end)]
+            self._starts = [s for s, _ in spans]
+            self._ends = [e for _, e in spans]
+        i = bisect_right(self._starts, at) - 1
+        return i < 0 or at >= self._ends[i]
 
 
 def ptx_kernels(text: bytes) -> tuple[str, ...]:
@@ -212,8 +233,9 @@ def ptx_kernels(text: bytes) -> tuple[str, ...]:
     names: dict[str, None] = {}
     linkage: set[bytes] = set()  # the directives just before the next one
     end = 0
+    lines = _Lines(text)
     for m in _DIRECTIVE.finditer(text):
-        if (m.start() and text[m.start() - 1] in _WORD) or not _in_code(text, m.start()):
+        if (m.start() and text[m.start() - 1] in _WORD) or not lines.in_code(m.start()):
             continue
         if _BETWEEN.fullmatch(text, end, m.start()) is None:
             linkage = set()  # something else came between: they were not its linkage
