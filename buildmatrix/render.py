@@ -89,8 +89,10 @@ def render(
         ) from None
     except jinja2.TemplateError as exc:
         raise InputError(f"{spec.template}: cannot render {entry.tag}: {exc}.") from None
-    _refuse_unpublished_cuda(body, entry)
     body = apply(body, bases)
+    # after the bases: a digest pinned in bases.yaml is what Docker pulls, whatever the
+    # tag says, and a mirror's tags are the mirror's
+    _refuse_unpublished_cuda(body, entry)
     if "FROM" not in body.upper():
         raise InputError(f"{spec.template}: rendered {entry.tag} without a FROM line.")
     labels = " \\\n      ".join(f"{k}={_quote(v)}" for k, v in entry.labels.items())
@@ -111,15 +113,16 @@ def _refuse_unpublished_cuda(body: str, entry: Entry) -> None:
     template writes as it is, while NVIDIA tags only full versions."""
     releases = entry.facts.releases
     for ref, tag in nvidia_cuda_tags(body):
-        version = tag.split("-", 1)[0]
+        version, dash, _ = tag.partition("-")
         mm = ".".join(version.split(".")[:2])
         known = releases.get(mm)
-        if known is None or version in known:
+        if known is None or (dash and version in known):
             continue  # a toolkit whose releases the facts do not list, or a release
         listed = ", ".join(known) if known else f"none yet for CUDA {mm}"
         raise InputError(
             f"{entry.spec.template}: {entry.tag} pulls {ref}, a tag NVIDIA does not "
-            f"publish: nvidia/cuda tags name a full CUDA release ({listed}; "
+            f"publish: nvidia/cuda tags are VERSION-FLAVOUR-OS, VERSION a full CUDA "
+            f"release ({listed}; "
             "buildmatrix/data/cuda.yaml, releases). Give the spec's 'cuda' a full version, "
             "or write one into the template."
         )

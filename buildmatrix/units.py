@@ -33,10 +33,12 @@ def _registered(
     *,
     strict: bool,
     signs: Signs,
+    counted: frozenset[int] = frozenset(),
 ) -> tuple[list[tuple[int, Judgement]], list[str]]:
     """The registered containers that count (by index), and a line for each left out
     as specialised code (judge_units' docstring). ``signs``: the file's
-    :func:`dispatch_signs`, asked only where a container may be left out."""
+    :func:`dispatch_signs`, asked only where a container may be left out. ``counted``:
+    units never left out (those that run on ``cc`` but for the image's Env)."""
     several = sum(not u.embedded for u in units) > 1
     judged: list[tuple[int, Judgement]] = []
     specialised: list[str] = []
@@ -46,7 +48,7 @@ def _registered(
             continue  # judged below, once the registered code is
         # A file's one registered container is judged as it is, whatever it holds.
         left_out = None
-        if j.verdict is Verdict.NONE and several and not strict:
+        if j.verdict is Verdict.NONE and several and not strict and i not in counted:
             if unit.specific:
                 left_out = "it holds only arch- or family-specific code, launched after a check"
             elif (sign := signs()) is not None:
@@ -138,6 +140,7 @@ def judge_units(
     strict: bool = False,
     driver_cuda: Version | None = None,
     signs: Signs | None = None,
+    counted: frozenset[int] = frozenset(),
 ) -> FileJudgement:
     """Verdict for one file of several fatbinary containers (translation units).
 
@@ -177,7 +180,12 @@ def judge_units(
 
     results = [_with_kernels_lacking(u, cc, j, jits) for u, j in zip(units, results, strict=True)]
     judged, specialised = _registered(
-        units, results, cc, strict=strict, signs=signs or cache(lambda: dispatch_signs(units))
+        units,
+        results,
+        cc,
+        strict=strict,
+        signs=signs or cache(lambda: dispatch_signs(units)),
+        counted=counted,
     )
     more, kept_out = _kept_as_data(units, results, cc, strict=strict, alone=not judged)
     judged += more
@@ -232,14 +240,28 @@ def judge_file(
     the report per (``cc``, ``strict``) and judging the file on the next driver
     costs a look-up."""
     if jit.narrowed:  # rare: judged each time, never kept
+        units = report.code_units
+        narrowed = loadable_units(units, jit)
+        # A unit with code for cc that the Env takes away is launched there all the
+        # same (the file's dispatch, if any, chose it): it is never left out.
+        counted = frozenset(
+            i
+            for i, (u, n) in enumerate(zip(units, narrowed, strict=True))
+            if n.codes != u.codes
+            and judge_codes(
+                u.codes, cc, driver=driver, facts=facts, driver_cuda=driver_cuda
+            ).verdict
+            is not Verdict.NONE
+        )
         j = judge_units(
-            loadable_units(report.code_units, jit),
+            narrowed,
             cc,
             driver=driver,
             facts=facts,
             strict=strict,
             driver_cuda=driver_cuda,
             signs=lambda: report.dispatch_signs,
+            counted=counted,
         )
         if j.verdict is Verdict.NONE:
             return replace(j, reasons=(*j.reasons, jit.describe()))

@@ -95,11 +95,12 @@ class Unit:
 
     @property
     def specific(self) -> bool:
-        """Only arch- or family-specific code (``sm_90a``, ``sm_100f``, ...)."""
-        return all(c.arch.suffix is not Suffix.NONE for c in self.codes)
+        """Only arch- or family-specific code (``sm_90a``, ``sm_100f``, ...). A unit
+        left with no code the driver may load (buildmatrix.jit_env) is not."""
+        return bool(self.codes) and all(c.arch.suffix is not Suffix.NONE for c in self.codes)
 
     def describe(self) -> str:
-        archs = ", ".join(sorted({str(c.arch) for c in self.codes}))
+        archs = ", ".join(sorted({str(c.arch) for c in self.codes})) or "no code it may load"
         if not self.kernels:
             return archs
         more = f" and {len(self.kernels) - 3} more" if len(self.kernels) > 3 else ""

@@ -151,6 +151,21 @@ def test_a_rendered_nvidia_cuda_tag_is_a_listed_release_or_refused(tmp_path: Pat
         "FROM nvidia/cuda:{{ cuda }}-base-ubuntu24.04@sha256:" + "0" * 64 + "\n": False,
         "FROM nvcr.io/nvidia/cuda:{{ cuda }}-base-ubuntu24.04\n": False,
     }
+    # no flavour: nvidia/cuda has no bare version tags
+    (folder / "Dockerfile.j2").write_text("FROM nvidia/cuda:{{ cuda }}\n")
+    data = _spec(["12.9.1"]) | {"families": ["ampere"]}
+    spec = spec_from_data(data, path, profiles, facts=FACTS)
+    entry = expand(spec, profiles, facts=FACTS, out=tmp_path / "o").entries[0]
+    with pytest.raises(InputError, match="VERSION-FLAVOUR-OS"):
+        render(entry, source="x")
+    # a tag pinned by digest in bases.yaml is pulled by its digest: left alone
+    from buildmatrix.bases import Bases
+
+    (folder / "Dockerfile.j2").write_text("FROM nvidia/cuda:{{ cuda }}-base-ubuntu24.04\n")
+    spec = spec_from_data(_spec(["12.9"]) | {"families": ["ampere"]}, path, profiles, facts=FACTS)
+    entry = expand(spec, profiles, facts=FACTS, out=tmp_path / "o").entries[0]
+    pins = {"nvidia/cuda:12.9-base-ubuntu24.04": "sha256:" + "1" * 64}
+    assert "@sha256:" in render(entry, source="x", bases=Bases(pins=pins))
     for text, checked in templates.items():
         (folder / "Dockerfile.j2").write_text(text)
         for mm, releases in FACTS.releases.items():

@@ -84,3 +84,63 @@ def test_the_driver_loads_only_what_the_images_env_leaves(
             assert any("the image's Env sets CUDA_" in x for x in target["reasons"]), target
     assert r.code == (0 if all(_runs(sass, ptx, g, env) for g in GPUS) else 1), r.err
     assert any("the image's Env sets" in w for w in doc["warnings"]) is narrowed
+
+
+# Two translation units (kernels.cu, second.cu), one container each: the first with
+# SASS and PTX, the second with one kind alone, so that the Env leaves the second
+# with no code at all while the first still runs.
+_TWO_UNITS = {
+    "libforce_sass_unit.so": (
+        ("arch=compute_80,code=[sm_80,compute_80]",),
+        ("arch=compute_90,code=sm_90",),
+        {"CUDA_FORCE_PTX_JIT": "1"},
+    ),
+    "libdisable_ptx_unit.so": (
+        ("arch=compute_90,code=[sm_90,compute_90]",),
+        ("arch=compute_80,code=compute_80",),
+        {"CUDA_DISABLE_PTX_JIT": "1"},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def two_units(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.conftest import NVCC_CACHE
+    from tests.fixtures.build import Fixture, cached_build, have_nvcc
+
+    if not have_nvcc():
+        pytest.skip("nvcc and gcc build these libraries")
+    out = tmp_path_factory.mktemp("two-units")
+    fixtures = [
+        Fixture(name=name, kind="shared", gencode=first, second=second)
+        for name, (first, second, _) in _TWO_UNITS.items()
+    ]
+    cached_build(out, fixtures, NVCC_CACHE, jobs=1)
+    return out
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("library", list(_TWO_UNITS))
+def test_a_unit_the_env_leaves_without_code_fails_everywhere(
+    cli: CliRunner, tmp_path: Path, two_units: Path, library: str
+) -> None:
+    """The second unit's kernel has no code the driver may load under the Env (SASS
+    alone under CUDA_FORCE_PTX_JIT, PTX alone under CUDA_DISABLE_PTX_JIT), so it fails
+    to load on every GPU, whatever the first unit holds; such a unit is not taken for
+    specialised code. Without the Env each GPU of the units' code passes."""
+    _, _, env = _TWO_UNITS[library]
+    binary = (two_units / library).read_bytes()
+    args = [a for g in ("8.0", "9.0", "10.0") for a in ("--sm", g)]
+    for name, e in (("plain", {}), ("with-env", env)):
+        layout = write_oci_layout(
+            tmp_path / name, Image(layers=[{f"usr/lib/{library}": binary}], env=e)
+        )
+        r = cli("check", f"oci:{layout}", *args, "--driver", DRIVER, "--json")
+        doc: Any = r.json()
+        verdicts = {t["compute_capability"]: t["verdict"] for t in doc["targets"]}
+        if e:
+            assert set(verdicts.values()) == {"none"}, doc["targets"]
+            assert all(t["specialised"] == [] for t in doc["targets"])
+            assert r.code == 1
+        else:
+            assert verdicts["9.0"] != "none", doc["targets"]

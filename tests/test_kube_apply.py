@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import json
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -603,6 +604,32 @@ def test_a_round_within_its_deadline_is_unchanged(
         if thread.name == DEADLINE_THREAD:
             thread.join(timeout=30)  # cancelled: it ends at once
             assert not thread.is_alive()
+
+
+def test_a_deadline_whose_mark_fails_in_any_way_still_ends_the_process(tmp_path: Path) -> None:
+    """The deadline's thread holds the lock the main thread waits for: whatever goes
+    wrong while it writes the mark (here an error no reader raises), and even where
+    what should end the process returns, the process ends (exit 3), not hangs."""
+    script = f"""
+import threading, time
+from pathlib import Path
+from buildmatrix.node import admit
+def broken(path, labels):
+    raise RuntimeError("no such luck")
+admit._write_nfd = broken
+options = admit.AdmitOptions(nfd_file=Path({str(tmp_path / "f")!r}))
+seen = []
+deadline = admit.Deadline(0.1, options, None, lambda message, code: seen.append(code))
+while not deadline._lock.locked():  # the timer has fired and holds the lock
+    time.sleep(0.01)
+deadline.claim()  # the timer holds the lock: only its exit ends this
+print("claimed", seen)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "claimed" not in proc.stdout
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-5", "1e300"])

@@ -13,6 +13,7 @@ printed, its failure mark written) with the exit code of the environment error.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -124,10 +125,15 @@ class Deadline:
                     gfd_keys=options.gfd_keys,
                 )
                 why += f"; node {options.node} marked failed and tainted"
-        except (EnvironmentUnavailable, InputError, OSError) as exc:
+        except Exception as exc:  # whatever failed, the process must end
             why += f"; writing the failure mark failed: {exc}"
             code = EnvironmentUnavailable.exit_code
-        self._overdue(why, code)
+        try:
+            self._overdue(why, code)
+        finally:
+            # overdue ends the process; should it return or raise, the lock this
+            # thread holds would stop the main thread for good: end it here.
+            os._exit(code)
 
 
 @dataclass(frozen=True, kw_only=True)
