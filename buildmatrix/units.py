@@ -239,45 +239,37 @@ def judge_file(
     not target ``cc`` or of unknown ISA: jit.judge_ptx), so the verdict is kept on
     the report per (``cc``, ``strict``) and judging the file on the next driver
     costs a look-up."""
-    if jit.narrowed:  # rare: judged each time, never kept
-        units = report.code_units
-        narrowed = loadable_units(units, jit)
+    key = (cc, strict)
+    if not jit.narrowed and (known := report.verdicts.get(key)) is not None:
+        return known
+    units, counted = report.code_units, frozenset[int]()
+    if jit.narrowed:
+        units = loadable_units(report.code_units, jit)
         # A unit with code for cc that the Env takes away is launched there all the
         # same (the file's dispatch, if any, chose it): it is never left out.
         counted = frozenset(
             i
-            for i, (u, n) in enumerate(zip(units, narrowed, strict=True))
+            for i, (u, n) in enumerate(zip(report.code_units, units, strict=True))
             if n.codes != u.codes
             and judge_codes(
                 u.codes, cc, driver=driver, facts=facts, driver_cuda=driver_cuda
             ).verdict
             is not Verdict.NONE
         )
-        j = judge_units(
-            narrowed,
-            cc,
-            driver=driver,
-            facts=facts,
-            strict=strict,
-            driver_cuda=driver_cuda,
-            signs=lambda: report.dispatch_signs,
-            counted=counted,
-        )
-        if j.verdict is Verdict.NONE:
-            return replace(j, reasons=(*j.reasons, jit.describe()))
-        return j
-    key = (cc, strict)
-    if (known := report.verdicts.get(key)) is not None:
-        return known
     j = judge_units(
-        report.code_units,
+        units,
         cc,
         driver=driver,
         facts=facts,
         strict=strict,
         driver_cuda=driver_cuda,
         signs=lambda: report.dispatch_signs,
+        counted=counted,
     )
+    if jit.narrowed:  # rare: judged each time, never kept
+        if j.verdict is Verdict.NONE:
+            return replace(j, reasons=(*j.reasons, jit.describe()))
+        return j
     if key not in report.verdicts:
         report.verdicts[key] = None if _jit_on(report.code_units, cc) else j
     return j
