@@ -82,6 +82,8 @@ class CudaFacts:
     architectures: dict[str, ArchSupport]
     # MAJOR.MINOR -> its patch releases published as nvidia/cuda images (data/cuda.yaml)
     releases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # releases whose nvidia/cuda tags NVIDIA deleted from Docker Hub (data/cuda.yaml)
+    removed: frozenset[str] = frozenset()
 
     def toolkit(self, cuda: Version) -> Toolkit | None:
         """The toolkit release MAJOR.MINOR, or None when the table does not know it."""
@@ -194,11 +196,16 @@ def facts_from_data(data: object, *, source: str, text: str | None = None) -> Cu
         for patch in patches:
             if not patch.startswith(f"{mm}."):
                 raise InputError(f"{source}: releases.{mm}: '{patch}' is not a {mm} release.")
+    removed = frozenset(data.get("removed", ()))
+    for version in sorted(removed):
+        if version not in releases.get(version.rsplit(".", 1)[0], ()):
+            raise InputError(f"{source}: removed: '{version}' is not one of 'releases'.")
     return CudaFacts(
         toolkits=toolkits,
         minor_compat=minor_compat,
         architectures=architectures,
         releases=releases,
+        removed=removed,
     )
 
 

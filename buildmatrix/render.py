@@ -116,6 +116,15 @@ def _refuse_unpublished_cuda(body: str, entry: Entry) -> None:
         version, dash, _ = tag.partition("-")
         mm = ".".join(version.split(".")[:2])
         known = releases.get(mm)
+        if dash and version in entry.facts.removed:
+            kept = [r for r in known or () if r not in entry.facts.removed]
+            raise InputError(
+                f"{entry.spec.template}: {entry.tag} pulls {ref}: NVIDIA deleted the "
+                f"nvidia/cuda tags of CUDA {version} from Docker Hub at its end of life "
+                "(buildmatrix/data/cuda.yaml, removed). Use "
+                + (f"{', '.join(kept)}" if kept else "a newer release")
+                + ", or pull it from a mirror that keeps it (images/bases.yaml, registry)."
+            )
         if known is None or (dash and version in known):
             continue  # a toolkit whose releases the facts do not list, or a release
         listed = ", ".join(known) if known else f"none yet for CUDA {mm}"

@@ -110,6 +110,10 @@ def test_the_releases_are_toolkits_of_the_facts() -> None:
     data["releases"]["12.8"] = ["12.9.0"]
     with pytest.raises(InputError, match=r"'12\.9\.0' is not a 12\.8 release"):
         facts_from_data(data, source="cuda.yaml")
+    data["releases"]["12.8"] = ["12.8.0", "12.8.1"]
+    data["removed"] = ["12.8.2"]
+    with pytest.raises(InputError, match=r"removed: '12\.8\.2' is not one of 'releases'"):
+        facts_from_data(data, source="cuda.yaml")
 
 
 def test_the_shipped_specs_name_released_versions() -> None:
@@ -138,6 +142,7 @@ def test_a_rendered_nvidia_cuda_tag_is_a_listed_release_or_refused(tmp_path: Pat
     the same through ``docker.io/``) renders for each listed release and is refused
     for MAJOR.MINOR; a digest-pinned reference is left alone (Docker pulls the
     digest), as is another registry's ``nvidia/cuda``."""
+    from buildmatrix.bases import Bases
     from buildmatrix.matrix import expand
     from buildmatrix.render import render
 
@@ -159,8 +164,6 @@ def test_a_rendered_nvidia_cuda_tag_is_a_listed_release_or_refused(tmp_path: Pat
     with pytest.raises(InputError, match="VERSION-FLAVOUR-OS"):
         render(entry, source="x")
     # a tag pinned by digest in bases.yaml is pulled by its digest: left alone
-    from buildmatrix.bases import Bases
-
     (folder / "Dockerfile.j2").write_text("FROM nvidia/cuda:{{ cuda }}-base-ubuntu24.04\n")
     spec = spec_from_data(_spec(["12.9"]) | {"families": ["ampere"]}, path, profiles, facts=FACTS)
     entry = expand(spec, profiles, facts=FACTS, out=tmp_path / "o").entries[0]
@@ -176,5 +179,11 @@ def test_a_rendered_nvidia_cuda_tag_is_a_listed_release_or_refused(tmp_path: Pat
                 if checked and version not in releases:
                     with pytest.raises(InputError, match="a tag NVIDIA does not publish"):
                         render(entry, source="x")
+                elif checked and version in FACTS.removed:
+                    with pytest.raises(InputError, match="deleted the nvidia/cuda tags"):
+                        render(entry, source="x")
+                    # a mirror that keeps the tag serves it
+                    mirrored = render(entry, source="x", bases=Bases(registry="mirror.example"))
+                    assert f"mirror.example/nvidia/cuda:{version}-base" in mirrored
                 else:
                     assert f":{version}-base" in render(entry, source="x")
