@@ -284,10 +284,10 @@ def _daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str])
 def _smoke_script(settings: Settings) -> str:
     """The container's shell loop: smoke as the settings ask, every interval."""
     if settings.mode == "nfd":
-        smoke = f"buildmatrix smoke --nfd-file {FEATURE_FILE} --pools {POOLS_PATH}"
+        where = f"buildmatrix smoke --nfd-file {FEATURE_FILE}"
     else:
-        smoke = f"buildmatrix smoke --apply --pools {POOLS_PATH}"
-    smoke += f" --deadline {settings.deadline}"
+        where = "buildmatrix smoke --apply"
+    smoke = f"{where} --pools {POOLS_PATH} --deadline {settings.deadline}"
     gfd_keys = settings.gfd_keys
     if settings.mode == "nfd" and gfd_keys is GfdKeys.AUTO:
         # Without a Node to read, auto cannot see GFD's timestamp and would write its
@@ -297,6 +297,7 @@ def _smoke_script(settings: Settings) -> str:
         gfd_keys = GfdKeys.NEVER
     if gfd_keys is not GfdKeys.AUTO:
         smoke += f" --gfd-keys {gfd_keys.value}"
+        where += f" --gfd-keys {gfd_keys.value}"
     if settings.load_test:
         smoke += " --load-test"
     if settings.containerd:  # the pools' images as the node holds them, when it does
@@ -304,8 +305,14 @@ def _smoke_script(settings: Settings) -> str:
     if settings.mig_strategy is not None:
         smoke += f" --mig-strategy {settings.mig_strategy}"
     # A failed check is exit 1 and leaves the node tainted; the loop goes on so that
-    # a node that is repaired is admitted at the next round without a restart.
-    return f"while true; do {smoke}; sleep {settings.interval}; done"
+    # a node that is repaired is admitted at the next round without a restart. A round
+    # killed by a signal (the OOM killer's SIGKILL: exit 128 + 9) wrote nothing, so
+    # the failure mark is written then by a run that reads nothing (--mark-failed).
+    mark = f'{where} --mark-failed "the round was killed by signal $((rc - 128))"'
+    return (
+        f"while true; do {smoke}; rc=$?; "
+        f'if [ "$rc" -gt 128 ]; then {mark}; fi; sleep {settings.interval}; done'
+    )
 
 
 def _volumes(

@@ -106,10 +106,12 @@ def run_once(
     shell, flag, script = container["command"]
     assert (shell, flag) == ("/bin/sh", "-c")
     once = script.removeprefix("while true; do ").split("; sleep")[0]
+    first, then, rest = once.partition("; rc=$?")
     return subprocess.run(
         # ``append`` names files of the test's host side (a checkout under /tmp too):
-        # not rewritten into the Pod's volumes
-        [shell, flag, f"{local(once)} {append}"],
+        # not rewritten into the Pod's volumes; it goes to the round's smoke command,
+        # whose exit status the round ends with
+        [shell, flag, f"{local(first)} {append}{then}{local(rest)}{'; exit $rc' if then else ''}"],
         env=env,
         capture_output=True,
         text=True,

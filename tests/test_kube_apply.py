@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -630,6 +631,78 @@ print("claimed", seen)
     )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "claimed" not in proc.stdout
+
+
+def test_mark_failed_writes_only_the_failure_mark(
+    cli: CliRunner, api: tuple[ApiStandIn, Path], tmp_path: Path
+) -> None:
+    """--mark-failed reads no GPU and writes the failure mark with its reason: an
+    admitted node is tainted again; without a place to write, or with something to
+    read, it is bad input."""
+    standin, kubeconfig = api
+    assert _smoke(cli, kubeconfig, "h100-535", "--pools", POOLS)[0] == 0
+    r = cli(
+        *("smoke", "--apply", "--node", "gpu-1", "--kubeconfig", str(kubeconfig)),
+        *("--mark-failed", "the round was killed by signal 9", "--json"),
+    )
+    assert r.code == 1, r.err
+    doc = r.json()
+    assert doc["verdict"] == "fail"
+    assert [(c["name"], c["ok"], c["message"]) for c in doc["checks"]] == [
+        ("round", False, "the round was killed by signal 9")
+    ]
+    node = _node(standin)
+    assert ADMISSION in node["spec"]["taints"]
+    assert node["metadata"]["labels"]["buildmatrix.io/smoke"] == "failed"
+    assert node["metadata"]["labels"]["gpu-pool"] == "training-hopper"  # kept on fail
+    assert "killed by signal 9" in node["metadata"]["annotations"][REPORT_ANNOTATION]
+    r = cli("smoke", "--mark-failed", "x")
+    assert r.code == 2
+    assert "give --apply (the Node) or --nfd-file PATH" in r.err
+    snapshot = str(NODES / "h100-535.json")
+    r = cli(
+        "smoke", "--snapshot", snapshot, "--nfd-file", str(tmp_path / "f"), "--mark-failed", "x"
+    )
+    assert r.code == 2
+    assert "leave out --snapshot" in r.err
+    assert not (tmp_path / "f").exists()
+
+
+def test_a_round_the_oom_killer_ends_is_marked_failed_by_the_loop(
+    cli: CliRunner, api: tuple[ApiStandIn, Path], tmp_path: Path
+) -> None:
+    """The DaemonSet's own loop, one round of it as rendered: smoke killed by SIGKILL
+    (what the OOM killer sends; the shell sees 128 + 9) wrote nothing, so the loop
+    runs smoke --mark-failed, which taints the admitted node and says why."""
+    standin, kubeconfig = api
+    assert _smoke(cli, kubeconfig, "h100-535", "--pools", POOLS)[0] == 0
+    r = cli("k8s", "manifests")
+    assert r.code == 0, r.err
+    (ds,) = [d for d in yaml.safe_load_all(r.out) if d and d["kind"] == "DaemonSet"]
+    shell, flag, script = ds["spec"]["template"]["spec"]["containers"][0]["command"]
+    one_round = script.removeprefix("while true; do ").split("; sleep")[0]
+    shim = tmp_path / "bin" / "buildmatrix"
+    shim.parent.mkdir()
+    shim.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *--mark-failed*) ;; *) kill -9 $$ ;; esac\n'
+        f'PYTHONPATH="{REPO}" exec "{sys.executable}" -m buildmatrix "$@"\n'
+    )
+    shim.chmod(0o755)
+    env = {
+        "PATH": f"{shim.parent}:{os.environ['PATH']}",
+        "NODE_NAME": "gpu-1",
+        "KUBECONFIG": str(kubeconfig),
+        "HOME": str(tmp_path),
+    }
+    proc = subprocess.run(
+        [shell, flag, one_round], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    node = _node(standin)
+    assert ADMISSION in node["spec"]["taints"]
+    assert node["metadata"]["labels"]["buildmatrix.io/smoke"] == "failed"
+    assert "the round was killed by signal 9" in node["metadata"]["annotations"][REPORT_ANNOTATION]
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-5", "1e300"])

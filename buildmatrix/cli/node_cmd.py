@@ -176,6 +176,13 @@ def _print_admission(admission: Admission) -> None:
     "written), so that a hung NVML call or load test never leaves a node admitted.",
 )
 @click.option(
+    "--mark-failed",
+    metavar="REASON",
+    help="Read nothing: write only the failure mark, with REASON as its report, where "
+    "the verdict goes (--apply, --nfd-file); exit 1. What the DaemonSet runs after a "
+    "round was killed.",
+)
+@click.option(
     "--prefer-containerd",
     is_flag=True,
     help="Read each registry image from the node's containerd when it holds that name "
@@ -206,6 +213,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     apply_to_node: bool,
     kubeconfig: Path | None,
     deadline: float | None,
+    mark_failed: str | None,
     prefer_containerd: bool,
     node: str | None,
     platform: str,
@@ -240,6 +248,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         prefer_containerd=prefer_containerd,
         platform=platform if _given("platform") else None,
         deadline=deadline,
+        mark_failed=mark_failed,
     )
     profiles = load(profiles_dir)
     admission = admit(

@@ -63,6 +63,8 @@ class AdmitOptions:
     prefer_containerd: bool = False
     platform: str | None = None  # --platform where given (node/image_fit.images_platform)
     deadline: float | None = None  # --deadline: seconds the round may take (Deadline)
+    # --mark-failed: read nothing, write only the failure mark with this reason
+    mark_failed: str | None = None
 
 
 DEADLINE_THREAD = "buildmatrix-deadline"
@@ -178,6 +180,8 @@ def admit(
         parse_ref(ref)  # a malformed reference is bad input, before any NVML or I/O
     if options.load_test:
         require_images(options.images, pools)
+    if options.mark_failed is not None:
+        return _mark_failed(options)
     api = _node_api(options.node, options.kubeconfig) if options.apply else None
     if options.deadline is None:
         return _round(
@@ -373,6 +377,58 @@ def _unreadable(
         applied=applied,
         exit_code=exc.exit_code,
         unavailable=str(exc),
+    )
+
+
+def _mark_failed(options: AdmitOptions) -> Admission:
+    """``--mark-failed REASON``: the failure mark alone, where the verdict goes, and no
+    GPU or image read. What the DaemonSet's loop runs after a round was killed (the
+    OOM killer's SIGKILL ends a process before it can write anything), so that a node
+    an earlier round admitted does not stay admitted unchecked."""
+    reason = options.mark_failed or ""
+    given = [
+        flag
+        for flag, on in (
+            ("--snapshot", options.snapshot is not None),
+            ("--record", options.record is not None),
+            ("--image", bool(options.images)),
+            ("--load-test", options.load_test),
+            ("--deadline", options.deadline is not None),
+        )
+        if on
+    ]
+    if given:
+        raise InputError(
+            f"--mark-failed reads nothing and only writes the failure mark: leave out "
+            f"{', '.join(given)}."
+        )
+    if not options.apply and options.nfd_file is None:
+        raise InputError(
+            "--mark-failed writes the failure mark where the verdict goes: give --apply "
+            "(the Node) or --nfd-file PATH."
+        )
+    api = _node_api(options.node, options.kubeconfig) if options.apply else None
+    labels = {SMOKE: "failed"}
+    if options.nfd_file is not None:
+        _write_nfd(options.nfd_file, labels)
+    applied = None
+    if api is not None and options.node is not None:
+        applied = apply(
+            api,
+            options.node,
+            passed=False,
+            labels=labels,
+            failures=[f"round: {reason}"],
+            gfd_keys=options.gfd_keys,
+        )
+    return Admission(
+        node=options.node,
+        checks=(NodeCheck(name="round", ok=False, message=reason),),
+        labels=labels,
+        loads=(),
+        applied=applied,
+        exit_code=1,
+        unavailable=reason,
     )
 
 
