@@ -308,3 +308,12 @@ def test_a_quota_admits_the_critical_pods_where_the_cluster_limits_them(
     ]
     assert len(covering) == 1
     assert int(covering[0]["spec"]["hard"]["pods"]) > 65000
+
+
+def test_the_deadline_rendered_is_one_smoke_takes(cli: CliRunner) -> None:
+    """smoke --deadline takes at most a day; a longer one rendered would make every
+    round exit 2 and write nothing (an admitted node never checked again)."""
+    r = cli("k8s", "manifests", "--deadline", "100000")
+    assert r.code == 2
+    assert "--deadline" in r.err
+    assert cli("k8s", "manifests", "--deadline", "86400").code == 0

@@ -261,6 +261,19 @@ def test_ptx_behind_a_long_comment_is_found_under_any_name(
         assert cli("check", ref, "--sm", "9.0", "--driver", "580.65.06").code == 0, ref
 
 
+def test_a_text_of_comments_past_the_head_fails_closed(cli: CliRunner, tmp_path: Path) -> None:
+    """A text still only comments after the 64 KiB read_head reads may be PTX behind
+    them (ptxas takes it): it is read as PTX and refused, as a .ptx file's would be,
+    under any name; before, it was skipped and the image passed."""
+    comment = b"/*\n" + b" * a very long notice\n" * 4000 + b" */\n"
+    assert len(comment) > 64 * 1024
+    ptx = comment + (BIN / "kernels_sm90a.ptx").read_bytes()
+    for ref in _sources(tmp_path, {"opt/app/kernels.bin": ptx}).values():
+        result = cli("check", ref, "--sm", "9.0", "--driver", "580.65.06", "-v")
+        assert result.code == 1, (ref, result.out)
+        assert "opt/app/kernels.bin" in result.out + result.err, ref
+
+
 def test_a_source_file_behind_a_long_comment_is_no_ptx(cli: CliRunner, tmp_path: Path) -> None:
     """A C header opens with a licence too: read a little further, it is not PTX."""
     header = _BLOCK + b"#pragma once\n// .version 9.0\n.version 9.0\n"

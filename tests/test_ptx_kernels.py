@@ -125,3 +125,36 @@ def test_ptxas_compiles_the_kernels_read(tmp_path: Path, block: bool) -> None:
     kernels, _ = cubin_facts(BytesSource(cubin.read_bytes(), name=str(cubin)))
     assert kernels is not None
     assert set(kernels) == set(ptx_kernels(source.read_bytes()))
+
+
+_HEADER = b".version 8.0\n.target sm_80\n.address_size 64\n"
+# ptxas ends a string at any quote, a backslash before it included: no escapes (it warns
+# "Pragma 'x\\' unsupported" for the first)
+_STRINGS = {
+    "pragma": (b'.visible .entry k1(){ .pragma "x\\", ".entry ghost(){ret;}"; ret;}', ("k1",)),
+    "file-comment": (b'.file 1 "a\\" //" .visible .entry k1(){ret;}', ()),
+    "file-entry": (
+        b'.file 1 "a\\" .visible .entry k1(){ret;} //"\n.visible .entry k0(){ret;}',
+        ("k1", "k0"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_STRINGS))
+def test_strings_end_at_the_next_quote(case: str) -> None:
+    text, kernels = _STRINGS[case]
+    assert ptx_kernels(_HEADER + text) == kernels
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is the oracle")
+@pytest.mark.parametrize("case", list(_STRINGS))
+def test_strings_end_where_ptxas_ends_them(tmp_path: Path, case: str) -> None:
+    source = tmp_path / "k.ptx"
+    source.write_bytes(_HEADER + _STRINGS[case][0])
+    cubin = tmp_path / "k.cubin"
+    subprocess.run(
+        ["ptxas", "-arch=sm_80", str(source), "-o", str(cubin)], check=True, capture_output=True
+    )
+    kernels, _ = cubin_facts(BytesSource(cubin.read_bytes(), name=str(cubin)))
+    assert set(kernels or ()) == set(ptx_kernels(source.read_bytes()))

@@ -373,3 +373,35 @@ def test_a_device_function_of_a_debug_build_is_no_kernel(
     for sm in ("8.0", "8.6", "9.0", "10.0"):
         code, doc = _check(capsys, lib, "--sm", sm, "--driver", "580.65.06")
         assert code == 0, (sm, doc["problems"])
+
+
+@pytest.mark.nvcc
+def test_a_kernel_an_object_only_declares_is_no_kernel_of_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``nvcc -rdc=true -c`` of a kernel that launches one defined elsewhere: the
+    cubin's symbol table lists ``other`` as ENTRY in no section (undefined), the PTX
+    declares it ``.extern .entry``; neither defines it, so the PTX JIT-compiled on
+    10.0 lacks nothing (this failed, naming ``other``)."""
+    if not have_nvcc():
+        pytest.skip("nvcc builds this object")
+    fixture = Fixture(
+        name="launch_extern.o",
+        kind="object",
+        rdc=True,
+        source="launch_extern.cu",
+        gencode=("arch=compute_90,code=[sm_90,compute_90]",),
+    )
+    (obj,) = cached_build(tmp_path / "out", [fixture], NVCC_CACHE, jobs=1)
+    images = _images(obj)
+    assert images[("sm_90", frozenset({"_Z8launcherPi"}))] == 1
+    assert images[("compute_90", frozenset({"_Z8launcherPi"}))] == 1
+    tool = find_cuobjdump()
+    if tool is not None:
+        elf = subprocess.run(
+            [str(tool), "-elf", str(obj)], check=True, capture_output=True, text=True
+        )
+        assert "_Z5otherPi" in elf.stdout  # listed, in no section
+    for sm in ("9.0", "10.0"):
+        code, doc = _check(capsys, obj, "--sm", sm, "--driver", "580.65.06")
+        assert code == 0, (sm, doc["problems"])

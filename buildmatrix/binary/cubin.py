@@ -90,10 +90,18 @@ def entry_symbols(src: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
     found = []
     for pos in range(0, len(table) - entry + 1, entry):
         fields = struct.unpack_from(order + fmt, table, pos)
-        name_off, st_info, st_other = (
-            fields[:3] if ident[4] == 2 else (fields[0], fields[3], fields[4])
+        name_off, st_info, st_other, shndx = (
+            fields[:4] if ident[4] == 2 else (fields[0], fields[3], fields[4], fields[5])
         )
-        if st_info & 0xF == STT_FUNC and st_other & STO_CUDA_ENTRY and name_off < len(names):
+        # a kernel only declared (an -rdc object launching one defined elsewhere:
+        # SHN_UNDEF, index 0) is no kernel of this cubin
+        defined = shndx != 0
+        if (
+            st_info & 0xF == STT_FUNC
+            and st_other & STO_CUDA_ENTRY
+            and defined
+            and name_off < len(names)
+        ):
             end = names.find(b"\0", name_off)
             found.append(names[name_off : end if end >= 0 else None].decode("latin-1"))
     return tuple(dict.fromkeys(found))

@@ -181,12 +181,13 @@ def checked_ptx_entry(
 # (PTX ISA reference, "Kernel and Function Directives: .entry" and "Linking
 # Directives: .extern, .visible, .weak"). Comments are skipped as ptxas skips them
 # (``//`` to the end of the line, ``/* ... */``, an unterminated one to the end of the
-# text), and so are strings (``.file`` names, ``.pragma "nounroll"``): a ``.entry`` in
-# either is no directive. nvcc writes no ``/* */`` comment, and a line comment or a
+# text), and so are strings (``.file`` names, ``.pragma "nounroll"``; ptxas knows no
+# escape in them: ``"a\"`` ends at its second quote): a ``.entry`` in either is no
+# directive. nvcc writes no ``/* */`` comment, and a line comment or a
 # string ends with its line, so only the lines of the directives are looked at (a
 # large PTX text is read at memory speed); a text with a ``/*`` has its comments and
 # strings blanked out first (about 60 MB/s).
-_NOT_CODE = re.compile(rb'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:[^"\\\n]|\\.)*"?', re.S)
+_NOT_CODE = re.compile(rb'//[^\n]*|/\*.*?(?:\*/|\Z)|"[^"\n]*"?', re.S)
 # The look-behind (no name or directive just before) is checked apart: at the start
 # of the pattern it would be tried at every byte, 20 times slower.
 _DIRECTIVE = re.compile(rb"\.(entry|visible|weak|extern)(?![\w$])")

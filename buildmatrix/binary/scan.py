@@ -64,11 +64,15 @@ def might_hold_code(head: bytes, path: str) -> bool:
     code: an ELF file, a fatbinary, a static archive or PTX text (the kinds
     :func:`inspect_source` reads; the image readers skip every other file unread)."""
     return (
-        is_elf(head)
-        or head[:4] == FATBIN_MAGIC_BYTES
-        or is_archive(head)
-        or looks_like_ptx(head, path)
+        is_elf(head) or head[:4] == FATBIN_MAGIC_BYTES or is_archive(head) or _maybe_ptx(head, path)
     )
+
+
+def _maybe_ptx(head: bytes, path: str) -> bool:
+    """PTX by its name or content (:func:`looks_like_ptx`), or a text still only
+    comments after all :func:`read_head` reads: it may be PTX behind them, which the
+    PTX reader then refuses past its head (fail closed), as a .ptx file's."""
+    return looks_like_ptx(head, path) or (len(head) >= PTX_HEAD and ptx_undecided(head))
 
 
 def worth_reading(head: bytes, path: str) -> bool:
@@ -148,7 +152,7 @@ def inspect_source(
         if deep:
             entries = read_compressed(src, entries)
         return FileReport(path=path, format="fatbin", entries=tuple(entries))
-    if looks_like_ptx(head, path):
+    if _maybe_ptx(head, path):
         arch, isa = ptx_target(src)
         entry = FatbinEntry(
             kind=EntryKind.PTX, arch=arch, ptx_isa=isa, compressed=False, size=src.size, offset=0

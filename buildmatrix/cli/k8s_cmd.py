@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from buildmatrix.cli._common import MANIFEST_FORMATS, Group, dump_manifests, load, profiles_option
+from buildmatrix.cli._common import (
+    MANIFEST_FORMATS,
+    MAX_TIMEOUT,
+    Group,
+    dump_manifests,
+    load,
+    profiles_option,
+)
 from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import GfdKeys
 
@@ -47,7 +54,7 @@ def k8s() -> None:
 )
 @click.option(
     "--deadline",
-    type=click.IntRange(min=60),
+    type=click.IntRange(min=60, max=MAX_TIMEOUT),
     default=3600,
     show_default=True,
     metavar="SECONDS",
