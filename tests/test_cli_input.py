@@ -10,7 +10,7 @@ import click
 import pytest
 
 from buildmatrix.cli import cli as root
-from tests.conftest import CliRunner
+from tests.conftest import REPO, CliRunner
 from tests.fixtures.build import BIN
 
 
@@ -91,3 +91,14 @@ def test_an_empty_environment_variable_counts_as_unset(
     assert cli("profiles").code == 0
     monkeypatch.setenv("CONTAINERD_ROOT", str(tmp_path))
     assert cli("check", "containerd:team/app:1", "--sm", "9.0").code == 3
+
+
+def test_a_blank_environment_variable_is_named(
+    cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blank value from an option's environment variable names the variable, not an
+    option that was never given."""
+    monkeypatch.setenv("NODE_NAME", " ")
+    r = cli("smoke", "--snapshot", str(REPO / "tests" / "fixtures" / "nodes" / "h100-535.json"))
+    assert r.code == 2
+    assert "the environment variable NODE_NAME is blank" in r.err

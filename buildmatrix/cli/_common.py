@@ -51,6 +51,17 @@ class _NotBlank(click.ParamType[Any, Any]):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and not value.strip():
+            from click.core import ParameterSource
+
+            source = ctx.get_parameter_source(param.name) if ctx and param and param.name else None
+            if source is ParameterSource.ENVIRONMENT and isinstance(param, click.Option):
+                names = param.envvar if isinstance(param.envvar, str) else None
+                self.fail(
+                    f"the environment variable {names or 'that sets it'} is blank: set it "
+                    "to a value, or unset it for the default.",
+                    param,
+                    ctx,
+                )
             leave_out = (
                 f", or leave out {param.opts[0]} for its default"
                 if isinstance(param, click.Option)
