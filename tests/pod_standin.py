@@ -59,6 +59,16 @@ def _volume(volume: dict[str, Any], objects: Mapping[str, dict[str, Any]], at: P
         raise NotImplementedError(f"volume kind of {volume}")
 
 
+def one_round(script: str, *, append: str = "") -> str:
+    """One round of the container's loop (``while true; do ROUND; sleep N; done``):
+    its smoke command, with ``append`` added to it, then what the loop does after it
+    (``--mark-failed`` after a signal), ending with the smoke command's exit status."""
+    once = script.removeprefix("while true; do ").split("; sleep")[0]
+    first, then, rest = once.partition("; rc=$?")
+    end = "; exit $rc" if then else ""
+    return f"{first}{' ' + append if append else ''}{then}{rest}{end}"
+
+
 def run_once(
     daemonset: dict[str, Any],
     *,
@@ -105,13 +115,10 @@ def run_once(
             env[e["name"]] = node
     shell, flag, script = container["command"]
     assert (shell, flag) == ("/bin/sh", "-c")
-    once = script.removeprefix("while true; do ").split("; sleep")[0]
-    first, then, rest = once.partition("; rc=$?")
     return subprocess.run(
         # ``append`` names files of the test's host side (a checkout under /tmp too):
-        # not rewritten into the Pod's volumes; it goes to the round's smoke command,
-        # whose exit status the round ends with
-        [shell, flag, f"{local(first)} {append}{then}{local(rest)}{'; exit $rc' if then else ''}"],
+        # not rewritten into the Pod's volumes
+        [shell, flag, one_round(local(script), append=append)],
         env=env,
         capture_output=True,
         text=True,

@@ -24,7 +24,7 @@ from buildmatrix.profile_files import load_profiles
 from tests.admission_policy import UserInfo
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
 from tests.kube_standin import ApiStandIn, Certificate, PatchError, apply_patch, self_signed
-from tests.pod_standin import PodWouldNotStart, run_once
+from tests.pod_standin import PodWouldNotStart, one_round, run_once
 from tests.pool_registry import FITS_HOPPER, SM80_ONLY, push, registry_secret
 from tests.services import Registry
 from tests.standins import nvml_scenario, run_cli
@@ -680,7 +680,7 @@ def test_a_round_the_oom_killer_ends_is_marked_failed_by_the_loop(
     assert r.code == 0, r.err
     (ds,) = [d for d in yaml.safe_load_all(r.out) if d and d["kind"] == "DaemonSet"]
     shell, flag, script = ds["spec"]["template"]["spec"]["containers"][0]["command"]
-    one_round = script.removeprefix("while true; do ").split("; sleep")[0]
+    round_ = one_round(script)
     shim = tmp_path / "bin" / "buildmatrix"
     shim.parent.mkdir()
     shim.write_text(
@@ -696,9 +696,9 @@ def test_a_round_the_oom_killer_ends_is_marked_failed_by_the_loop(
         "HOME": str(tmp_path),
     }
     proc = subprocess.run(
-        [shell, flag, one_round], env=env, capture_output=True, text=True, timeout=120, check=False
+        [shell, flag, round_], env=env, capture_output=True, text=True, timeout=120, check=False
     )
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 128 + 9, proc.stdout + proc.stderr  # the round's smoke
     node = _node(standin)
     assert ADMISSION in node["spec"]["taints"]
     assert node["metadata"]["labels"]["buildmatrix.io/smoke"] == "failed"

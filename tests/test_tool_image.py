@@ -23,6 +23,7 @@ import yaml
 from tests.conftest import REPO, CliRunner
 from tests.images import Image, fixture, write_docker_archive
 from tests.kube_standin import ApiStandIn
+from tests.pod_standin import one_round
 from tests.scheduling import affinity_matches
 
 pytestmark = pytest.mark.integration
@@ -129,7 +130,7 @@ def test_admission_end_to_end(engine: Any, cli: CliRunner, tmp_path: Path) -> No
         # the DaemonSet's own command, one round: no GPU here, so NVML is missing and the
         # node must stay tainted, marked failed, with the reason
         script = container["command"][-1]
-        once = script.removeprefix("while true; do ").split("; sleep")[0]
+        once = one_round(script)
         code, out = _run(
             engine,
             [],
@@ -151,7 +152,11 @@ def test_admission_end_to_end(engine: Any, cli: CliRunner, tmp_path: Path) -> No
             code, out = _run(
                 engine,
                 [],
-                entrypoint=["/bin/sh", "-c", f"{once} --snapshot /nodes/{snapshot}.json"],
+                entrypoint=[
+                    "/bin/sh",
+                    "-c",
+                    one_round(script, append=f"--snapshot /nodes/{snapshot}.json"),
+                ],
                 environment={**env, "NODE_NAME": node},
                 volumes=mounts,
             )
