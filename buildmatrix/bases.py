@@ -22,11 +22,83 @@ from buildmatrix.image.ref import DEFAULT_HOST, Transport, is_host, parse_name
 BASES_FILE = "bases.yaml"
 # A FROM instruction: flags (--platform=...), the image, an optional stage name.
 # Dockerfile reference, "FROM": FROM [--platform=<platform>] <image> [AS <name>]
-_FROM = re.compile(
-    r"^(?P<head>[ \t]*FROM[ \t]+(?:--\S+[ \t]+)*)(?P<ref>[^\s\\]+)(?P<tail>.*)$",
-    re.IGNORECASE,
-)
-_AS = re.compile(r"^[ \t]+AS[ \t]+(?P<name>\S+)", re.IGNORECASE)
+_FROM = re.compile(r"[ \t]*FROM[ \t]+(?:--\S+\s+)*(?P<ref>[^\s-]\S*)(?P<tail>.*)", re.I | re.S)
+_AS = re.compile(r"\s+AS\s+(?P<name>\S+)", re.IGNORECASE)
+# Dockerfile reference, "Parser directives" (escape) and "Here-Documents": a heredoc
+# opens with <<WORD or <<-WORD (WORD maybe quoted) in an instruction, and its body
+# runs to the line that is WORD (after leading tabs, with <<-).
+_ESCAPE = re.compile(r"#\s*escape\s*=\s*(\S)", re.IGNORECASE)
+_DIRECTIVE = re.compile(r"#\s*\w+\s*=.*")
+_HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _From:
+    ref: str
+    start: int  # where ``ref`` is in the text (one physical line)
+    stage: str | None  # the stage it names (AS NAME), lower-case
+
+
+def _instructions(text: str) -> list[tuple[str, list[int]]]:
+    """The Dockerfile's instructions as BuildKit joins them: continued lines (ending in
+    the escape character, a backslash or a ``# escape=`` directive's) joined, comment lines
+    inside them dropped, heredoc bodies skipped; each with the text offset of every
+    character it keeps."""
+    lines = text.splitlines(keepends=True)
+    escape = "\\"
+    for line in lines:  # parser directives come first, before anything else
+        if not _DIRECTIVE.fullmatch(line.strip()):
+            break
+        if m := _ESCAPE.fullmatch(line.strip()):
+            escape = m[1]
+    out: list[tuple[str, list[int]]] = []
+    offset, i = 0, 0
+    starts = []
+    for line in lines:
+        starts.append(offset)
+        offset += len(line)
+    while i < len(lines):
+        body, where = "", list[int]()
+        while i < len(lines):
+            line = lines[i].rstrip("\r\n")
+            i += 1
+            if not line.strip() or line.lstrip().startswith("#"):
+                if body:
+                    continue  # an empty or comment line inside a continued instruction
+                break  # a comment (or directive) line of its own, never continued
+            stripped = line.rstrip()
+            continued = stripped.endswith(escape)
+            kept = stripped[:-1] if continued else line
+            body += kept
+            where += range(starts[i - 1], starts[i - 1] + len(kept))
+            if not continued:
+                break
+        if not body.strip() or body.lstrip().startswith("#"):
+            continue
+        out.append((body, where))
+        for strip, _, word in _HEREDOC.findall(body):
+            while i < len(lines):
+                closing = lines[i].rstrip("\r\n")
+                i += 1
+                if (closing.lstrip("\t") if strip else closing) == word:
+                    break
+    return out
+
+
+def _froms(text: str) -> list[_From]:
+    out = []
+    for body, where in _instructions(text):
+        m = _FROM.match(body)
+        if m is None:
+            continue
+        named = _AS.match(m["tail"])
+        start, end = where[m.start("ref")], where[m.end("ref") - 1] + 1
+        if end - start != len(m["ref"]):
+            raise InputError(
+                f"FROM {m['ref']}: the image reference is split over lines; write it on one."
+            )
+        out.append(_From(ref=m["ref"], start=start, stage=named["name"].lower() if named else None))
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,19 +129,19 @@ def _docker_hub_path(ref: str) -> str | None:
 def external_refs(text: str) -> list[str]:
     """The images a Dockerfile's FROM lines pull, in order: not ``scratch``, not an
     earlier stage's name, not one built from an ARG (``$``)."""
+    return [f.ref for f in _pulling(text)]
+
+
+def _pulling(text: str) -> list[_From]:
+    """The FROM instructions of :func:`external_refs`."""
     stages: set[str] = set()
-    refs = []
-    for line in text.splitlines():
-        m = _FROM.match(line)
-        if m is None:
-            continue
-        ref = m["ref"]
-        if ref.lower() not in stages and ref.lower() != "scratch" and "$" not in ref:
-            refs.append(ref)
-        named = _AS.match(m["tail"])
-        if named:
-            stages.add(named["name"].lower())
-    return refs
+    pulling = []
+    for f in _froms(text):
+        if f.ref.lower() not in stages and f.ref.lower() != "scratch" and "$" not in f.ref:
+            pulling.append(f)
+        if f.stage:
+            stages.add(f.stage)
+    return pulling
 
 
 # NVIDIA's CUDA images on Docker Hub: every tag is VERSION-FLAVOUR-OS, VERSION a full
@@ -99,21 +171,15 @@ def apply(text: str, bases: Bases) -> str:
     Hub, as the engine's ``registry-mirrors`` setting does."""
     if not bases.registry and not bases.pins:
         return text
-    pulled = set(external_refs(text))
-    out = []
-    for line in text.splitlines(keepends=True):
-        m = _FROM.match(line)
-        if m is None or m["ref"] not in pulled:
-            out.append(line)
-            continue
-        ref = m["ref"]
+    for f in reversed(_pulling(text)):  # from the end: earlier offsets stay right
+        ref = f.ref
         if "@" not in ref and ref in bases.pins:
             ref = f"{ref}@{bases.pins[ref]}"
         path = _docker_hub_path(ref)
         if bases.registry and path is not None:
             ref = f"{bases.registry}/{path}"
-        out.append(f"{m['head']}{ref}{m['tail']}" + line[len(line.rstrip("\r\n")) :])
-    return "".join(out)
+        text = text[: f.start] + ref + text[f.start + len(f.ref) :]
+    return text
 
 
 def unused_pins(bases: Bases, texts: list[str]) -> list[str]:
