@@ -118,7 +118,7 @@ def _docker_hub_path(ref: str) -> str | None:
     """The repository path of a Docker Hub reference (``library/`` added for official
     images, as Docker resolves them), or None for a reference that names a host."""
     first, _, rest = ref.partition("/")
-    if rest and first in (DEFAULT_HOST, "index.docker.io"):
+    if rest and first in (DEFAULT_HOST, "index.docker.io", "registry-1.docker.io"):
         ref = rest
     elif rest and is_host(first):
         return None

@@ -84,3 +84,16 @@ def test_a_continued_from_hides_no_nvidia_cuda_tag() -> None:
 def test_a_reference_split_over_lines_is_refused() -> None:
     with pytest.raises(InputError, match="split over lines"):
         external_refs("FROM nvidia/cu\\\nda:12.9.1-base-ubuntu24.04\n")
+
+
+@pytest.mark.parametrize("host", ["", "docker.io/", "index.docker.io/", "registry-1.docker.io/"])
+def test_each_name_of_docker_hub_is_docker_hub(host: str) -> None:
+    """Docker Hub by any of its names: the nvidia/cuda tag is checked and the mirror
+    stands in for it."""
+    text = f"FROM {host}nvidia/cuda:12.9-devel-ubuntu24.04\n"
+    assert nvidia_cuda_tags(text) == [
+        (f"{host}nvidia/cuda:12.9-devel-ubuntu24.04", "12.9-devel-ubuntu24.04")
+    ]
+    assert external_refs(apply(text, Bases(registry="m.example"))) == [
+        "m.example/nvidia/cuda:12.9-devel-ubuntu24.04"
+    ]
