@@ -84,6 +84,8 @@ class CudaFacts:
     releases: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # releases whose nvidia/cuda tags NVIDIA deleted from Docker Hub (data/cuda.yaml)
     removed: frozenset[str] = frozenset()
+    # release -> the OS names of its nvidia/cuda images (data/cuda.yaml, os)
+    os: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def toolkit(self, cuda: Version) -> Toolkit | None:
         """The toolkit release MAJOR.MINOR, or None when the table does not know it."""
@@ -200,12 +202,17 @@ def facts_from_data(data: object, *, source: str, text: str | None = None) -> Cu
     for version in sorted(removed):
         if version not in releases.get(version.rsplit(".", 1)[0], ()):
             raise InputError(f"{source}: removed: '{version}' is not one of 'releases'.")
+    os_names = {version: tuple(names) for version, names in data.get("os", {}).items()}
+    for version in os_names:
+        if version not in releases.get(version.rsplit(".", 1)[0], ()):
+            raise InputError(f"{source}: os: '{version}' is not one of 'releases'.")
     return CudaFacts(
         toolkits=toolkits,
         minor_compat=minor_compat,
         architectures=architectures,
         releases=releases,
         removed=removed,
+        os=os_names,
     )
 
 

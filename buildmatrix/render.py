@@ -125,6 +125,15 @@ def _refuse_unpublished_cuda(body: str, entry: Entry) -> None:
                 + (f"{', '.join(kept)}" if kept else "a newer release")
                 + ", or pull it from a mirror that keeps it (images/bases.yaml, registry)."
             )
+        published = entry.facts.os.get(version)
+        os_name = tag.rsplit("-", 1)[1] if tag.count("-") >= 2 else None
+        if published and os_name and os_name not in published:
+            raise InputError(
+                f"{entry.spec.template}: {entry.tag} pulls {ref}, a tag NVIDIA does not "
+                f"publish: CUDA {version} images are for {', '.join(published)}, not "
+                f"{os_name} (buildmatrix/data/cuda.yaml, os). Use one of those, or a newer "
+                "CUDA release for this OS."
+            )
         if known is None or (dash and version in known):
             continue  # a toolkit whose releases the facts do not list, or a release
         listed = ", ".join(known) if known else f"none yet for CUDA {mm}"

@@ -179,6 +179,13 @@ def test_a_rendered_nvidia_cuda_tag_is_a_listed_release_or_refused(tmp_path: Pat
                 if checked and version not in releases:
                     with pytest.raises(InputError, match="a tag NVIDIA does not publish"):
                         render(entry, source="x")
+                elif (
+                    checked
+                    and version not in FACTS.removed
+                    and ("ubuntu24.04" not in FACTS.os.get(version, ("ubuntu24.04",)))
+                ):
+                    with pytest.raises(InputError, match=r"not ubuntu24\.04"):
+                        render(entry, source="x")
                 elif checked and version in FACTS.removed:
                     with pytest.raises(InputError, match="deleted the nvidia/cuda tags"):
                         render(entry, source="x")
@@ -187,3 +194,39 @@ def test_a_rendered_nvidia_cuda_tag_is_a_listed_release_or_refused(tmp_path: Pat
                     assert f"mirror.example/nvidia/cuda:{version}-base" in mirrored
                 else:
                     assert f":{version}-base" in render(entry, source="x")
+
+
+def test_a_release_is_pulled_only_for_the_os_it_is_published_for(tmp_path: Path) -> None:
+    """Exhaustive over the facts' os table: ``FROM nvidia/cuda:VERSION-FLAVOUR-OS``
+    renders iff NVIDIA publishes VERSION for OS (a removed release is refused anyway);
+    ``12.4.1-devel-ubuntu24.04`` (ubuntu24.04 images start at 12.5.1) failed only at
+    docker build."""
+    from buildmatrix.matrix import expand
+    from buildmatrix.render import render
+
+    profiles = load_profiles(SHIPPED_PROFILES)
+    folder = tmp_path / "x"
+    folder.mkdir()
+    path = folder / "image.yaml"
+    (folder / "Dockerfile.j2").write_text("FROM scratch\n")
+    spec = spec_from_data(_spec(["12.9.1"]) | {"families": ["ampere"]}, path, profiles, facts=FACTS)
+    every_os = sorted({name for names in FACTS.os.values() for name in names})
+    assert "ubuntu24.04" in every_os and len(FACTS.os) > 40
+    checked = 0
+    for version, names in FACTS.os.items():
+        for os_name in every_os:
+            for flavour in ("base", "cudnn-devel"):
+                (folder / "Dockerfile.j2").write_text(
+                    f"FROM nvidia/cuda:{version}-{flavour}-{os_name}\n"
+                )
+                entry = expand(spec, profiles, facts=FACTS, out=tmp_path / "o").entries[0]
+                if version in FACTS.removed:
+                    with pytest.raises(InputError, match="deleted the nvidia/cuda tags"):
+                        render(entry, source="x")
+                elif os_name not in names:
+                    with pytest.raises(InputError, match=f"not {re.escape(os_name)}"):
+                        render(entry, source="x")
+                else:
+                    assert f":{version}-{flavour}-{os_name}" in render(entry, source="x")
+                checked += 1
+    assert checked == 2 * len(FACTS.os) * len(every_os)
