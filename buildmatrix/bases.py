@@ -22,14 +22,20 @@ from buildmatrix.image.ref import DEFAULT_HOST, Transport, is_host, parse_name
 BASES_FILE = "bases.yaml"
 # A FROM instruction: flags (--platform=...), the image, an optional stage name.
 # Dockerfile reference, "FROM": FROM [--platform=<platform>] <image> [AS <name>]
-_FROM = re.compile(r"[ \t]*FROM[ \t]+(?:--\S+\s+)*(?P<ref>[^\s-]\S*)(?P<tail>.*)", re.I | re.S)
+_FROM = re.compile(
+    r"[ \t\v\f\r]*FROM[ \t\v\f\r]+(?:--\S+\s+)*(?P<ref>[^\s-]\S*)(?P<tail>.*)", re.I | re.S
+)
 _AS = re.compile(r"\s+AS\s+(?P<name>\S+)", re.IGNORECASE)
-# Dockerfile reference, "Parser directives" (escape) and "Here-Documents": a heredoc
-# opens with <<WORD or <<-WORD (WORD maybe quoted) in an instruction, and its body
+# Dockerfile reference, "Parser directives": at the very top, ``# key=value`` lines
+# (BuildKit knows syntax, escape and check; an unknown key, or any other line, ends
+# them); "Here-Documents": in RUN, COPY and ADD, a shell word <<WORD or <<-WORD
+# (BuildKit: ``^(\d*)<<(-?)([^<]*)$``, WORD with its quotes removed) opens a body that
 # runs to the line that is WORD (after leading tabs, with <<-).
-_ESCAPE = re.compile(r"#\s*escape\s*=\s*(\S)", re.IGNORECASE)
-_DIRECTIVE = re.compile(r"#\s*\w+\s*=.*")
-_HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+_DIRECTIVE = re.compile(r"#\s*([a-zA-Z][a-zA-Z0-9]*)\s*=\s*(.+?)\s*")
+_KNOWN_DIRECTIVES = ("syntax", "escape", "check")
+_HEREDOC_WORD = re.compile(r"\d*<<(-?)([^<]+)")
+_HEREDOC_INSTRUCTIONS = ("RUN", "COPY", "ADD")
+_BOM = "\ufeff"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,28 +45,51 @@ class _From:
     stage: str | None  # the stage it names (AS NAME), lower-case
 
 
-def _instructions(text: str) -> list[tuple[str, list[int]]]:
-    """The Dockerfile's instructions as BuildKit joins them: continued lines (ending in
-    the escape character, a backslash or a ``# escape=`` directive's) joined, comment lines
-    inside them dropped, heredoc bodies skipped; each with the text offset of every
-    character it keeps."""
-    lines = text.splitlines(keepends=True)
+def _escape_char(lines: list[str]) -> str:
     escape = "\\"
-    for line in lines:  # parser directives come first, before anything else
-        if not _DIRECTIVE.fullmatch(line.strip()):
-            break
-        if m := _ESCAPE.fullmatch(line.strip()):
-            escape = m[1]
-    out: list[tuple[str, list[int]]] = []
-    offset, i = 0, 0
-    starts = []
+    for line in lines:
+        m = _DIRECTIVE.fullmatch(line.strip().removeprefix(_BOM))
+        if m is None or m[1].lower() not in _KNOWN_DIRECTIVES:
+            break  # the first line that is no known directive ends them
+        if m[1].lower() == "escape" and m[2] in ("\\", "`"):
+            escape = m[2]
+    return escape
+
+
+def _heredocs(body: str) -> list[tuple[bool, str]]:
+    """(strip tabs, WORD) of each heredoc an instruction opens, in order."""
+    keyword = body.split(None, 1)[0].upper() if body.split() else ""
+    if keyword not in _HEREDOC_INSTRUCTIONS:
+        return []
+    found = []
+    for word in body.split():
+        if m := _HEREDOC_WORD.fullmatch(word):
+            name = m[2].replace('"', "").replace("'", "")
+            if name:
+                found.append((m[1] == "-", name))
+    return found
+
+
+def _instructions(text: str) -> list[tuple[str, list[int]]]:
+    """The Dockerfile's instructions as BuildKit joins them: lines split at ``\\n``
+    alone, a leading byte order mark dropped, continued lines (ending in the escape
+    character, a backslash or a ``# escape=`` directive's) joined, comment lines inside
+    them dropped, heredoc bodies skipped; each with the text offset of every character
+    it keeps."""
+    lines = text.split("\n")
+    escape = _escape_char(lines)
+    starts, offset = [], 0
     for line in lines:
         starts.append(offset)
-        offset += len(line)
+        offset += len(line) + 1
+    if lines and lines[0].startswith(_BOM):
+        lines[0], starts[0] = lines[0][1:], 1
+    out: list[tuple[str, list[int]]] = []
+    i = 0
     while i < len(lines):
         body, where = "", list[int]()
         while i < len(lines):
-            line = lines[i].rstrip("\r\n")
+            line = lines[i].removesuffix("\r")
             i += 1
             if not line.strip() or line.lstrip().startswith("#"):
                 if body:
@@ -73,12 +102,12 @@ def _instructions(text: str) -> list[tuple[str, list[int]]]:
             where += range(starts[i - 1], starts[i - 1] + len(kept))
             if not continued:
                 break
-        if not body.strip() or body.lstrip().startswith("#"):
+        if not body.strip():
             continue
         out.append((body, where))
-        for strip, _, word in _HEREDOC.findall(body):
+        for strip, word in _heredocs(body):
             while i < len(lines):
-                closing = lines[i].rstrip("\r\n")
+                closing = lines[i].removesuffix("\r")
                 i += 1
                 if (closing.lstrip("\t") if strip else closing) == word:
                     break
@@ -92,12 +121,15 @@ def _froms(text: str) -> list[_From]:
         if m is None:
             continue
         named = _AS.match(m["tail"])
-        start, end = where[m.start("ref")], where[m.end("ref") - 1] + 1
-        if end - start != len(m["ref"]):
+        ref, at = m["ref"], m.start("ref")
+        if len(ref) > 2 and ref[0] == ref[-1] and ref[0] in "\"'":
+            ref, at = ref[1:-1], at + 1  # BuildKit unquotes FROM's image
+        start, end = where[at], where[at + len(ref) - 1] + 1
+        if end - start != len(ref):
             raise InputError(
                 f"FROM {m['ref']}: the image reference is split over lines; write it on one."
             )
-        out.append(_From(ref=m["ref"], start=start, stage=named["name"].lower() if named else None))
+        out.append(_From(ref=ref, start=start, stage=named["name"].lower() if named else None))
     return out
 
 

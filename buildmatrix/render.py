@@ -89,10 +89,12 @@ def render(
         ) from None
     except jinja2.TemplateError as exc:
         raise InputError(f"{spec.template}: cannot render {entry.tag}: {exc}.") from None
+    # after the pins: a digest pinned in bases.yaml is what Docker pulls, whatever the
+    # tag says; before the mirror: it serves Docker Hub's tags, and only the deleted
+    # ones (removed) may still be there
+    pinned = apply(body, Bases(pins=bases.pins))
+    _refuse_unpublished_cuda(pinned, entry, mirrored=bases.registry is not None)
     body = apply(body, bases)
-    # after the bases: a digest pinned in bases.yaml is what Docker pulls, whatever the
-    # tag says, and a mirror's tags are the mirror's
-    _refuse_unpublished_cuda(body, entry)
     if "FROM" not in body.upper():
         raise InputError(f"{spec.template}: rendered {entry.tag} without a FROM line.")
     labels = " \\\n      ".join(f"{k}={_quote(v)}" for k, v in entry.labels.items())
@@ -106,17 +108,24 @@ def render(
     return directives + header + rest.rstrip("\n") + "\n" + tail
 
 
-def _refuse_unpublished_cuda(body: str, entry: Entry) -> None:
-    """A FROM ``nvidia/cuda:VERSION-...`` whose VERSION is not a published release
-    (buildmatrix/data/cuda.yaml, ``releases``) fails only at ``docker build``: refuse
-    it here. The usual cause is a spec's ``cuda`` given as MAJOR.MINOR, which the
-    template writes as it is, while NVIDIA tags only full versions."""
+def _refuse_unpublished_cuda(body: str, entry: Entry, *, mirrored: bool) -> None:
+    """A FROM ``nvidia/cuda:VERSION-FLAVOUR-OS`` NVIDIA does not publish (a VERSION
+    that is no release, or one whose tags it deleted, unless ``mirrored``; an OS the
+    release has no images for; a tag of another form) fails only at ``docker build``:
+    refuse it here. The usual cause is a spec's ``cuda`` given as MAJOR.MINOR, which
+    the template writes as it is, while NVIDIA tags only full versions."""
     releases = entry.facts.releases
     for ref, tag in nvidia_cuda_tags(body):
+        if _CUDA_TAG.fullmatch(tag) is None:
+            raise InputError(
+                f"{entry.spec.template}: {entry.tag} pulls {ref}, a tag NVIDIA does not "
+                "publish: nvidia/cuda tags are VERSION-FLAVOUR-OS "
+                "(12.9.1-devel-ubuntu24.04; no 'latest')."
+            )
         version, dash, _ = tag.partition("-")
         mm = ".".join(version.split(".")[:2])
         known = releases.get(mm)
-        if dash and version in entry.facts.removed:
+        if dash and version in entry.facts.removed and not mirrored:
             kept = [r for r in known or () if r not in entry.facts.removed]
             raise InputError(
                 f"{entry.spec.template}: {entry.tag} pulls {ref}: NVIDIA deleted the "
@@ -147,6 +156,9 @@ def _refuse_unpublished_cuda(body: str, entry: Entry) -> None:
 
 
 _DIRECTIVE = re.compile(r"#\s*(syntax|escape|check)\s*=.*", re.IGNORECASE)
+# nvidia/cuda's tags: VERSION-FLAVOUR[-FLAVOUR...]-OS (gitlab.com/nvidia/container-images/
+# cuda, doc/supported-tags.md: 12.9.1-devel-ubuntu24.04, 12.9.1-cudnn-runtime-ubi9)
+_CUDA_TAG = re.compile(r"\d+\.\d+(?:\.\d+)?(?:-[a-z0-9.]+)+-[a-z0-9.]+")
 
 
 def split_directives(body: str) -> tuple[str, str]:

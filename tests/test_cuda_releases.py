@@ -189,9 +189,14 @@ def test_a_rendered_nvidia_cuda_tag_is_a_listed_release_or_refused(tmp_path: Pat
                 elif checked and version in FACTS.removed:
                     with pytest.raises(InputError, match="deleted the nvidia/cuda tags"):
                         render(entry, source="x")
-                    # a mirror that keeps the tag serves it
-                    mirrored = render(entry, source="x", bases=Bases(registry="mirror.example"))
-                    assert f"mirror.example/nvidia/cuda:{version}-base" in mirrored
+                    # a mirror that keeps the tag serves it, if it ever existed
+                    mirror = Bases(registry="mirror.example")
+                    if "ubuntu24.04" in FACTS.os.get(version, ("ubuntu24.04",)):
+                        mirrored = render(entry, source="x", bases=mirror)
+                        assert f"mirror.example/nvidia/cuda:{version}-base" in mirrored
+                    else:
+                        with pytest.raises(InputError, match=r"not ubuntu24\.04"):
+                            render(entry, source="x", bases=mirror)
                 else:
                     assert f":{version}-base" in render(entry, source="x")
 
@@ -230,3 +235,41 @@ def test_a_release_is_pulled_only_for_the_os_it_is_published_for(tmp_path: Path)
                     assert f":{version}-{flavour}-{os_name}" in render(entry, source="x")
                 checked += 1
     assert checked == 2 * len(FACTS.os) * len(every_os)
+
+
+@pytest.mark.parametrize(
+    ("tag", "refused"),
+    [
+        ("12.9-devel-ubuntu24.04", "VERSION a full CUDA release"),
+        ("12.4.1-devel-ubuntu24.04", "not ubuntu24.04"),
+        ("latest", "VERSION-FLAVOUR-OS"),
+        ("12.9.1-devel", "VERSION-FLAVOUR-OS"),
+        ("12.9.1-devel-", "VERSION-FLAVOUR-OS"),
+        ("12.9.1-DEVEL-UBUNTU24.04", "VERSION-FLAVOUR-OS"),
+        ("11.2.0-devel-ubuntu20.04", None),  # removed from Docker Hub: the mirror may keep it
+        ("12.9.1-cudnn-devel-ubuntu24.04", None),
+    ],
+)
+def test_a_mirror_serves_only_tags_that_existed(
+    tmp_path: Path, tag: str, refused: str | None
+) -> None:
+    """A mirror of Docker Hub (bases.yaml registry) may keep the tags NVIDIA deleted,
+    never ones it did not publish: those are refused with or without it."""
+    from buildmatrix.bases import Bases
+    from buildmatrix.matrix import expand
+    from buildmatrix.render import render
+
+    profiles = load_profiles(SHIPPED_PROFILES)
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "Dockerfile.j2").write_text(f"FROM nvidia/cuda:{tag}\n")
+    spec = spec_from_data(
+        _spec(["12.9.1"]) | {"families": ["ampere"]}, folder / "image.yaml", profiles, facts=FACTS
+    )
+    entry = expand(spec, profiles, facts=FACTS, out=tmp_path / "o").entries[0]
+    mirror = Bases(registry="mirror.example")
+    if refused is None:
+        assert f"mirror.example/nvidia/cuda:{tag}" in render(entry, source="x", bases=mirror)
+    else:
+        with pytest.raises(InputError, match=re.escape(refused)):
+            render(entry, source="x", bases=mirror)

@@ -39,6 +39,31 @@ CASES = {
         "# escape=`\nFROM --platform=linux/arm64 `\n  ubuntu:24.04\nRUN echo \\\nFROM alpine\n",
         ["ubuntu:24.04", "alpine"],
     ),
+    # a heredoc only in RUN, COPY and ADD, as a whole word: these are no heredocs
+    "heredoc-like text": (
+        'FROM a\nLABEL x="<<EOF"\nRUN echo "std::cout<<value;" $((1<<SHIFT))\n'
+        "RUN cat<<EOF\nFROM b\n",
+        ["a", "b"],
+    ),
+    # BuildKit's word: <<NAME with any name, its quotes removed
+    "heredoc names": (
+        'FROM a\nRUN <<END-OF-SCRIPT\nFROM x\nEND-OF-SCRIPT\nRUN <<E"O"F\nFROM y\nEOF\n'
+        "RUN <<1\nFROM z\n1\nFROM b\n",
+        ["a", "b"],
+    ),
+    "unknown directive first": (
+        "# foo=bar\n# escape=`\nFROM nvidia/cuda:12.9.1-devel-ubuntu24.04 `\nFROM busybox:1\n",
+        ["nvidia/cuda:12.9.1-devel-ubuntu24.04", "busybox:1"],
+    ),
+    "byte order mark": ("\ufeffFROM ubuntu:24.04\n", ["ubuntu:24.04"]),
+    "only \\n ends a line": (
+        "FROM\x0bubuntu:24.04\nRUN <<EOF\necho x\u2028EOF\nFROM c\nEOF\n",
+        ["ubuntu:24.04"],
+    ),
+    "quoted reference": (
+        'FROM "nvidia/cuda:12.9.1-base-ubuntu24.04" AS q\n',
+        ["nvidia/cuda:12.9.1-base-ubuntu24.04"],
+    ),
     "scratch, ARG, stage": (
         "ARG B=ubuntu:24.04\nFROM $B AS one\nFROM scratch\nFROM one\n",
         [],
