@@ -18,8 +18,8 @@ import yaml
 
 from buildmatrix.k8s import Settings, render
 from buildmatrix.labelkeys import REPORT_ANNOTATION, TAINT_KEY, GfdKeys
-from buildmatrix.node.admit import DEADLINE_THREAD
 from buildmatrix.node.apply import plan
+from buildmatrix.node.verdict_place import DEADLINE_THREAD
 from buildmatrix.profile_files import load_profiles
 from tests.admission_policy import UserInfo
 from tests.conftest import REPO, SHIPPED_PROFILES, CliRunner
@@ -614,13 +614,16 @@ def test_a_deadline_whose_mark_fails_in_any_way_still_ends_the_process(tmp_path:
     script = f"""
 import threading, time
 from pathlib import Path
-from buildmatrix.node import admit
+from buildmatrix.labelkeys import GfdKeys
+from buildmatrix.node import verdict_place
 def broken(path, labels):
     raise RuntimeError("no such luck")
-admit._write_nfd = broken
-options = admit.AdmitOptions(nfd_file=Path({str(tmp_path / "f")!r}))
+verdict_place.write_nfd = broken
+place = verdict_place.Place(
+    api=None, node=None, nfd_file=Path({str(tmp_path / "f")!r}), gfd_keys=GfdKeys.AUTO
+)
 seen = []
-deadline = admit.Deadline(0.1, options, None, lambda message, code: seen.append(code))
+deadline = verdict_place.Deadline(0.1, place, lambda message, code: seen.append(code))
 while not deadline._lock.locked():  # the timer has fired and holds the lock
     time.sleep(0.01)
 deadline.claim()  # the timer holds the lock: only its exit ends this

@@ -13,11 +13,8 @@ printed, its failure mark written) with the exit code of the environment error.
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,16 +22,16 @@ from buildmatrix.cuda import CudaFacts
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.containerd_store import Store
 from buildmatrix.image.ref import parse_ref
-from buildmatrix.labelkeys import GFD_KEYS, SMOKE, GfdKeys, is_mig_key, writes_gfd_keys
-from buildmatrix.node.apply import Applied, NodeApi, apply
+from buildmatrix.labelkeys import GFD_KEYS, GfdKeys, is_mig_key, writes_gfd_keys
+from buildmatrix.node.apply import Applied, NodeApi
 from buildmatrix.node.checks import NodeOptions, NodeReport, evaluate
 from buildmatrix.node.gpu_models import Model
 from buildmatrix.node.labels import VerifiedImage, node_labels
-from buildmatrix.node.nfd import NFD_TTL, feature_file, write_atomically
 from buildmatrix.node.node_snapshot import read_snapshot
 from buildmatrix.node.poolimages import ImagePlan, nothing_to_load, plan_images, require_images
 from buildmatrix.node.pools import Pools
 from buildmatrix.node.results import LoadResult, NodeCheck
+from buildmatrix.node.verdict_place import FAILED, Deadline, Overdue, Place
 from buildmatrix.profiles import ProfileSet
 from buildmatrix.snapshot import Snapshot
 
@@ -65,77 +62,6 @@ class AdmitOptions:
     deadline: float | None = None  # --deadline: seconds the round may take (Deadline)
     # --mark-failed: read nothing, write only the failure mark with this reason
     mark_failed: str | None = None
-
-
-DEADLINE_THREAD = "buildmatrix-deadline"
-# Called by the deadline's thread with the message and the exit code; never returns
-# (the CLI prints the message and ends the process).
-Overdue = Callable[[str, int], None]
-
-
-class Deadline:
-    """``--deadline``: a round that has not concluded when it passes is concluded as
-    failed by this timer's thread (the failure mark written where the verdict would
-    go: the Node, the NFD file), which then hands over to ``overdue`` to end the
-    process. A GPU whose NVML calls hang, or a load test that never returns, must not
-    leave a node admitted by an earlier round admitted: the interval's re-check is
-    what catches a GPU that degrades after admission. NVML and the CUDA driver (the
-    load test) are called through ctypes, which releases the GIL while in them, and
-    registries are read with time-outs: the thread runs while the main thread waits."""
-
-    def __init__(
-        self, seconds: float, options: AdmitOptions, api: NodeApi | None, overdue: Overdue
-    ) -> None:
-        self._seconds = seconds
-        self._options = options
-        self._api = api
-        self._overdue = overdue
-        self._lock = threading.Lock()
-        self._claimed = False
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.name = DEADLINE_THREAD
-        self._timer.daemon = True
-        self._timer.start()
-
-    def claim(self) -> None:
-        """The main thread concludes the round: the timer no longer may. Blocks only
-        where the timer is concluding, and it ends the process. Once is enough."""
-        if not self._claimed:
-            self._lock.acquire()
-            self._claimed = True
-            self._timer.cancel()
-
-    def _expire(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            return  # the main thread is writing its own verdict
-        why = (
-            f"deadline: the round did not finish within {self._seconds:g} s (--deadline): "
-            "an NVML call, an image read or the load test hung"
-        )
-        labels = {SMOKE: "failed"}
-        options, code = self._options, 1
-        try:
-            if options.nfd_file is not None:
-                _write_nfd(options.nfd_file, labels)
-            if self._api is not None and options.node is not None:
-                apply(
-                    self._api,
-                    options.node,
-                    passed=False,
-                    labels=labels,
-                    failures=[why],
-                    gfd_keys=options.gfd_keys,
-                )
-                why += f"; node {options.node} marked failed and tainted"
-        except Exception as exc:  # whatever failed, the process must end
-            why += f"; writing the failure mark failed: {exc}"
-            code = EnvironmentUnavailable.exit_code
-        try:
-            self._overdue(why, code)
-        finally:
-            # overdue ends the process; should it return or raise, the lock this
-            # thread holds would stop the main thread for good: end it here.
-            os._exit(code)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,18 +108,18 @@ def admit(
         require_images(options.images, pools)
     if options.mark_failed is not None:
         return _mark_failed(options)
-    api = _node_api(options.node, options.kubeconfig) if options.apply else None
+    place = _place(options)
     if options.deadline is None:
         return _round(
-            options, api, None, profiles=profiles, pools=pools, facts=facts, containerd=containerd
+            options, place, None, profiles=profiles, pools=pools, facts=facts, containerd=containerd
         )
     if overdue is None:
         raise ValueError("a deadline needs what ends the process when it passes")
-    deadline = Deadline(options.deadline, options, api, overdue)
+    deadline = Deadline(options.deadline, place, overdue)
     try:
         return _round(
             options,
-            api,
+            place,
             deadline,
             profiles=profiles,
             pools=pools,
@@ -206,7 +132,7 @@ def admit(
 
 def _round(
     options: AdmitOptions,
-    api: NodeApi | None,
+    place: Place,
     deadline: Deadline | None,
     *,
     profiles: ProfileSet,
@@ -223,7 +149,7 @@ def _round(
     except EnvironmentUnavailable as exc:
         if deadline is not None:
             deadline.claim()
-        return _unreadable(exc, options, api)
+        return _failed(place, NodeCheck(name="nvml", ok=False, message=str(exc)), exc.exit_code)
     plan = plan_images(options.images, snapshot=snap, profiles=profiles, pools=pools)
     outcomes = (
         _check_images(
@@ -246,7 +172,7 @@ def _round(
     )
     if deadline is not None:
         deadline.claim()
-    return _conclude(options, api, snap, report, labels, plan=plan, outcomes=outcomes, empty=empty)
+    return _conclude(place, snap, report, labels, plan=plan, outcomes=outcomes, empty=empty)
 
 
 def _check_images(
@@ -310,8 +236,7 @@ def _judge(
 
 
 def _conclude(
-    options: AdmitOptions,
-    api: NodeApi | None,
+    place: Place,
     snap: Snapshot,
     report: NodeReport,
     labels: dict[str, str],
@@ -321,25 +246,14 @@ def _conclude(
     empty: NodeCheck | None,
 ) -> Admission:
     """The verdict written where asked (NFD file, Node object), and the admission."""
-    if options.nfd_file is not None:
-        _write_nfd(options.nfd_file, labels)
-    applied = None
-    if api is not None and options.node is not None:
-        failures = [f"{c.name}: {c.message}" for c in report.checks if not c.ok]
-        applied = apply(
-            api,
-            options.node,
-            passed=report.passed,
-            labels=labels,
-            failures=failures,
-            gfd_keys=options.gfd_keys,
-        )
-        if not applied.gfd_keys:  # GFD labels the node: its keys are its own
-            labels = {k: v for k, v in labels.items() if k not in GFD_KEYS and not is_mig_key(k)}
+    failures = [f"{c.name}: {c.message}" for c in report.checks if not c.ok]
+    applied = place.write(passed=report.passed, labels=labels, failures=failures)
+    if applied is not None and not applied.gfd_keys:  # GFD labels the node: its keys
+        labels = {k: v for k, v in labels.items() if k not in GFD_KEYS and not is_mig_key(k)}
     codes = [o.error.exit_code for o in outcomes if o.error is not None]
     bad_input = [InputError.exit_code] if empty is not None else []
     return Admission(
-        node=options.node or snap.hostname,
+        node=place.node or snap.hostname,
         checks=report.checks,
         labels=labels,
         loads=tuple(x for o in outcomes for x in o.loads),
@@ -351,32 +265,18 @@ def _conclude(
     )
 
 
-def _unreadable(
-    exc: EnvironmentUnavailable, options: AdmitOptions, api: NodeApi | None
-) -> Admission:
-    """The admission of a node whose GPUs could not be read: failed, with every field
-    of a full one (docs/smoke.md, --json), the node as --node names it (None without)."""
-    labels = {SMOKE: "failed"}
-    if options.nfd_file is not None:
-        _write_nfd(options.nfd_file, labels)
-    applied = None
-    if api is not None and options.node is not None:
-        applied = apply(
-            api,
-            options.node,
-            passed=False,
-            labels=labels,
-            failures=[f"nvml: {exc}"],
-            gfd_keys=options.gfd_keys,
-        )
+def _failed(place: Place, check: NodeCheck, exit_code: int) -> Admission:
+    """The admission of a round that judged nothing (the GPUs could not be read,
+    --mark-failed): failed by ``check``, with every field of a full one (docs/smoke.md,
+    --json), its failure mark written; the node as --node names it (None without)."""
     return Admission(
-        node=options.node,
-        checks=(NodeCheck(name="nvml", ok=False, message=str(exc)),),
-        labels=labels,
+        node=place.node,
+        checks=(check,),
+        labels=dict(FAILED),
         loads=(),
-        applied=applied,
-        exit_code=exc.exit_code,
-        unavailable=str(exc),
+        applied=place.write_failed(f"{check.name}: {check.message}"),
+        exit_code=exit_code,
+        unavailable=check.message,
     )
 
 
@@ -385,7 +285,6 @@ def _mark_failed(options: AdmitOptions) -> Admission:
     GPU or image read. What the DaemonSet's loop runs after a round was killed (the
     OOM killer's SIGKILL ends a process before it can write anything), so that a node
     an earlier round admitted does not stay admitted unchecked."""
-    reason = options.mark_failed or ""
     given = [
         flag
         for flag, on in (
@@ -407,29 +306,14 @@ def _mark_failed(options: AdmitOptions) -> Admission:
             "--mark-failed writes the failure mark where the verdict goes: give --apply "
             "(the Node) or --nfd-file PATH."
         )
+    check = NodeCheck(name="round", ok=False, message=options.mark_failed or "")
+    return _failed(_place(options), check, 1)
+
+
+def _place(options: AdmitOptions) -> Place:
+    """Where the verdict goes; the API client made first (:func:`_node_api`)."""
     api = _node_api(options.node, options.kubeconfig) if options.apply else None
-    labels = {SMOKE: "failed"}
-    if options.nfd_file is not None:
-        _write_nfd(options.nfd_file, labels)
-    applied = None
-    if api is not None and options.node is not None:
-        applied = apply(
-            api,
-            options.node,
-            passed=False,
-            labels=labels,
-            failures=[f"round: {reason}"],
-            gfd_keys=options.gfd_keys,
-        )
-    return Admission(
-        node=options.node,
-        checks=(NodeCheck(name="round", ok=False, message=reason),),
-        labels=labels,
-        loads=(),
-        applied=applied,
-        exit_code=1,
-        unavailable=reason,
-    )
+    return Place(api=api, node=options.node, nfd_file=options.nfd_file, gfd_keys=options.gfd_keys)
 
 
 def _node_api(node: str | None, kubeconfig: Path | None) -> NodeApi:
@@ -441,7 +325,3 @@ def _node_api(node: str | None, kubeconfig: Path | None) -> NodeApi:
             "DaemonSet sets it from spec.nodeName)."
         )
     return NodeApi(kubeconfig)
-
-
-def _write_nfd(path: Path, labels: Mapping[str, str]) -> None:
-    write_atomically(path, feature_file(labels, now=datetime.now(UTC), ttl=NFD_TTL))
