@@ -97,6 +97,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "k8s renderers",
         (
             "buildmatrix.k8s",
+            "buildmatrix.k8s_daemonset",
             "buildmatrix.k8s_drivers",
             "buildmatrix.k8s_example",
             "buildmatrix.k8s_nfd",

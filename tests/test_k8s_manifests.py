@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from buildmatrix.k8s import GPU_NODE_LABELS
+from buildmatrix.k8s_daemonset import GPU_NODE_LABELS
 from buildmatrix.k8s_nodes import kubelet_may_set, parse_selector
 from buildmatrix.k8s_values import ADMISSION_TOLERATION
 from tests.conftest import CliRunner

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from buildmatrix.k8s import Settings, render
+from buildmatrix.k8s import render
+from buildmatrix.k8s_daemonset import Settings
 from buildmatrix.labelkeys import REPORT_ANNOTATION, TAINT_KEY, GfdKeys
 from buildmatrix.node.apply import plan
 from buildmatrix.node.verdict_place import DEADLINE_THREAD

@@ -13,7 +13,7 @@ import yaml
 
 from buildmatrix.cuda import load_cuda_facts
 from buildmatrix.errors import InputError
-from buildmatrix.k8s import REGISTRY_CONFIG_DIR
+from buildmatrix.k8s_daemonset import REGISTRY_CONFIG_DIR
 from buildmatrix.node.checks import NodeOptions, evaluate
 from buildmatrix.node.labels import POOL, node_labels
 from buildmatrix.node.poolimages import (

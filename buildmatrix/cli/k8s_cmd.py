@@ -169,7 +169,8 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     DaemonSet (smoke --apply on every GPU node); with --runtime-class the nvidia
     RuntimeClass, with --example-job an example FP8 training Job. --gpu-operator-values
     and --nfd-values print the Helm values the GPU stack needs instead."""
-    from buildmatrix.k8s import Settings, render
+    from buildmatrix.k8s import render
+    from buildmatrix.k8s_daemonset import Settings
     from buildmatrix.k8s_nodes import parse_selector
     from buildmatrix.k8s_policy import require_node_policy
 
