@@ -559,6 +559,7 @@ def _as_agent(python: str, *args: str, mounts: tuple[tuple[Path, Path], ...] = (
     )
 
 
+@pytest.mark.other_user
 def test_the_agent_reads_the_mounted_folders_as_non_root(
     containerd: Containerd,  # noqa: F811
     cli: CliRunner,

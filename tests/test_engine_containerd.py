@@ -215,6 +215,7 @@ def containerd_of(engine: StandinEngine) -> Containerd:
     )
 
 
+@pytest.mark.other_user
 def test_unreadable_store_falls_back_to_the_save_stream(
     engine: StandinEngine, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

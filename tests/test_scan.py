@@ -227,6 +227,7 @@ def _as_unprivileged(args: list[str], base: Path) -> tuple[list[str], dict[str, 
     pytest.skip("no Python interpreter here that user nobody may run")
 
 
+@pytest.mark.other_user
 def test_a_folder_that_cannot_be_listed_fails_closed() -> None:
     """dir: on a tree with a mode-000 folder, as a non-root user: the folder is a
     problem (exit 1), not silently skipped, and --ignore names it explicitly."""
