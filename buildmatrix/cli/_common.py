@@ -311,6 +311,30 @@ def gfd_mode(no_gfd_keys: bool, gfd_keys: str | None) -> GfdKeys:
     return GfdKeys(gfd_keys) if gfd_keys else GfdKeys.AUTO
 
 
+def given(option: str) -> bool:
+    """Whether the user gave the current command's parameter ``option`` (its Python
+    name), on the command line or in its environment variable, rather than its default."""
+    from click.core import ParameterSource
+
+    source = click.get_current_context().get_parameter_source(option)
+    return source is not None and source is not ParameterSource.DEFAULT
+
+
+def flag(option: str) -> str:
+    """The current command's long flag for the parameter named ``option``."""
+    for param in click.get_current_context().command.params:
+        if param.name == option:
+            return max(param.opts, key=len)
+    raise KeyError(option)
+
+
+def refuse_together(first: str, second: str, why: str) -> None:
+    """Options that make no sense together are refused, naming both (``first`` and
+    ``second`` as the user wrote them: flags, or a flag with its value), never one
+    silently ignored."""
+    raise InputError(f"{first} and {second} cannot be used together: {why}")
+
+
 def load(profiles_dir: str | None) -> ProfileSet:
     # the loader only here: --version, --help and inspect start without it
     from buildmatrix.cuda import load_cuda_facts

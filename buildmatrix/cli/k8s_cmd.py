@@ -12,8 +12,11 @@ from buildmatrix.cli._common import (
     MAX_TIMEOUT,
     Group,
     dump_manifests,
+    flag,
+    given,
     load,
     profiles_option,
+    refuse_together,
 )
 from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import GfdKeys
@@ -179,6 +182,7 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
             "--gpu-operator-values and --nfd-values print the values of two different "
             "charts: give one (the GPU Operator's values already cover its bundled NFD)."
         )
+    _refuse_meaningless(operator_values=operator_values, nfd_values=nfd_values, mode=mode)
     if operator_values or nfd_values:
         chart = "gpu-operator" if operator_values else "nfd"
         click.echo(_values(chart, fmt, nfd_taints=mode == "nfd"), nl=False)
@@ -261,6 +265,35 @@ def _every_pool_has_images(pool_map: Pools) -> None:
             f"pool(s) {', '.join(empty)} list none: their nodes would never be admitted. "
             "Add pools.<name>.images for each, or leave out --load-test."
         )
+
+
+# What the Helm values depend on: the rest shapes only the manifests, which
+# --gpu-operator-values and --nfd-values do not print.
+_VALUES_OPTIONS = frozenset({"operator_values", "nfd_values", "mode", "fmt", "profiles_dir"})
+
+
+def _refuse_meaningless(*, operator_values: bool, nfd_values: bool, mode: str) -> None:
+    """Refuse options the chosen output ignores, naming both (docs/kubernetes.md)."""
+    if operator_values or nfd_values:
+        chart = flag("operator_values" if operator_values else "nfd_values")
+        for param in click.get_current_context().command.params:
+            if param.name and param.name not in _VALUES_OPTIONS and given(param.name):
+                refuse_together(
+                    chart,
+                    flag(param.name),
+                    f"{chart} prints only the chart's Helm values, which "
+                    f"{flag(param.name)} does not change; render the manifests in a "
+                    "second command.",
+                )
+    if mode == "nfd":
+        for name, why in (
+            ("no_node_policy", "in nfd mode the agent has no Kubernetes API rights, so "
+             "there is no node policy to leave out"),
+            ("kubernetes_version", "it only decides whether the node policy can be "
+             "rendered, and nfd mode renders none (the agent has no API rights)"),
+        ):  # fmt: skip
+            if given(name):
+                refuse_together("--mode nfd", flag(name), why + ".")
 
 
 def _values(chart: str, fmt: str, *, nfd_taints: bool) -> str:
