@@ -18,7 +18,7 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix.arch import sorted_platforms
-from buildmatrix.cuda import CudaFacts
+from buildmatrix.cuda import CudaFacts, newer_release_hint
 from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.image.ref import TAG_PATTERN
 from buildmatrix.profiles import Profile, ProfileSet
@@ -64,7 +64,7 @@ def _known_cuda(spec: ImageSpec, facts: CudaFacts) -> None:
             raise InputError(
                 f"{spec.source}: key 'cuda': {cuda.full} is not a CUDA release buildmatrix "
                 f"knows (its driver floor and PTX ISA would be made up). Known releases: "
-                f"{known}."
+                f"{known}. {newer_release_hint()}"
             )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from buildmatrix import schema
 from buildmatrix.arch import sorted_platforms
-from buildmatrix.cuda import CudaFacts
+from buildmatrix.cuda import CudaFacts, newer_release_hint
 from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.profiles import FEATURE_MIN_CC, ProfileSet
 
@@ -114,8 +114,7 @@ def _check_cuda_releases(cudas: list[Cuda], *, tag: str, source: Path, facts: Cu
         )
         raise InputError(
             f"{source}: key 'cuda': '{cuda.full}' is not a released CUDA version: {listed} "
-            f"(nvidia/cuda:VERSION-* tags; buildmatrix/data/cuda.yaml, releases). Use one of "
-            "them, or extend the releases there when NVIDIA publishes a new one."
+            f"(nvidia/cuda:VERSION-* tags). Use one of them. {newer_release_hint()}"
         )
     if "{cuda}" in tag:
         return
