@@ -199,10 +199,9 @@ def test_the_example_job_runs_where_its_image_would(cli: CliRunner) -> None:
     on FP8 GPUs with the memory and a driver meeting the CUDA 13 floor and their own."""
     r = cli("k8s", "manifests", "--example-job", "--format", "json")
     assert r.code == 0, r.err
-    job = json.loads(r.out) if r.out.lstrip().startswith("{") else None
-    docs = list(yaml.safe_load_all(r.out)) if job is None else [job]
-    flat = [x for d in docs for x in (d if isinstance(d, list) else [d])]
-    (job,) = [d for d in flat if d["kind"] == "Job"]
+    listed = json.loads(r.out)
+    assert listed["kind"] == "List"  # several objects: one v1 List
+    (job,) = [d for d in listed["items"] if d["kind"] == "Job"]
     affinity = job["spec"]["template"]["spec"]["affinity"]
     cuda13 = FACTS.runtime_floor(13)
     assert cuda13 is not None

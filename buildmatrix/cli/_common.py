@@ -354,11 +354,15 @@ def echo_json(payload: dict[str, Any]) -> None:
     Indented for a terminal; compact otherwise, which lets ``json`` use its C
     encoder (indenting 20,000 fatbin entries in pure Python takes ~1 s).
     """
-    doc = {"version": JSON_VERSION, **payload}
+    click.echo(json_text({"version": JSON_VERSION, **payload}))
+
+
+def json_text(doc: Any) -> str:
+    """Every command's JSON, documents and Kubernetes objects alike: indented for a
+    terminal, compact otherwise (README, "Output")."""
     if sys.stdout.isatty():
-        click.echo(json.dumps(doc, indent=2))
-    else:
-        click.echo(json.dumps(doc, separators=(",", ":")))
+        return json.dumps(doc, indent=2)
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -397,7 +401,8 @@ MANIFEST_FORMATS = click.Choice(["yaml", "json"])
 
 
 def dump_manifests(obj: Any, fmt: str) -> str:
-    """One manifest, or a list of them as a multi-document stream, in YAML or JSON."""
+    """One manifest, or a list of them: a multi-document stream in YAML, a v1 List in
+    JSON."""
     import yaml
 
     class Plain(yaml.SafeDumper):
@@ -405,7 +410,11 @@ def dump_manifests(obj: Any, fmt: str) -> str:
             return True  # no &anchors: kubectl reads them, people and diffs less well
 
     if fmt == "json":
-        return json.dumps(obj, indent=2) + "\n"
+        # several objects are one v1 List, as kubectl prints and applies them (a bare
+        # JSON array is no Kubernetes object)
+        if isinstance(obj, list):
+            obj = {"apiVersion": "v1", "kind": "List", "items": obj}
+        return json_text(obj) + "\n"
     if isinstance(obj, list):
         return yaml.dump_all(obj, Dumper=Plain, sort_keys=False)
     return yaml.dump(obj, Dumper=Plain, sort_keys=False)

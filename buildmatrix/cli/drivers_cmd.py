@@ -12,6 +12,7 @@ from buildmatrix.cli._common import (
     ByteProgress,
     Command,
     F,
+    dump_manifests,
     echo_json,
     load,
     platform_option,
@@ -227,9 +228,6 @@ def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes th
     Each selects the pool's nodes by the gpu-pool label; a version below the pool's
     floor (buildmatrix drivers) is refused, exit 2.
     """
-    import json
-
-    import yaml
 
     from buildmatrix.k8s_drivers import DriverImage, nvidia_drivers
 
@@ -241,8 +239,5 @@ def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes th
         )
     found = policies(pools_file, proposed, platform=platform, profiles_dir=profiles_dir)
     objects = nvidia_drivers(found, DriverImage(repository=repository, image=image))
-    if fmt == "json":
-        click.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
-    else:
-        click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+    click.echo(dump_manifests(objects, fmt), nl=False)
     return 0

@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from buildmatrix.cli._common import JSON_VERSION, Command, echo_error, load, profiles_option
+from buildmatrix.cli._common import (
+    JSON_VERSION,
+    Command,
+    echo_error,
+    json_text,
+    load,
+    profiles_option,
+)
 from buildmatrix.errors import InputError
 
 
@@ -360,12 +367,9 @@ def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
             "dropped": [{"image": d.image, "what": d.what, "reason": d.reason} for d in m.dropped],
             "merges": merged,
         }
+    # github and merge: one line for $GITHUB_OUTPUT; json and bake as every JSON is
     click.echo(
-        json.dumps(
-            doc,
-            indent=2 if fmt == "json" else None,
-            separators=None if fmt == "json" else (",", ":"),
-        )
+        json_text(doc) if fmt in ("json", "bake") else json.dumps(doc, separators=(",", ":"))
     )
     return 0
 
