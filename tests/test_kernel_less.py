@@ -107,17 +107,17 @@ def _never_rescues(cli: CliRunner, tmp_path: Path, lib: Path) -> None:
 def test_nvccs_kernel_less_library_makes_no_gpu_fail(
     cli: CliRunner, tmp_path: Path, tool: Path, no_kernel: Path
 ) -> None:
-    _defines_no_kernel(tool, no_kernel)
     # 7.5: no image of the file runs there; nothing in it would be launched anyway
     _judged_alone(cli, tmp_path, no_kernel, ["7.5", "8.0", "9.0", "12.0"])
+    _defines_no_kernel(tool, no_kernel)
     _never_rescues(cli, tmp_path, no_kernel)
 
 
 @pytest.mark.index
 def test_libcufftw_makes_no_gpu_fail(cli: CliRunner, tmp_path: Path, tool: Path) -> None:
     lib = member("nvidia-cufft-cu12", "11.4.1.4", "*/libcufftw.so.11")
-    _defines_no_kernel(tool, lib)
     _judged_alone(cli, tmp_path, lib, ["7.5", "8.0", "9.0", "10.0", "12.0"])
+    _defines_no_kernel(tool, lib)
     _never_rescues(cli, tmp_path, lib)
 
 
@@ -126,5 +126,5 @@ def test_sgl_kernel_spatial_ops_makes_no_gpu_fail(
     cli: CliRunner, tmp_path: Path, tool: Path
 ) -> None:
     lib = member("sgl-kernel", "0.3.21", "sgl_kernel/spatial_ops.abi3.so")
-    _defines_no_kernel(tool, lib)
     _judged_alone(cli, tmp_path, lib, ["8.0", "8.6", "9.0", "10.0", "12.0"])
+    _defines_no_kernel(tool, lib)
