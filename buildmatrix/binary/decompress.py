@@ -230,9 +230,9 @@ def decompressed_source(
     budget: int = MAX_IN_MEMORY,
 ) -> ByteSource:
     """The ``size`` bytes the compressed payload of ``packed`` bytes at ``at`` in
-    ``src`` decompresses to, as a source: in memory up to ``budget`` bytes, a
-    :class:`ZstdStream` past it (an LZ4 block past it is refused). Bounded by the
-    ratio before anything is read."""
+    ``src`` decompresses to, as a source: a Zstandard frame in memory up to ``budget``
+    bytes and a :class:`ZstdStream` past it; an LZ4 block always in memory, refused
+    past :data:`MAX_IN_MEMORY`. Bounded by the ratio before anything is read."""
     method = checked_method(flags, size=size, packed=packed, name=name)
     if size <= budget or method == FLAG_LZ4:
         data = read_exact(src, at, packed, what="compressed fatbin entry")
