@@ -201,8 +201,10 @@ def run_check(
     targets, declared, claims = resolve_targets(profiles, image, opts)
     files = [f for f in image.files if not _ignored(f.path, opts.ignore)]
     # Static archives are linked into programs at build time and never loaded: their
-    # code is reported, and the programs built from them are what is judged.
-    loaded = [f for f in files if f.format != "archive"]
+    # code is reported, and the programs built from them are what is judged. A file
+    # whose device code defines no kernel launches nothing (FileReport.kernel_less):
+    # it is reported, and judged as a file without device code.
+    loaded = [f for f in files if f.format != "archive" and not f.kernel_less]
     ignored = [f.path for f in image.files if _ignored(f.path, opts.ignore)]
     # A problem line starts with its path ("PATH: why" or "PATH (section …): why").
     unreadable = [
@@ -239,7 +241,7 @@ def run_check(
     results = [worst([judge(target, forward=use) for use in states]) for target in targets]
     problems += _target_problems(results, require_sass=opts.require_sass)
     if not loaded and not opts.allow_empty:
-        problems.append(_no_loaded_code(archives_only=bool(files)))
+        problems.append(_no_loaded_code(files))
     warnings: list[str] = []
     if jit.narrowed:
         warnings.append(f"{jit.describe()}; every file is judged so")
@@ -301,12 +303,22 @@ def _driver(opts: Options) -> tuple[DriverVersion | None, Version | None]:
     return driver, Version(reported) if reported else None
 
 
-def _no_loaded_code(*, archives_only: bool) -> str:
-    """The problem of an image with no device code that a program loads."""
-    what = (
-        "the image's CUDA device code is only in static archives, which are "
-        "linked at build time and never loaded"
-        if archives_only
-        else "the image holds no CUDA device code at all (a CPU-only framework build?)"
-    )
+def _no_loaded_code(files: Sequence[FileReport]) -> str:
+    """The problem of an image with no device code that a program loads and launches
+    (``files``: those with device code, none of them loaded or launching any)."""
+    kernel_less = [f.path for f in files if f.kernel_less]
+    if kernel_less:
+        more = f" and {len(kernel_less) - 3} more" if len(kernel_less) > 3 else ""
+        what = (
+            "the image's CUDA device code defines no kernel, so nothing in it can be "
+            f"launched ({', '.join(kernel_less[:3])}{more}: cubins without an entry "
+            "function, PTX without .entry)"
+        )
+    elif files:
+        what = (
+            "the image's CUDA device code is only in static archives, which are "
+            "linked at build time and never loaded"
+        )
+    else:
+        what = "the image holds no CUDA device code at all (a CPU-only framework build?)"
     return what + "; pass --allow-empty if that is intended"

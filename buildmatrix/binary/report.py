@@ -56,6 +56,18 @@ class FileReport:
         """The newest CUDA release that wrote the file's cubins, where their notes say."""
         return max((e.toolkit for e in self.entries if e.toolkit is not None), default=None)
 
+    @cached_property
+    def kernel_less(self) -> bool:
+        """Whether the file's device code provably defines no kernel: it holds loadable
+        code (cubins, PTX texts), every piece of it was read (buildmatrix.binary.kernels
+        reads them all where none read first defines one), and no cubin has an entry
+        symbol (cuobjdump's ENTRY) nor any PTX text an ``.entry``. Nothing in such a
+        file can be launched (libcufftw's lone sm_52 cubin, sgl-kernel's
+        ``spatial_ops``), so no GPU can fail for it: check lists it and judges the
+        image as if it held no device code (buildmatrix.check.run_check)."""
+        loadable = [e for e in self.entries if e.kind is not EntryKind.LTOIR]
+        return bool(loadable) and all(e.kernels == () for e in loadable)
+
     def code_targets(self) -> list[CodeTarget]:
         """Loadable code only (SASS and PTX; LTO IR needs a device link first)."""
         return [
