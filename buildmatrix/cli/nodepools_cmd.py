@@ -63,6 +63,13 @@ def _drivers(pools: Pools, given: dict[str, DriverVersion]) -> dict[str, DriverV
     metavar="NAME",
     help="The EC2NodeClass each NodePool's nodeClassRef names (karpenter).",
 )
+@click.option(
+    "--agent-namespace",
+    metavar="NS",
+    help="karpenter: also the rights the admission agent in NS needs for smoke "
+    "--replace-after (delete its own node's NodeClaim while never initialized), with the "
+    "ValidatingAdmissionPolicy that bounds them (docs/kubernetes.md, 'A failing new node').",
+)
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml")
 @profiles_option
 def nodepools(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -70,6 +77,7 @@ def nodepools(  # noqa: PLR0917 - one parameter per option, as click passes them
     drivers: tuple[str, ...],
     provisioner: str,
     node_class: str,
+    agent_namespace: str | None,
     fmt: str,
     profiles_dir: str | None,
 ) -> int:
@@ -119,8 +127,26 @@ def nodepools(  # noqa: PLR0917 - one parameter per option, as click passes them
             f"k8s nodepools: no GPU model of the pools given a driver "
             f"({', '.join(chosen)}) gets a template; the notes above say why."
         )
+    if agent_namespace is not None and not karpenter:
+        raise InputError(
+            "--agent-namespace renders the rights to delete a Karpenter NodeClaim; "
+            "cluster-autoscaler removes a node that never turns ready by itself "
+            "(--scale-down-unready-time): leave it out with --provisioner cluster-autoscaler."
+        )
     if karpenter:
         objects = karpenter_nodepools(found, AWS_GPU_NAMES, node_class=node_class)
+        if agent_namespace is not None:
+            from buildmatrix.k8s import is_dns_label
+            from buildmatrix.k8s_repair import repair_objects
+
+            if not is_dns_label(agent_namespace):
+                raise InputError(
+                    f"--agent-namespace '{agent_namespace}' is not a valid namespace name (a "
+                    "DNS label: at most 63 lower-case letters, digits and '-'); give the "
+                    "namespace k8s manifests --namespace installed the agent in."
+                )
+
+            objects += repair_objects(namespace=agent_namespace)
         if fmt == "json":
             items = {"apiVersion": "v1", "kind": "List", "items": objects}
             click.echo(json.dumps(items, indent=2))

@@ -1,0 +1,233 @@
+"""A new node that never passes: replaced or reported in bounded time (node/repair.py,
+node/nodeclaims.py, k8s_repair.py).
+
+- The timeline: Karpenter's handling of a node with a startup taint, restated from its
+  source (cited in node/repair.py: an uninitialized node keeps the Pods nominated to
+  it and is never disrupted; initialization once the startup taints are gone), and the
+  DaemonSet's rounds every 600 s; over every sequence of six round outcomes (pass, a
+  failure of the node's own, one every node of the NodePool shares, both) and three
+  ``--replace-after`` bounds: a node is deleted only while never initialized, only
+  after the bound, only for its own failures, and then at the first round past the
+  bound, so Pods wait on it at most bound + one interval; a shared failure is reported.
+- The bound the API server holds the agent to: the rendered ValidatingAdmissionPolicy,
+  evaluated by cel-python (tests/admission_policy.py), lets the agent delete only its
+  own node's NodeClaim, and only before Karpenter initialized it.
+- smoke --apply --replace-after against the stand-in API server (a STAND-IN: no
+  kube-apiserver or Karpenter can run here), with both policies installed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from buildmatrix.k8s_repair import repair_objects
+from buildmatrix.node.repair import INITIALIZED_LABEL, NODEPOOL_LABEL, Action, plan_repair
+from tests.admission_policy import UserInfo, denials, request
+from tests.conftest import REPO, CliRunner
+from tests.kube_standin import ApiStandIn
+from tests.test_kube_apply import ADMISSION, AGENT, agent_policy
+
+NODES = REPO / "tests" / "fixtures" / "nodes"
+INTERVAL = 600  # k8s_daemonset.Settings.interval: the DaemonSet's rounds
+T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+OUTCOMES = {
+    "pass": (),
+    "own": ("health",),
+    "shared": ("driver",),
+    "both": ("nvml", "image registry.example.com/ml/train:1"),
+}
+CLAIM = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": "nc-1", "uid": "u-1"}
+
+
+def _node(*, initialized: bool, created: datetime = T0) -> dict[str, Any]:
+    labels = {NODEPOOL_LABEL: "training-hopper-h100"}
+    if initialized:
+        labels[INITIALIZED_LABEL] = "true"
+    return {
+        "metadata": {
+            "name": "gpu-1",
+            "labels": labels,
+            "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "ownerReferences": [CLAIM],
+        }
+    }
+
+
+def _timeline(outcomes: tuple[str, ...], after: int) -> tuple[float | None, bool, list[Action]]:
+    """(when the NodeClaim was deleted, whether Karpenter ever initialized the node, the
+    decisions) for a node joining at T0 whose DaemonSet runs a round at join and every
+    INTERVAL after. Karpenter initializes the node once smoke removed the startup taint
+    (a pass), and from then on its label says so."""
+    initialized = False
+    decisions = []
+    for i, outcome in enumerate(outcomes):
+        now = T0 + timedelta(seconds=i * INTERVAL)
+        failed = OUTCOMES[outcome]
+        initialized = initialized or not failed
+        decision = plan_repair(
+            _node(initialized=initialized), failed, now=now, after=timedelta(seconds=after)
+        )
+        decisions.append(decision.action)
+        if decision.action is Action.REPLACE:
+            return (now - T0).total_seconds(), initialized, decisions
+    return None, initialized, decisions
+
+
+@pytest.mark.parametrize("after", [600, 1200, 1800])
+def test_a_node_that_never_passes_is_replaced_or_reported_in_bounded_time(after: int) -> None:
+    replaced = reported = 0
+    for outcomes in itertools.product(OUTCOMES, repeat=6):
+        deleted, initialized, decisions = _timeline(outcomes, after)
+        if deleted is not None:
+            # never a node that passed, never before the bound, only for its own failure
+            assert not initialized, outcomes
+            assert deleted >= after
+            assert all(o != "pass" for o in outcomes[: len(decisions)])
+            assert outcomes[len(decisions) - 1] == "own"
+            # at the first round at or past the bound that failed by the node's own
+            due = [i for i, o in enumerate(outcomes) if i * INTERVAL >= after and o == "own"]
+            assert len(decisions) - 1 == due[0]
+            replaced += 1
+        if "pass" not in outcomes and all(o == "own" for o in outcomes):
+            # Pods wait on it at most the bound and one interval
+            assert deleted is not None and deleted <= after + INTERVAL, outcomes
+        # a failure every node of the NodePool shares is reported, whenever it comes
+        for o, action in zip(outcomes, decisions, strict=False):
+            if o in ("shared", "both"):
+                assert action is Action.REPORT
+                reported += 1
+    assert replaced and reported
+
+
+def test_a_node_outside_karpenter_or_without_owner_is_only_reported() -> None:
+    node = _node(initialized=False)
+    late = T0 + timedelta(hours=2)
+    assert plan_repair(node, ["health"], now=late, after=timedelta(minutes=10)).action is (
+        Action.REPLACE
+    )
+    bare = json.loads(json.dumps(node))
+    del bare["metadata"]["ownerReferences"]
+    assert plan_repair(bare, ["health"], now=late, after=timedelta(minutes=10)).action is (
+        Action.REPORT
+    )
+    assert plan_repair(node, [], now=late, after=timedelta(minutes=10)).action is Action.NONE
+
+
+def _policy() -> Any:
+    (policy,) = [
+        o
+        for o in repair_objects(namespace="buildmatrix")
+        if o["kind"] == ("ValidatingAdmissionPolicy")
+    ]
+    return policy
+
+
+def _claim(node: str, *, initialized: bool) -> dict[str, Any]:
+    status = "True" if initialized else "Unknown"
+    return {
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodeClaim",
+        "metadata": {"name": f"nc-{node}", "uid": f"u-{node}"},
+        "status": {"nodeName": node, "conditions": [{"type": "Initialized", "status": status}]},
+    }
+
+
+def test_the_policy_lets_the_agent_delete_only_its_own_uninitialized_nodeclaim() -> None:
+    agent = UserInfo(
+        "system:serviceaccount:buildmatrix:buildmatrix-smoke",
+        {"authentication.kubernetes.io/node-name": ["gpu-1"]},
+    )
+    policy = _policy()
+
+    def denied(user: UserInfo, claim: dict[str, Any]) -> list[str]:
+        return denials(
+            policy, request(user, claim, None, resource="nodeclaims", operation="DELETE")
+        )
+
+    assert denied(agent, _claim("gpu-1", initialized=False)) == []
+    assert (
+        "only delete the NodeClaim of the node its Pod runs on"
+        in denied(agent, _claim("gpu-2", initialized=False))[0]
+    )
+    assert "has not initialized" in denied(agent, _claim("gpu-1", initialized=True))[0]
+    tokenless = UserInfo(agent.username, {})
+    assert denied(tokenless, _claim("gpu-1", initialized=False))
+    someone = UserInfo("system:serviceaccount:karpenter:karpenter", {})
+    assert denied(someone, _claim("gpu-2", initialized=True)) == []  # not the agent's
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[ApiStandIn, Path]]:
+    """The stand-in with both policies; gpu-1 a Karpenter node an hour old whose
+    NodeClaim is nc-gpu-1, gpu-2 another one."""
+    standin = ApiStandIn(
+        tokens={"smoke": {"get", "patch", "delete"}},
+        identities={
+            "smoke": UserInfo(AGENT, {"authentication.kubernetes.io/node-name": ["gpu-1"]})
+        },
+        policies=[agent_policy(), _policy()],
+    )
+    created = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for name in ("gpu-1", "gpu-2"):
+        standin.add_node(name, labels={NODEPOOL_LABEL: "training-hopper-h100"}, taints=[ADMISSION])
+        meta = standin.nodes[name]["metadata"]
+        meta["creationTimestamp"] = created
+        meta["ownerReferences"] = [
+            {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": f"nc-{name}",
+             "uid": f"u-{name}"}
+        ]  # fmt: skip
+        standin.nodeclaims[f"nc-{name}"] = _claim(name, initialized=False)
+    server, url = standin.serve()
+    try:
+        yield standin, standin.kubeconfig(tmp_path / "kubeconfig", url, "smoke")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _smoke(cli: CliRunner, kubeconfig: Path, fixture: str, *args: str) -> tuple[int, Any]:
+    r = cli(
+        "smoke", "--snapshot", str(NODES / f"{fixture}.json"), "--apply", "--node", "gpu-1",
+        "--kubeconfig", str(kubeconfig), "--json", *args,
+    )  # fmt: skip
+    return r.code, json.loads(r.out) if r.out.strip() else r.err
+
+
+def test_smoke_deletes_the_nodeclaim_of_a_new_node_failing_by_its_own_gpus(
+    cli: CliRunner, api: tuple[ApiStandIn, Path]
+) -> None:
+    standin, kubeconfig = api
+    code, doc = _smoke(cli, kubeconfig, "h100-ecc", "--replace-after", "600")
+    assert code == 1, doc
+    assert doc["repair"]["action"] == "replace", doc["repair"]
+    assert set(standin.nodeclaims) == {"nc-gpu-2"}  # its own, and no other
+    assert standin.nodes["gpu-1"]["spec"]["taints"] == [ADMISSION]  # the verdict stays
+
+
+def test_smoke_waits_reports_or_is_refused_otherwise(
+    cli: CliRunner, api: tuple[ApiStandIn, Path]
+) -> None:
+    standin, kubeconfig = api
+    code, doc = _smoke(cli, kubeconfig, "h100-ecc", "--replace-after", "7200")
+    assert code == 1 and doc["repair"]["action"] == "wait"
+    code, doc = _smoke(cli, kubeconfig, "h100-520", "--replace-after", "600")  # the driver
+    assert code == 1 and doc["repair"]["action"] == "report"
+    assert "every node of the NodePool" in doc["repair"]["why"]
+    code, doc = _smoke(cli, kubeconfig, "h100-535", "--replace-after", "600")
+    assert code == 0 and "repair" not in doc
+    # the node's owner named as another node's NodeClaim: the policy refuses the delete
+    standin.nodes["gpu-1"]["metadata"]["ownerReferences"][0].update(name="nc-gpu-2", uid="u-gpu-2")
+    standin.nodes["gpu-1"]["metadata"]["labels"].pop(INITIALIZED_LABEL, None)
+    code, doc = _smoke(cli, kubeconfig, "h100-ecc", "--replace-after", "600")
+    assert code == 1 and doc["repair"]["action"] == "report"
+    assert "answered 403" in doc["repair"]["why"]
+    assert set(standin.nodeclaims) == {"nc-gpu-1", "nc-gpu-2"}
+    r = cli("smoke", "--snapshot", str(NODES / "h100-ecc.json"), "--replace-after", "600")
+    assert r.code == 2 and "--apply" in r.err
