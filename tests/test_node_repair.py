@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,6 +36,7 @@ from tests.admission_policy import UserInfo, denials, request
 from tests.conftest import REPO, CliRunner
 from tests.kube_standin import ApiStandIn
 from tests.test_kube_apply import ADMISSION, AGENT, agent_policy
+from tests.test_kube_client_versions import legacy_client  # noqa: F401 - a fixture
 
 NODES = REPO / "tests" / "fixtures" / "nodes"
 INTERVAL = 600  # k8s_daemonset.Settings.interval: the DaemonSet's rounds
@@ -211,6 +215,17 @@ def test_smoke_deletes_the_nodeclaim_of_a_new_node_failing_by_its_own_gpus(
     assert standin.nodes["gpu-1"]["spec"]["taints"] == [ADMISSION]  # the verdict stays
 
 
+def test_the_daemonsets_environment_turns_it_on(
+    cli: CliRunner, api: tuple[ApiStandIn, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BUILDMATRIX_REPLACE_AFTER, as ``kubectl set env`` gives it to the DaemonSet."""
+    standin, kubeconfig = api
+    monkeypatch.setenv("BUILDMATRIX_REPLACE_AFTER", "600")
+    code, doc = _smoke(cli, kubeconfig, "h100-ecc")
+    assert code == 1 and doc["repair"]["action"] == "replace"
+    assert set(standin.nodeclaims) == {"nc-gpu-2"}
+
+
 def test_smoke_waits_reports_or_is_refused_otherwise(
     cli: CliRunner, api: tuple[ApiStandIn, Path]
 ) -> None:
@@ -231,3 +246,30 @@ def test_smoke_waits_reports_or_is_refused_otherwise(
     assert set(standin.nodeclaims) == {"nc-gpu-1", "nc-gpu-2"}
     r = cli("smoke", "--snapshot", str(NODES / "h100-ecc.json"), "--replace-after", "600")
     assert r.code == 2 and "--apply" in r.err
+
+
+@pytest.mark.integration
+@pytest.mark.index
+def test_the_legacy_client_deletes_the_nodeclaim_too(
+    legacy_client: Path,  # noqa: F811
+    api: tuple[ApiStandIn, Path],
+) -> None:
+    """kubernetes before 37 has no ApiClient.param_serialize: CustomObjectsApi sends
+    the same DELETE (tests/test_kube_client_versions.py runs the child the same way)."""
+    standin, kubeconfig = api
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "buildmatrix", "smoke", "--json", "--apply"),
+            *("--snapshot", str(NODES / "h100-ecc.json"), "--node", "gpu-1"),
+            *("--kubeconfig", str(kubeconfig), "--replace-after", "600"),
+        ],
+        env={**os.environ, "PYTHONPATH": f"{legacy_client}{os.pathsep}{REPO}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["repair"]["action"] == "replace"
+    assert set(standin.nodeclaims) == {"nc-gpu-2"}
+    assert [m for m, _, _ in standin.requests if m == "DELETE"] == ["DELETE"]
