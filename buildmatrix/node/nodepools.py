@@ -23,10 +23,12 @@ synthetic snapshot of that model at the pool's driver is judged by smoke's own c
 ``node_labels``). A model smoke would fail at that driver gets no template (it would
 be capacity that never admits). Kept: the keys buildmatrix owns whatever
 ``--gfd-keys`` says (labelkeys ``owned``: every key ``affinity`` reads is one), less
-the verdict (``buildmatrix.io/smoke``, ``verified.*``): Karpenter writes template
-labels on the Node when it registers (``nodeclaim/lifecycle/registration.go``), before
-smoke has run, so a verdict there would claim a pass nobody made; the admission taint
-keeps Pods off until smoke's verdict. Models whose labels agree share one template.
+what a round found (``buildmatrix.io/smoke``, ``verified.*``, ``driver-floor``):
+Karpenter writes template labels on the Node when it registers
+(``nodeclaim/lifecycle/registration.go``), before smoke has run, so a verdict there
+would claim a pass nobody made (the admission taint keeps Pods off until smoke's
+verdict), and the floor smoke checks grows with the images it is given. Models whose
+labels agree share one template.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ from dataclasses import dataclass
 
 from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.drivers import GpuModel
-from buildmatrix.labelkeys import SMOKE, TAINT_EFFECT, TAINT_KEY, VERIFIED_PREFIX, owned
+from buildmatrix.labelkeys import (
+    DRIVER_FLOOR,
+    SMOKE,
+    TAINT_EFFECT,
+    TAINT_KEY,
+    VERIFIED_PREFIX,
+    owned,
+)
 from buildmatrix.node.checks import NodeOptions, evaluate
 from buildmatrix.node.labels import node_labels
 from buildmatrix.node.pools import Pools
@@ -126,12 +135,19 @@ def _snapshot(model: GpuModel, driver: DriverVersion, gpus: int, facts: CudaFact
     )
 
 
+# What a round found rather than what the node is: the verdict, the images it proved,
+# and the highest floor it checked the driver against (which grows with the images
+# smoke is given, which the template knows nothing of).
+_FINDINGS = (SMOKE, DRIVER_FLOOR)
+
+
 def template_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    """What of smoke's labels a template carries: buildmatrix's own keys, no verdict."""
+    """What of smoke's labels a template carries: buildmatrix's own keys, less what a
+    round found (the verdict, verified images, the floor checked)."""
     return {
         k: v
         for k, v in labels.items()
-        if owned(k, gfd_keys=False) and k != SMOKE and not k.startswith(VERIFIED_PREFIX)
+        if owned(k, gfd_keys=False) and k not in _FINDINGS and not k.startswith(VERIFIED_PREFIX)
     }
 
 
