@@ -35,6 +35,7 @@ from buildmatrix.node.repair import INITIALIZED_LABEL, NODEPOOL_LABEL, Action, p
 from tests.admission_policy import UserInfo, denials, request
 from tests.conftest import REPO, CliRunner
 from tests.kube_standin import ApiStandIn
+from tests.standins import run_cli
 from tests.test_kube_apply import ADMISSION, AGENT, agent_policy
 from tests.test_kube_client_versions import legacy_client  # noqa: F401 - a fixture
 
@@ -246,6 +247,29 @@ def test_smoke_waits_reports_or_is_refused_otherwise(
     assert set(standin.nodeclaims) == {"nc-gpu-1", "nc-gpu-2"}
     r = cli("smoke", "--snapshot", str(NODES / "h100-ecc.json"), "--replace-after", "600")
     assert r.code == 2 and "--apply" in r.err
+
+
+def test_a_node_without_a_driver_is_reported_not_replaced(
+    api: tuple[ApiStandIn, Path], tmp_path: Path
+) -> None:
+    """NVML that cannot be loaded (the probe in a new process with no GPU library, as
+    tests/test_kube_apply.py's no-nvml scenario; as on a node whose driver container
+    is still installing): exit 3, the failure mark written, and reported."""
+    standin, kubeconfig = api
+    proc = run_cli(
+        [
+            "smoke", "--apply", "--node", "gpu-1", "--kubeconfig", str(kubeconfig), "--json",
+            "--replace-after", "600",
+        ],
+        libs=None,
+        tmp=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["repair"]["action"] == "report"
+    assert "nvml-unavailable" in doc["repair"]["why"]
+    assert standin.nodes["gpu-1"]["metadata"]["labels"]["buildmatrix.io/smoke"] == "failed"
+    assert set(standin.nodeclaims) == {"nc-gpu-1", "nc-gpu-2"}
 
 
 @pytest.mark.integration

@@ -296,8 +296,11 @@ def _repair(admission: Admission, after: int | None, kubeconfig: Path | None) ->
     from datetime import timedelta
 
     from buildmatrix.node.nodeclaims import replace_phantom
+    from buildmatrix.node.repair import NVML_UNAVAILABLE
 
     failed = [c.name for c in admission.checks if not c.ok]
+    if admission.unavailable is not None:  # no driver: not this node's own fault
+        failed = [NVML_UNAVAILABLE]
     return replace_phantom(
         admission.node, failed, after=timedelta(seconds=after), kubeconfig=kubeconfig
     )

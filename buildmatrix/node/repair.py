@@ -50,6 +50,9 @@ NODECLAIM_GROUP = "karpenter.sh"
 # deadline, admit.py). Every other check (driver, profiles, uniform, mig, pool,
 # image ..., load ...) judges what the template gives every node alike.
 NODE_OWN = frozenset({"nvml", "gpus", "health", "persistence", "round"})
+# A round in which NVML could not be loaded at all (exit 3): no driver on the node, which
+# the node's image or a driver container still installing gives every node alike.
+NVML_UNAVAILABLE = "nvml-unavailable"
 
 
 class Action(StrEnum):
