@@ -1,4 +1,4 @@
-"""A new node that never passes: replaced or reported in bounded time (node/repair.py,
+"""A new node that never passes: replaced in bounded time (node/repair.py,
 node/nodeclaims.py, k8s_repair.py).
 
 - The timeline: Karpenter's handling of a node with a startup taint, restated from its
@@ -7,8 +7,10 @@ node/nodeclaims.py, k8s_repair.py).
   DaemonSet's rounds every 600 s; over every sequence of six round outcomes (pass, a
   failure of the node's own, one every node of the NodePool shares, both) and three
   ``--replace-after`` bounds: a node is deleted only while never initialized, only
-  after the bound, only for its own failures, and then at the first round past the
-  bound, so Pods wait on it at most bound + one interval; a shared failure is reported.
+  after the bound, and then at the first round past it, so no Pod waits on it longer
+  than the bound and one interval (a Pod carrying ``affinity``'s terms stops waiting at
+  the first failed round, since smoke removes the labels it requires); a failure every
+  node shares is replaced too, saying so (left alone, each try leaves one more node).
 - The bound the API server holds the agent to: the rendered ValidatingAdmissionPolicy,
   evaluated by cel-python (tests/admission_policy.py), lets the agent delete only its
   own node's NodeClaim, and only before Karpenter initialized it.
@@ -24,6 +26,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ import pytest
 
 from buildmatrix.k8s_repair import repair_objects
 from buildmatrix.node.repair import INITIALIZED_LABEL, NODEPOOL_LABEL, Action, plan_repair
+from tests import karpenter_sim
 from tests.admission_policy import UserInfo, denials, request
 from tests.conftest import REPO, CliRunner
 from tests.kube_standin import ApiStandIn
@@ -65,50 +69,116 @@ def _node(*, initialized: bool, created: datetime = T0) -> dict[str, Any]:
     }
 
 
-def _timeline(outcomes: tuple[str, ...], after: int) -> tuple[float | None, bool, list[Action]]:
-    """(when the NodeClaim was deleted, whether Karpenter ever initialized the node, the
-    decisions) for a node joining at T0 whose DaemonSet runs a round at join and every
-    INTERVAL after. Karpenter initializes the node once smoke removed the startup taint
-    (a pass), and from then on its label says so."""
-    initialized = False
+# What the node carries: the NodePool's template labels from registration (k8s
+# nodepools), smoke's on a pass; on a fail smoke's owned labels are removed but
+# gpu-pool (node/apply.py plan). Karpenter's own labels stay.
+TEMPLATE = {
+    "gpu-pool": "training-hopper",
+    "buildmatrix.io/gpu.compute-capability": "9.0",
+    "buildmatrix.io/driver.version": "580065006",
+}
+FAILED_LABELS = {"buildmatrix.io/smoke": "failed", "gpu-pool": "training-hopper"}
+# Two pending Pods: one carrying affinity's terms (a CUDA 13 Hopper image), one that
+# selects the pool alone.
+PODS = {
+    "affinity": karpenter_sim.from_expressions(
+        [
+            {"key": "buildmatrix.io/gpu.compute-capability", "operator": "In", "values": ["9.0"]},
+            {"key": "buildmatrix.io/driver.version", "operator": "Gt", "values": ["580065005"]},
+        ]
+    ),
+    "pool": karpenter_sim.from_expressions(
+        [{"key": "gpu-pool", "operator": "In", "values": ["training-hopper"]}]
+    ),
+}
+
+
+def _nominated(labels: dict[str, str], pod: str) -> bool:
+    """Karpenter places a pending Pod on a registered, uninitialized node it has
+    (scheduling/existingnode.go CanAdd: the node's own labels as In requirements,
+    statenode.go Labels; its startup taints left out, statenode.go Taints)."""
+    node = karpenter_sim.from_expressions(
+        [{"key": k, "operator": "In", "values": [v]} for k, v in labels.items()]
+    )
+    return karpenter_sim.compatible(node, PODS[pod]) is None
+
+
+@dataclass
+class Timeline:
+    deleted: float | None  # seconds after the node joined
+    initialized_at: float | None
+    decisions: list[Action]
+    held: dict[str, float]  # pod -> seconds it waited on the uninitialized node
+
+
+def _timeline(outcomes: tuple[str, ...], after: int) -> Timeline:
+    """A node joining at T0 whose DaemonSet runs a round at join and every INTERVAL
+    after; Karpenter initializes it once smoke removed the startup taint (a pass)."""
+    initialized_at: float | None = None
+    labels = dict(TEMPLATE)
+    held = dict.fromkeys(PODS, 0.0)
     decisions = []
     for i, outcome in enumerate(outcomes):
-        now = T0 + timedelta(seconds=i * INTERVAL)
+        at = i * INTERVAL
         failed = OUTCOMES[outcome]
-        initialized = initialized or not failed
+        labels = {**TEMPLATE, "buildmatrix.io/smoke": "passed"} if not failed else FAILED_LABELS
+        if not failed and initialized_at is None:
+            initialized_at = at
         decision = plan_repair(
-            _node(initialized=initialized), failed, now=now, after=timedelta(seconds=after)
+            _node(initialized=initialized_at is not None),
+            failed,
+            now=T0 + timedelta(seconds=at),
+            after=timedelta(seconds=after),
         )
         decisions.append(decision.action)
         if decision.action is Action.REPLACE:
-            return (now - T0).total_seconds(), initialized, decisions
-    return None, initialized, decisions
+            return Timeline(deleted=at, initialized_at=None, decisions=decisions, held=held)
+        if initialized_at is None:  # until the next round, Pods it fits wait on it
+            for pod in PODS:
+                held[pod] += INTERVAL if _nominated(labels, pod) else 0
+    return Timeline(deleted=None, initialized_at=initialized_at, decisions=decisions, held=held)
 
 
 @pytest.mark.parametrize("after", [600, 1200, 1800])
-def test_a_node_that_never_passes_is_replaced_or_reported_in_bounded_time(after: int) -> None:
-    replaced = reported = 0
+def test_a_node_that_never_passes_is_replaced_in_bounded_time(after: int) -> None:
+    """Over every sequence of six rounds (a horizon past every bound)."""
+    replaced = 0
     for outcomes in itertools.product(OUTCOMES, repeat=6):
-        deleted, initialized, decisions = _timeline(outcomes, after)
-        if deleted is not None:
-            # never a node that passed, never before the bound, only for its own failure
-            assert not initialized, outcomes
-            assert deleted >= after
-            assert all(o != "pass" for o in outcomes[: len(decisions)])
-            assert outcomes[len(decisions) - 1] == "own"
-            # at the first round at or past the bound that failed by the node's own
-            due = [i for i, o in enumerate(outcomes) if i * INTERVAL >= after and o == "own"]
-            assert len(decisions) - 1 == due[0]
+        t = _timeline(outcomes, after)
+        due = after // INTERVAL  # the first round at or past the bound
+        if t.deleted is not None:
+            # never a node that passed, never before the bound, at the first failed
+            # round past it
+            assert "pass" not in outcomes[: len(t.decisions)], outcomes
+            assert t.deleted >= after
+            assert len(t.decisions) - 1 == due
             replaced += 1
-        if "pass" not in outcomes and all(o == "own" for o in outcomes):
-            # Pods wait on it at most the bound and one interval
-            assert deleted is not None and deleted <= after + INTERVAL, outcomes
-        # a failure every node of the NodePool shares is reported, whenever it comes
-        for o, action in zip(outcomes, decisions, strict=False):
-            if o in ("shared", "both"):
-                assert action is Action.REPORT
-                reported += 1
-    assert replaced and reported
+        elif "pass" not in outcomes[: due + 1]:
+            raise AssertionError(f"{outcomes}: never passed by the bound, not replaced")
+        # no Pod waits on an uninitialized node longer than the bound and one round
+        assert all(v <= after + INTERVAL for v in t.held.values()), (outcomes, t.held)
+        # one that requires affinity's labels stops waiting at the first failed round:
+        # smoke removed them, and Karpenter launches another node for it
+        if outcomes[0] != "pass":
+            assert t.held["affinity"] == 0, outcomes
+    assert replaced
+
+
+def test_a_shared_failure_is_replaced_too_and_says_so() -> None:
+    """Left alone, each try would leave one more failed node behind (the affinity Pod
+    is launched a new node for): replacing bounds it to one; the reason names it."""
+    late = T0 + timedelta(hours=1)
+    for outcome in ("shared", "both"):
+        repair = plan_repair(
+            _node(initialized=False), OUTCOMES[outcome], now=late, after=timedelta(minutes=20)
+        )
+        assert repair.action is Action.REPLACE
+        assert "every node of the NodePool alike" in repair.why
+    repair = plan_repair(
+        _node(initialized=False), ["health"], now=late, after=timedelta(minutes=20)
+    )
+    assert "another instance may pass" in repair.why
+    assert not _nominated(FAILED_LABELS, "affinity") and _nominated(FAILED_LABELS, "pool")
 
 
 def test_a_node_outside_karpenter_or_without_owner_is_only_reported() -> None:
@@ -233,11 +303,13 @@ def test_smoke_waits_reports_or_is_refused_otherwise(
     standin, kubeconfig = api
     code, doc = _smoke(cli, kubeconfig, "h100-ecc", "--replace-after", "7200")
     assert code == 1 and doc["repair"]["action"] == "wait"
-    code, doc = _smoke(cli, kubeconfig, "h100-520", "--replace-after", "600")  # the driver
-    assert code == 1 and doc["repair"]["action"] == "report"
-    assert "every node of the NodePool" in doc["repair"]["why"]
     code, doc = _smoke(cli, kubeconfig, "h100-535", "--replace-after", "600")
     assert code == 0 and "repair" not in doc
+    # Karpenter initialized it after that pass: a later failure is a day-2 one
+    standin.nodes["gpu-1"]["metadata"]["labels"][INITIALIZED_LABEL] = "true"
+    code, doc = _smoke(cli, kubeconfig, "h100-ecc", "--replace-after", "600")
+    assert code == 1 and doc["repair"]["action"] == "report"
+    assert "initialized" in doc["repair"]["why"]
     # the node's owner named as another node's NodeClaim: the policy refuses the delete
     standin.nodes["gpu-1"]["metadata"]["ownerReferences"][0].update(name="nc-gpu-2", uid="u-gpu-2")
     standin.nodes["gpu-1"]["metadata"]["labels"].pop(INITIALIZED_LABEL, None)
@@ -249,12 +321,13 @@ def test_smoke_waits_reports_or_is_refused_otherwise(
     assert r.code == 2 and "--apply" in r.err
 
 
-def test_a_node_without_a_driver_is_reported_not_replaced(
+def test_a_node_without_a_driver_is_replaced_saying_why(
     api: tuple[ApiStandIn, Path], tmp_path: Path
 ) -> None:
     """NVML that cannot be loaded (the probe in a new process with no GPU library, as
     tests/test_kube_apply.py's no-nvml scenario; as on a node whose driver container
-    is still installing): exit 3, the failure mark written, and reported."""
+    is still installing): exit 3, the failure mark written, and replaced with the
+    reason that every node of the NodePool may share it."""
     standin, kubeconfig = api
     proc = run_cli(
         [
@@ -266,10 +339,11 @@ def test_a_node_without_a_driver_is_reported_not_replaced(
     )  # fmt: skip
     assert proc.returncode == 3, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["repair"]["action"] == "report"
+    assert doc["repair"]["action"] == "replace"
     assert "nvml-unavailable" in doc["repair"]["why"]
+    assert "every node of the NodePool alike" in doc["repair"]["why"]
     assert standin.nodes["gpu-1"]["metadata"]["labels"]["buildmatrix.io/smoke"] == "failed"
-    assert set(standin.nodeclaims) == {"nc-gpu-1", "nc-gpu-2"}
+    assert set(standin.nodeclaims) == {"nc-gpu-2"}
 
 
 @pytest.mark.integration

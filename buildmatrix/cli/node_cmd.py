@@ -190,8 +190,8 @@ def _print_admission(admission: Admission) -> None:
     metavar="SECONDS",
     envvar="BUILDMATRIX_REPLACE_AFTER",
     help="With --apply on a Karpenter node that has failed since it joined: once it is "
-    "this old, delete its NodeClaim so that Karpenter replaces it, where the failure is "
-    "the node's own (docs/kubernetes.md, 'A failing new node').",
+    "this old, delete its NodeClaim so that Karpenter replaces it (docs/kubernetes.md, "
+    "'A failing new node').",
 )
 @click.option(
     "--prefer-containerd",

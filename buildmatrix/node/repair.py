@@ -1,4 +1,4 @@
-"""A new node that never passes smoke: replaced, or reported, in bounded time
+"""A new node that never passes smoke: replaced in bounded time
 (docs/kubernetes.md, "A failing new node"). Pure: the Node as the API serves it and
 the failed checks in, the decision out.
 
@@ -18,18 +18,26 @@ conditions the cloud provider lists (AWS: ``Ready``, and the node monitoring age
 feature gate (off by default: ``pkg/operator/options/options.go``), and those conditions
 belong to the kubelet and that agent, not to buildmatrix.
 
-The remedy uses Karpenter's own mechanism for removing a node: deleting its NodeClaim
+A failed round also removes the labels smoke owns but ``gpu-pool`` (node/apply.py), and
+Karpenter plans with a registered node's own labels (``StateNode.Labels``): a Pod that
+requires ``affinity``'s labels is no longer nominated to the failed node, so Karpenter
+launches another for it, and the failed one stays, never disrupted. Left alone, a
+failure every node of the NodePool shares (a driver, an image) so leaves one more
+never-initialized node behind at each try, up to the NodePool's ``limits``; a Pod that
+selects only ``gpu-pool`` stays nominated to the failed node instead.
+
+The remedy uses Karpenter's own way to remove a node: deleting its NodeClaim
 (Karpenter then drains and terminates the instance, and provisions again for the Pods
 that still wait). The agent deletes only its own node's NodeClaim (the Node's owner
 reference, which Karpenter sets at registration: ``registration.go`` ``syncNode``,
-``UpdateNodeOwnerReferences``), only before Karpenter initialized it, only after
-``--replace-after`` since the Node was created, and only when the failure is the
-node's own (its GPUs, NVML, health, a round that died): a failure every node of the
-NodePool would share (the driver, an unknown GPU, the pool's promise, an image) is
-reported instead, since a replacement would fail the same way and the loop would only
-spend money. The API server holds it to that (k8s_repair.py: RBAC ``delete`` on
-nodeclaims, narrowed by a ValidatingAdmissionPolicy to the requester's node and to a
-NodeClaim not yet initialized).
+``UpdateNodeOwnerReferences``), only before Karpenter initialized it, and only after
+``--replace-after`` since the Node was created, whatever failed: a failure of the
+node's own (its GPUs, NVML, health, a round that died) may pass on another instance;
+one every node of the NodePool shares would not, and the report says so, but deleting
+still bounds what it costs to one node per try instead of one more per try. The API
+server holds the agent to that (k8s_repair.py: RBAC ``delete`` on nodeclaims,
+narrowed by a ValidatingAdmissionPolicy to the requester's node and to a NodeClaim
+not yet initialized).
 """
 
 from __future__ import annotations
@@ -59,7 +67,7 @@ class Action(StrEnum):
     NONE = "none"  # the node passed
     WAIT = "wait"  # failed, younger than --replace-after: smoke runs again
     REPLACE = "replace"  # delete its NodeClaim
-    REPORT = "report"  # failed, and a replacement would not help: the report stays
+    REPORT = "report"  # failed, and not the agent's to replace: the report stays
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,13 +110,6 @@ def plan_repair(
             why="Karpenter initialized it (it passed before): a later failure is reported, "
             "never replaced",
         )
-    shared = sorted(name for name in failed if name not in NODE_OWN)
-    if shared:
-        return Repair(
-            action=Action.REPORT,
-            why=f"{', '.join(shared)} would fail every node of the NodePool alike: "
-            "a replacement would not pass",
-        )
     created = _created(node)
     if created is None:
         return Repair(action=Action.REPORT, why="the Node has no creationTimestamp")
@@ -116,9 +117,16 @@ def plan_repair(
     if now < due:
         return Repair(action=Action.WAIT, why=f"replaced from {due.isoformat()} if still failing")
     name, uid = claim
+    shared = sorted(check for check in failed if check not in NODE_OWN)
+    outlook = (
+        f"{', '.join(shared)} would fail every node of the NodePool alike: fix the "
+        "NodePool or the pools file (its check 'pool' names a drift)"
+        if shared
+        else "another instance may pass"
+    )
     return Repair(
         action=Action.REPLACE,
-        why=f"failed ({', '.join(failed)}) since it joined, {after} ago or more",
+        why=f"failed ({', '.join(failed)}) since it joined, {after} ago or more; {outlook}",
         nodeclaim=name,
         uid=uid,
     )
