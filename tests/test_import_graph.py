@@ -103,6 +103,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.k8s_nfd",
             "buildmatrix.k8s_nodes",
             "buildmatrix.k8s_policy",
+            "buildmatrix.k8s_repair",
             "buildmatrix.k8s_values",
         ),
     ),

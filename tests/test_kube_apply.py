@@ -239,13 +239,16 @@ GFD_LABELS = {
 }
 # The keys buildmatrix writes beside GFD's (docs/smoke.md, the label table).
 BUILDMATRIX_KEYS = {
-    "nvidia.com/gpu.compute-capability",
+    "buildmatrix.io/gpu.compute-capability",
+    "buildmatrix.io/gpu.memory-mb",
+    "nvidia.com/gpu.compute-capability",  # the seed's names, written for the transition
     "nvidia.com/gpu.memory-mb",
     "buildmatrix.io/smoke",
     "buildmatrix.io/driver-floor",
     "buildmatrix.io/driver.major",
     "buildmatrix.io/driver.minor",
     "buildmatrix.io/driver.revision",
+    "buildmatrix.io/driver.version",
     "gpu-pool",
 }
 
@@ -275,6 +278,7 @@ def test_gfds_keys_are_untouched_on_pass_and_fail_where_gfd_labels(
         assert doc["applied"]["gfd_keys"] == "left to GPU Feature Discovery"
         assert not set(doc["labels"]) & set(GFD_LABELS)  # the report says what was written
     assert labels["buildmatrix.io/smoke"] == "passed"
+    assert labels["buildmatrix.io/gpu.compute-capability"] == "9.0"
     assert labels["nvidia.com/gpu.compute-capability"] == "9.0"
 
 

@@ -29,11 +29,13 @@ from buildmatrix.cli._common import (
     table,
     timeout_option,
 )
+from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import writes_gfd_keys
 
 if TYPE_CHECKING:
     from buildmatrix.node.admit import Admission
     from buildmatrix.node.pools import Pools
+    from buildmatrix.node.repair import Repair
     from buildmatrix.profiles import ProfileSet
 
 
@@ -183,6 +185,15 @@ def _print_admission(admission: Admission) -> None:
     "round was killed.",
 )
 @click.option(
+    "--replace-after",
+    type=click.IntRange(min=60),
+    metavar="SECONDS",
+    envvar="BUILDMATRIX_REPLACE_AFTER",
+    help="With --apply on a Karpenter node that has failed since it joined: once it is "
+    "this old, delete its NodeClaim so that Karpenter replaces it (docs/kubernetes.md, "
+    "'A failing new node').",
+)
+@click.option(
     "--prefer-containerd",
     is_flag=True,
     help="Read each registry image from the node's containerd when it holds that name "
@@ -214,6 +225,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     kubeconfig: Path | None,
     deadline: float | None,
     mark_failed: str | None,
+    replace_after: int | None,
     prefer_containerd: bool,
     node: str | None,
     platform: str,
@@ -230,6 +242,10 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     from buildmatrix.cuda import load_cuda_facts
     from buildmatrix.node.admit import AdmitOptions, admit
 
+    if replace_after is not None and not apply_to_node:
+        raise InputError(
+            "--replace-after acts on the Node object: it needs --apply (and --node NAME)."
+        )
     options = AdmitOptions(
         images=images,
         snapshot=snapshot,
@@ -259,11 +275,35 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         containerd=containerd_store(),
         overdue=_overdue,
     )
+    repair = _repair(admission, replace_after, kubeconfig)
     if as_json:
-        echo_json(_smoke_json(admission))
+        doc = _smoke_json(admission)
+        if repair is not None:
+            doc["repair"] = {"action": repair.action.value, "why": repair.why}
+        echo_json(doc)
     else:
         _print_admission(admission)
+        if repair is not None:
+            click.echo(f"repair   {repair.action.value}: {repair.why}")
     return admission.exit_code
+
+
+def _repair(admission: Admission, after: int | None, kubeconfig: Path | None) -> Repair | None:
+    """--replace-after: what becomes of a node that failed (node/repair.py), where the
+    verdict went onto the Node."""
+    if after is None or admission.passed or admission.applied is None or not admission.node:
+        return None
+    from datetime import timedelta
+
+    from buildmatrix.node.nodeclaims import replace_phantom
+    from buildmatrix.node.repair import NVML_UNAVAILABLE
+
+    failed = [c.name for c in admission.checks if not c.ok]
+    if admission.unavailable is not None:  # no driver: not this node's own fault
+        failed = [NVML_UNAVAILABLE]
+    return replace_phantom(
+        admission.node, failed, after=timedelta(seconds=after), kubeconfig=kubeconfig
+    )
 
 
 def _overdue(message: str, code: int) -> None:

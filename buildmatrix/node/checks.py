@@ -28,6 +28,7 @@ from buildmatrix.node.hardware_checks import (
     check_profiles,
     check_uniform,
 )
+from buildmatrix.node.pool_promise import check_pool_promise
 from buildmatrix.node.pools import Pools
 from buildmatrix.node.results import LoadResult, NodeCheck
 from buildmatrix.profiles import ProfileSet
@@ -131,6 +132,8 @@ def evaluate(
         ]
         if any(g.mig_mode for g in snapshot.gpus):
             checks.append(check_mig(snapshot.gpus, options.mig_strategy))
+        if (promise := check_pool_promise(snapshot, models, labelled, options.pools)) is not None:
+            checks.append(promise)
     checks += [check_image(r) for r in images]
     checks += [
         NodeCheck(name=f"image {ref}", ok=False, message=f"cannot be checked: {why}")
