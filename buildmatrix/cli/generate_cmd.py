@@ -113,6 +113,8 @@ def _left_out(dropped: list[Any]) -> str:
 
 
 def _explain(matrix: Any) -> None:
+    for line in matrix.platforms_built:
+        click.echo(f"platform  {line}", err=True)
     if not matrix.dropped:
         click.echo("nothing left out", err=True)
     for d in matrix.dropped:
