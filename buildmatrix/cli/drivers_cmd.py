@@ -151,6 +151,7 @@ def policies(
             proposed=proposals.get(name),
             profiles=profiles,
             facts=facts,
+            current=pools.spec(name).driver,
         )
         for name, pool_models_of in models.items()
     ]
