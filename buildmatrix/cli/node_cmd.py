@@ -27,9 +27,13 @@ from buildmatrix.cli._common import (
     pools_option,
     profiles_option,
     table,
+    taint_key_option,
     timeout_option,
 )
 from buildmatrix.labelkeys import writes_gfd_keys
+from buildmatrix.node.hold import SOURCE_GRACE
+
+MAX_GRACE = 30 * 86400  # --source-grace: at most 30 days
 
 if TYPE_CHECKING:
     from buildmatrix.node.admit import Admission
@@ -159,7 +163,7 @@ def _print_admission(admission: Admission) -> None:
     "apply_to_node",
     is_flag=True,
     help="Write the verdict onto the Node through the Kubernetes API: labels and the "
-    "admission taint buildmatrix.io/unverified (removed on pass, kept on fail).",
+    "admission taint (--taint-key; removed on pass, kept on fail).",
 )
 @click.option(
     "--kubeconfig",
@@ -182,6 +186,28 @@ def _print_admission(admission: Admission) -> None:
     "the verdict goes (--apply, --nfd-file); exit 1. What the DaemonSet runs after a "
     "round was killed.",
 )
+@click.option(
+    "--driver-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="The driver version this container's NVIDIA libraries came with: the first "
+    "round writes it; a round that finds another driver (or NVML's "
+    "LIB_RM_VERSION_MISMATCH) marks the node failed and writes 'changed' to FILE, on "
+    "which the DaemonSet's loop ends its container so that it restarts with the new "
+    "driver's libraries.",
+)
+@click.option(
+    "--source-grace",
+    type=click.FloatRange(min=0, max=MAX_GRACE),
+    default=SOURCE_GRACE,
+    show_default=True,
+    metavar="SECONDS",
+    help="--apply: how long a node admitted before stays admitted while the only "
+    "failure is an image source that cannot be read (a registry down, credentials "
+    "expired); counted from the first such round, kept in the annotation "
+    "buildmatrix.io/smoke-unavailable-since. 0: taint at once.",
+)
+@taint_key_option
 @click.option(
     "--prefer-containerd",
     is_flag=True,
@@ -214,6 +240,9 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     kubeconfig: Path | None,
     deadline: float | None,
     mark_failed: str | None,
+    driver_file: Path | None,
+    source_grace: float,
+    taint_key: str,
     prefer_containerd: bool,
     node: str | None,
     platform: str,
@@ -249,6 +278,9 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         platform=platform if _given("platform") else None,
         deadline=deadline,
         mark_failed=mark_failed,
+        driver_file=driver_file,
+        source_grace=source_grace,
+        taint_key=taint_key,
     )
     profiles = load(profiles_dir)
     admission = admit(

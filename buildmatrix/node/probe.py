@@ -24,6 +24,17 @@ from buildmatrix.errors import EnvironmentUnavailable
 from buildmatrix.node import mig, pci
 
 
+class DriverMismatch(EnvironmentUnavailable):
+    """``nvmlInit`` answered NVML_ERROR_LIB_RM_VERSION_MISMATCH (18 in nvidia-ml-py's
+    ``pynvml.py``): the libnvidia-ml this process loaded is not the loaded kernel
+    module's version. In a container it means the node's driver changed after the
+    container was created: the NVIDIA container runtime edits a container's spec
+    (the driver's libraries among its mounts) only on ``create``
+    (nvidia-container-toolkit ``internal/oci/runtime_modifier.go``,
+    ``modifyingRuntimeWrapper.Exec``), so only a new container gets the new ones
+    (node/driver_change.py)."""
+
+
 class _Unsupported:
     """NVML answered NOT_SUPPORTED for this field."""
 
@@ -300,7 +311,9 @@ def probe(hostname: str | None = None, *, sysfs: Path = Path("/sys")) -> dict[st
             "NVML_ERROR_LIB_RM_VERSION_MISMATCH": "libnvidia-ml and the kernel driver differ "
             "in version (a driver upgrade without reboot?)",
         }.get(code, "NVML could not start")
-        raise EnvironmentUnavailable(f"NVML is unavailable ({code}): {hint}.") from None
+        mismatch = code == "NVML_ERROR_LIB_RM_VERSION_MISMATCH"
+        error = DriverMismatch if mismatch else EnvironmentUnavailable
+        raise error(f"NVML is unavailable ({code}): {hint}.") from None
     try:
         reader = _Reader(pynvml)
         driver = reader.call("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)

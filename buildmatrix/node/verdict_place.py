@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from buildmatrix.errors import EnvironmentUnavailable
-from buildmatrix.labelkeys import SMOKE, GfdKeys
+from buildmatrix.labelkeys import SMOKE, TAINT_KEY, GfdKeys
 from buildmatrix.node.apply import Applied, NodeApi, apply
+from buildmatrix.node.hold import Transient
 from buildmatrix.node.nfd import NFD_TTL, feature_file, write_atomically
 
 FAILED = {SMOKE: "failed"}  # the failure mark's labels
@@ -36,12 +37,20 @@ class Place:
     node: str | None
     nfd_file: Path | None
     gfd_keys: GfdKeys
+    taint_key: str = TAINT_KEY  # --taint-key
 
     def write(
-        self, *, passed: bool, labels: Mapping[str, str], failures: Sequence[str]
+        self,
+        *,
+        passed: bool,
+        labels: Mapping[str, str],
+        failures: Sequence[str],
+        transient: Transient | None = None,
     ) -> Applied | None:
         """Write the verdict; what changed on the Node, None where it is not written
-        there."""
+        there. ``transient``: every failure is one (node/hold.py), which keeps an
+        admitted Node admitted; the NFD file, which has no earlier verdict to keep,
+        is written as the round says."""
         if self.nfd_file is not None:
             write_nfd(self.nfd_file, labels)
         if self.api is None or self.node is None:
@@ -53,6 +62,8 @@ class Place:
             labels=labels,
             failures=failures,
             gfd_keys=self.gfd_keys,
+            taint_key=self.taint_key,
+            transient=transient,
         )
 
     def write_failed(self, failure: str) -> Applied | None:

@@ -1,0 +1,248 @@
+"""Day 2, a registry outage (node/hold.py): an admitted node stays admitted while its
+pool image's source is unavailable, for ``--source-grace`` at most.
+
+The admission DaemonSet's own command, as ``k8s manifests --source-grace`` renders it,
+runs whole in the kubelet stand-in (tests/pod_standin.py, ``run_loop``), against the
+STAND-IN NVML library (tests/standins/nvml.c: the recorded H100 node on R580) and
+the STAND-IN API server (tests/kube_standin.py, with the rendered admission policy on
+every PATCH). The registry is the real ``docker-registry`` (tests/services.py),
+started here and stopped between two rounds of the loop, as an outage does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from buildmatrix.labelkeys import REPORT_ANNOTATION, SMOKE, UNAVAILABLE_ANNOTATION
+from buildmatrix.node.hold import Transient, keep_admitted
+from tests.conftest import REPO, CliRunner
+from tests.kube_standin import ApiStandIn
+from tests.pod_standin import Loop, run_loop
+from tests.pool_registry import FITS_HOPPER, SM80_ONLY, push
+from tests.services import Registry, start_registry
+from tests.standins import nvml_scenario
+from tests.test_kube_apply import ADMISSION, standin_with_nodes
+
+pytestmark = pytest.mark.integration  # a real registry, images pushed by skopeo
+
+NODES = REPO / "tests" / "fixtures" / "nodes"
+H100_R580 = nvml_scenario(json.loads((NODES / "h100-580.json").read_text()))
+ECC = nvml_scenario(json.loads((NODES / "h100-ecc.json").read_text()))
+GRACE = 4  # seconds: k8s manifests --source-grace, short enough to see it pass
+
+
+@pytest.fixture
+def outage_registry(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Registry]]:
+    """A registry of this test's own, which the test stops."""
+    root = tmp_path / "registry-root"
+    root.mkdir()
+    proc, host = start_registry(root)
+    try:
+        yield proc, Registry(host)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[ApiStandIn, Path]]:
+    standin = standin_with_nodes()
+    server, url = standin.serve()
+    try:
+        yield standin, standin.kubeconfig(tmp_path / "kubeconfig", url, "smoke")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _loop(
+    cli: CliRunner,
+    cluster: tuple[ApiStandIn, Path],
+    libs: Path,
+    root: Path,
+    images: list[str],
+    scenario: dict[str, Any],
+    between: list[str],
+) -> Loop:
+    """The rendered DaemonSet (the hopper pool's images ``images``, --source-grace
+    GRACE), one container of it, the stand-in NVML answering ``scenario``."""
+    pools = root / "pools.yaml"
+    root.mkdir(parents=True)
+    pools.write_text(
+        yaml.safe_dump(
+            {
+                "families": {"hopper": "training-hopper"},
+                "pools": {"training-hopper": {"images": images}},
+            }
+        )
+    )
+    r = cli("k8s", "manifests", "--pools", str(pools), "--source-grace", str(GRACE))
+    assert r.code == 0, r.err
+    objects = {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(r.out)}
+    (root / "nvml.json").write_text(json.dumps(scenario))
+    _, kubeconfig = cluster
+    return run_loop(
+        objects["DaemonSet/buildmatrix-smoke"],
+        objects=objects,
+        node="gpu-1",
+        root=root / "pod",
+        kubeconfig=kubeconfig,
+        between=between,
+        host_env={
+            "LD_LIBRARY_PATH": str(libs),
+            "NVML_STANDIN_SCENARIO": str(root / "nvml.json"),
+        },
+    )
+
+
+def _state(standin: ApiStandIn) -> tuple[bool, str, dict[str, str]]:
+    node = standin.nodes["gpu-1"]
+    admitted = (
+        ADMISSION not in node["spec"]["taints"]
+        and node["metadata"]["labels"].get(SMOKE) == "passed"
+    )
+    annotations = node["metadata"]["annotations"]
+    return admitted, annotations.get(REPORT_ANNOTATION, ""), annotations
+
+
+def test_an_admitted_node_outlives_a_registry_outage_for_the_grace(
+    cli: CliRunner,
+    cluster: tuple[ApiStandIn, Path],
+    standin_libs: Path,
+    outage_registry: tuple[subprocess.Popen[bytes], Registry],
+    tmp_path: Path,
+) -> None:
+    """Round 1 reads the pool image and admits; the registry is stopped; rounds 2 and
+    3 cannot read it (exit 3) and keep the node admitted, saying so and since when;
+    round 4, after the grace, fails the node as any failure does."""
+    standin, _ = cluster
+    proc, registry = outage_registry
+    image = push(registry, FITS_HOPPER, "bmtest/pool:hopper", tmp_path)
+    loop = _loop(
+        cli,
+        cluster,
+        standin_libs,
+        tmp_path / "run",
+        [image],
+        H100_R580,
+        between=[
+            f"kill {proc.pid}",  # the outage begins after round 1
+            "",
+            f"/bin/sleep {GRACE + 1}",  # the outage outlasts the grace
+        ],
+    )
+    assert not loop.ended_by_itself
+    assert loop.rounds == 4
+    admitted, report, annotations = _state(standin)
+    assert not admitted, report  # round 4: past the grace
+    assert f"longer than --source-grace {GRACE} s" in report
+    assert f"image {image}: cannot be checked" in report
+    assert UNAVAILABLE_ANNOTATION not in annotations  # the node failed: no outage kept
+    out = loop.proc.stdout
+    assert out.count("kept admitted until") == 2, out  # rounds 2 and 3 (applied, text)
+    assert "admission taint added" in out
+
+
+def test_the_outage_is_said_and_kept_once(
+    cli: CliRunner,
+    cluster: tuple[ApiStandIn, Path],
+    standin_libs: Path,
+    outage_registry: tuple[subprocess.Popen[bytes], Registry],
+    tmp_path: Path,
+) -> None:
+    """Within the grace: the taint stays off, the labels stay, and the report and the
+    outage's start are written once (round 3 changes nothing)."""
+    standin, _ = cluster
+    proc, registry = outage_registry
+    image = push(registry, FITS_HOPPER, "bmtest/pool:hopper", tmp_path)
+    loop = _loop(
+        cli,
+        cluster,
+        standin_libs,
+        tmp_path / "run",
+        [image],
+        H100_R580,
+        between=[f"kill {proc.pid}", ""],
+    )
+    assert loop.rounds == 3
+    admitted, report, annotations = _state(standin)
+    assert admitted, report
+    assert report.startswith("kept admitted until ")
+    assert f"--source-grace {GRACE} s from {annotations[UNAVAILABLE_ANNOTATION]}" in report
+    since = datetime.strptime(annotations[UNAVAILABLE_ANNOTATION], "%Y-%m-%dT%H:%M:%SZ")
+    assert abs((datetime.now(UTC).replace(tzinfo=None) - since).total_seconds()) < 120
+    labels = standin.nodes["gpu-1"]["metadata"]["labels"]
+    assert labels["gpu-pool"] == "training-hopper"
+    assert labels["verified.buildmatrix.io/train"] == "true"
+    patches = [r for r in standin.requests if r[0] == "PATCH"]
+    assert len(patches) == 2  # round 1 admits, round 2 writes the report; round 3 nothing
+    assert loop.proc.stdout.count("kept admitted until") == 2
+
+
+def test_a_node_that_never_passed_stays_tainted(
+    cli: CliRunner,
+    cluster: tuple[ApiStandIn, Path],
+    standin_libs: Path,
+    outage_registry: tuple[subprocess.Popen[bytes], Registry],
+    tmp_path: Path,
+) -> None:
+    standin, _ = cluster
+    proc, registry = outage_registry
+    image = push(registry, FITS_HOPPER, "bmtest/pool:hopper", tmp_path)
+    proc.terminate()
+    proc.wait(timeout=30)
+    _loop(cli, cluster, standin_libs, tmp_path / "run", [image], H100_R580, between=[])
+    admitted, report, annotations = _state(standin)
+    assert not admitted
+    assert f"image {image}: cannot be checked" in report
+    assert UNAVAILABLE_ANNOTATION not in annotations
+
+
+def test_a_real_failure_during_an_outage_still_fails(
+    cli: CliRunner,
+    cluster: tuple[ApiStandIn, Path],
+    standin_libs: Path,
+    outage_registry: tuple[subprocess.Popen[bytes], Registry],
+    tmp_path: Path,
+) -> None:
+    """An image that runs nowhere on the node fails it at once, however its registry
+    answers; and a GPU that degrades while the registry is down fails it too."""
+    standin, _ = cluster
+    proc, registry = outage_registry
+    fits = push(registry, FITS_HOPPER, "bmtest/pool:hopper", tmp_path)
+    sm80 = push(registry, SM80_ONLY, "bmtest/pool:sm80", tmp_path)
+    _loop(cli, cluster, standin_libs, tmp_path / "fits", [fits], H100_R580, between=[])
+    assert _state(standin)[0]
+    _loop(cli, cluster, standin_libs, tmp_path / "sm80", [sm80], H100_R580, between=[])
+    admitted, report, _ = _state(standin)
+    assert not admitted
+    assert "sm_80 SASS runs only on compute capability 8.x" in report
+    _loop(cli, cluster, standin_libs, tmp_path / "again", [fits], H100_R580, between=[])
+    assert _state(standin)[0]
+    proc.terminate()
+    proc.wait(timeout=30)
+    _loop(cli, cluster, standin_libs, tmp_path / "ecc", [fits], ECC, between=[])
+    admitted, report, _ = _state(standin)
+    assert not admitted
+    assert "uncorrected ECC error(s)" in report
+
+
+@pytest.mark.parametrize("offset", [0, 3599, 3600, 3601])
+def test_the_grace_is_counted_from_the_outages_first_round(offset: int) -> None:
+    """The rule itself (pure): kept through since + grace, failed after it; an
+    unreadable start is taken as now."""
+    since = datetime(2026, 12, 7, 12, 0, 0, tzinfo=UTC)
+    stamp = {UNAVAILABLE_ANNOTATION: "2026-12-07T12:00:00Z"}
+    now = since + timedelta(seconds=offset)
+    kept = keep_admitted(stamp, Transient(why="x", grace=3600), now)
+    assert isinstance(kept, str) == (offset > 3600)
+    fresh = keep_admitted({UNAVAILABLE_ANNOTATION: "garbage"}, Transient(why="x", grace=0), now)
+    assert not isinstance(fresh, str)
