@@ -33,3 +33,4 @@ class LoadResult:
     failures: tuple[str, ...] = ()
     files: tuple[str, ...] = ()  # one line per file: how it loaded, or its errors
     error: str | None = None  # the load test could not run (to the end)
+    busy: bool = False  # every GPU of the model refused it a context or memory (loadtest.Busy)
