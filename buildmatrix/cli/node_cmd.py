@@ -81,6 +81,8 @@ def _smoke_json(admission: Admission) -> dict[str, Any]:
     }
     if admission.applied is not None:
         doc["applied"] = admission.applied.to_json()
+    if admission.held is not None:
+        doc["held"] = admission.held
     return doc
 
 
@@ -115,7 +117,10 @@ def _print_admission(admission: Admission) -> None:
     click.echo("\nlabels")
     for key, value in admission.labels.items():
         click.echo(f"  {key}={value}")
-    click.echo("\nPASS" if admission.passed else "\nFAIL: the node is not admitted")
+    if admission.held is not None and admission.applied is None:
+        click.echo(f"\nFAIL: {admission.held}")
+    else:
+        click.echo("\nPASS" if admission.passed else "\nFAIL: the node is not admitted")
     if admission.applied is not None:
         click.echo(f"applied  {admission.applied.describe()}")
 

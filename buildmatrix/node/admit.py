@@ -86,6 +86,9 @@ class Admission:
     snapshot: Snapshot | None = None
     models: tuple[Model, ...] = ()
     plan: ImagePlan = field(default_factory=lambda: ImagePlan(pool=None, given=(), from_pool=()))
+    # Why the verdict was not written as the round says (node/hold.py): a pass held
+    # mid-upgrade, an admitted node kept admitted (on the Node or in the NFD file).
+    held: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -285,7 +288,7 @@ def _conclude(
 ) -> Admission:
     """The verdict written where asked (NFD file, Node object), and the admission."""
     failures = [f"{c.name}: {c.message}" for c in report.checks if not c.ok]
-    applied = place.write(
+    applied, nfd_held = place.write_verdict(
         passed=report.passed, labels=labels, failures=failures, transient=transient
     )
     if applied is not None and not applied.gfd_keys:  # GFD labels the node: its keys
@@ -303,6 +306,7 @@ def _conclude(
         labels=labels,
         loads=tuple(x for o in outcomes for x in o.loads),
         applied=applied,
+        held=applied.held if applied is not None and applied.held is not None else nfd_held,
         exit_code=0 if all(c.ok for c in checks) else max([1, *codes, *bad_input]),
         snapshot=snap,
         models=report.models,

@@ -15,7 +15,8 @@ decision out.
   nothing about the node itself — an image source unavailable (a registry down,
   credentials expired: exit 3), or GPUs busy with other work (``--load-test``) — keeps
   a node that an earlier round admitted (``buildmatrix.io/smoke=passed``, no admission
-  taint) admitted, with the report annotation saying why. A source may be unavailable
+  taint; with ``--nfd-file``, the earlier feature file's ``buildmatrix.io/smoke=passed``)
+  admitted, with the report saying why. A source may be unavailable
   for ``--source-grace`` seconds from the first such round (the annotation
   :data:`UNAVAILABLE_SINCE` keeps when that was); past it the node fails as any other.
   A node that never passed stays tainted.
