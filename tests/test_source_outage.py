@@ -294,3 +294,29 @@ def test_in_nfd_mode_the_feature_file_keeps_the_admission(
     text = features.read_text()
     assert "buildmatrix.io/smoke=failed" in text
     assert "unavailable-since" not in text
+
+
+def test_a_round_that_passes_again_ends_the_outage() -> None:
+    """The registry back: the pass removes the report and the outage's start (pure:
+    node/patch.py plan over a node kept admitted)."""
+    from buildmatrix.labelkeys import GfdKeys
+    from buildmatrix.node.apply import plan
+
+    kept = {
+        "metadata": {
+            "name": "gpu-1",
+            "labels": {SMOKE: "passed", "gpu-pool": "training-hopper"},
+            "annotations": {
+                REPORT_ANNOTATION: "kept admitted until ...",
+                UNAVAILABLE_ANNOTATION: "x",
+            },
+            "resourceVersion": "9",
+        },
+        "spec": {"taints": []},
+    }
+    labels = {SMOKE: "passed", "gpu-pool": "training-hopper"}
+    body, applied = plan(kept, passed=True, labels=labels, report="", gfd_keys=GfdKeys.NEVER)
+    assert body == {
+        "metadata": {"annotations": {UNAVAILABLE_ANNOTATION: None, REPORT_ANNOTATION: None}}
+    }
+    assert applied.held is None

@@ -207,10 +207,10 @@ def _print_admission(admission: Admission) -> None:
     default=SOURCE_GRACE,
     show_default=True,
     metavar="SECONDS",
-    help="--apply: how long a node admitted before stays admitted while the only "
-    "failure is an image source that cannot be read (a registry down, credentials "
-    "expired); counted from the first such round, kept in the annotation "
-    "buildmatrix.io/smoke-unavailable-since. 0: taint at once.",
+    help="How long a node admitted before (the Node with --apply, the feature file with "
+    "--nfd-file) stays admitted while the only failure is an image source that cannot "
+    "be read (a registry down, credentials expired); counted from the first such round, "
+    "kept in the annotation buildmatrix.io/smoke-unavailable-since. 0: fail at once.",
 )
 @taint_key_option
 @click.option(
