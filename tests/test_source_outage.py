@@ -320,3 +320,49 @@ def test_a_round_that_passes_again_ends_the_outage() -> None:
         "metadata": {"annotations": {UNAVAILABLE_ANNOTATION: None, REPORT_ANNOTATION: None}}
     }
     assert applied.held is None
+
+
+def test_the_policy_allows_what_a_kept_node_is_sent(cli: CliRunner) -> None:
+    """The rendered admission policy (cel-python, tests/admission_policy.py) allows the
+    patch that keeps an admitted node admitted and writes the outage's start, and still
+    refuses any other annotation."""
+    import copy
+
+    from buildmatrix.labelkeys import GfdKeys
+    from buildmatrix.node.apply import plan
+    from tests.admission_policy import UserInfo, denials, request
+    from tests.kube_standin import apply_patch
+
+    r = cli("k8s", "manifests")
+    (policy,) = [d for d in yaml.safe_load_all(r.out) if d["kind"] == "ValidatingAdmissionPolicy"]
+    agent = UserInfo(
+        "system:serviceaccount:buildmatrix:buildmatrix-smoke",
+        {"authentication.kubernetes.io/node-name": ["gpu-1"]},
+    )
+    admitted = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "gpu-1",
+            "labels": {SMOKE: "passed", "gpu-pool": "training-hopper"},
+            "annotations": {},
+            "resourceVersion": "9",
+        },
+        "spec": {"taints": []},
+        "status": {},
+    }
+    body, applied = plan(
+        admitted,
+        passed=False,
+        labels={SMOKE: "failed"},
+        report="image x: cannot be checked",
+        gfd_keys=GfdKeys.AUTO,
+        transient=Transient(why="image x: cannot be checked", grace=60),
+    )
+    assert applied.held is not None
+    new = apply_patch(admitted, body, "application/strategic-merge-patch+json")
+    assert UNAVAILABLE_ANNOTATION in new["metadata"]["annotations"]
+    assert denials(policy, request(agent, admitted, new)) == []
+    other = copy.deepcopy(new)
+    other["metadata"]["annotations"]["buildmatrix.io/other"] = "x"
+    assert denials(policy, request(agent, admitted, other))

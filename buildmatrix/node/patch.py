@@ -172,9 +172,10 @@ def _kept(
     meta: Mapping[str, Any], annotations: Mapping[str, str], kept: Kept, *, gfd: bool
 ) -> tuple[dict[str, Any], Applied]:
     """An admitted node kept admitted: only the report (and the outage's start)."""
+    report = report_text([kept.report])  # the annotation's limit, as a failure's
     notes = {
         k: v
-        for k, v in ((REPORT_ANNOTATION, kept.report), (UNAVAILABLE_SINCE, kept.since))
+        for k, v in ((REPORT_ANNOTATION, report), (UNAVAILABLE_SINCE, kept.since))
         if annotations.get(k) != v
     }
     applied = Applied(
@@ -184,6 +185,6 @@ def _kept(
         taint="absent",
         attempts=0,
         gfd_keys=gfd,
-        held=kept.report,
+        held=report,
     )
     return ({"metadata": {"annotations": notes}} if notes else {}), applied
