@@ -54,6 +54,9 @@ LEGACY = dict(zip((COMPUTE_CAPABILITY, MEMORY_MB), SEED_KEYS, strict=True))
 TAINT_KEY = "buildmatrix.io/unverified"
 TAINT_EFFECT = "NoSchedule"
 REPORT_ANNOTATION = "buildmatrix.io/smoke-report"
+# When an admitted node's image source first could not be read (node/hold.py; RFC 3339).
+UNAVAILABLE_ANNOTATION = "buildmatrix.io/smoke-unavailable-since"
+AGENT_ANNOTATIONS = (REPORT_ANNOTATION, UNAVAILABLE_ANNOTATION)  # all the agent writes
 
 # --- GPU Feature Discovery's keys ------------------------------------------------
 PRODUCT = "nvidia.com/gpu.product"

@@ -32,9 +32,11 @@ EXAMPLES: dict[str, list[str]] = {
     "kubernetes_version": ["--kubernetes-version", "1.31"],
     "no_node_policy": ["--no-node-policy"],
     "mig_strategy": ["--mig-strategy", "single"],
+    "source_grace": ["--source-grace", "3600"],
+    "device_request": ["--device-request", "cdi-annotation"],
 }
 # What the Helm values depend on, so that --gpu-operator-values/--nfd-values take them.
-VALUES = {"operator_values", "nfd_values", "mode", "fmt", "profiles_dir"}
+VALUES = {"operator_values", "nfd_values", "mode", "fmt", "profiles_dir", "taint_key"}
 
 
 def _manifests() -> click.Command:

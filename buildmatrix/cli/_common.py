@@ -15,7 +15,7 @@ import click
 
 from buildmatrix import PROFILES_ENV
 from buildmatrix.errors import InputError
-from buildmatrix.labelkeys import GfdKeys
+from buildmatrix.labelkeys import TAINT_KEY, GfdKeys
 
 if TYPE_CHECKING:
     from buildmatrix.image.containerd_store import Store
@@ -278,6 +278,38 @@ def node_option(func: F) -> F:
         envvar="NODE_NAME",
         metavar="NAME",
         help="The node's name (default: $NODE_NAME, else the host name).",
+    )
+    return decorator(func)
+
+
+def _taint_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A taint key as the API server validates one (kubernetes pkg/apis/core/validation
+    ``validateNodeTaints``: ``ValidateLabelName``, apimachinery ``IsQualifiedName``)."""
+    from buildmatrix.k8s_nodes import label_key_problem
+
+    problem = label_key_problem(value)
+    if problem is not None:
+        raise click.BadParameter(
+            f"'{value}' is not a taint key the API server accepts: it {problem} (a "
+            "qualified name such as example.com/gpu-unverified, or under cluster-autoscaler's "
+            "prefix startup-taint.cluster-autoscaler.kubernetes.io/NAME).",
+            ctx=ctx,
+            param=param,
+        )
+    return value
+
+
+def taint_key_option(func: F) -> F:
+    """``--taint-key KEY``: the admission taint's key (docs/kubernetes.md, Day 2)."""
+    decorator = click.option(
+        "--taint-key",
+        default=TAINT_KEY,
+        show_default=True,
+        metavar="KEY",
+        callback=_taint_key,
+        help="The admission taint's key (effect NoSchedule). Managed cluster autoscalers "
+        "(GKE, AKS) take no --startup-taint flag: there use a key under "
+        "startup-taint.cluster-autoscaler.kubernetes.io/.",
     )
     return decorator(func)
 

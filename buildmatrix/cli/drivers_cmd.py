@@ -17,6 +17,7 @@ from buildmatrix.cli._common import (
     load,
     platform_option,
     profiles_option,
+    taint_key_option,
 )
 from buildmatrix.errors import EnvironmentUnavailable, InputError, did_you_mean
 
@@ -212,6 +213,7 @@ def drivers(  # noqa: PLR0917 - one parameter per option, as click passes them
 )
 @click.option("--image", default="driver", show_default=True, help="Driver image (spec.image).")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml")
+@taint_key_option
 @platform_option
 @profiles_option
 def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -221,6 +223,7 @@ def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes th
     repository: str,
     image: str,
     fmt: str,
+    taint_key: str,
     platform: str,
     profiles_dir: str | None,
 ) -> int:
@@ -239,6 +242,6 @@ def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes th
             "none was given: pass --driver POOL=VERSION (repeatable) or --drivers-file FILE."
         )
     found = policies(pools_file, proposed, platform=platform, profiles_dir=profiles_dir)
-    objects = nvidia_drivers(found, DriverImage(repository=repository, image=image))
+    objects = nvidia_drivers(found, DriverImage(repository=repository, image=image), taint_key)
     click.echo(dump_manifests(objects, fmt), nl=False)
     return 0
