@@ -211,7 +211,7 @@ def run_check(
         if not _ignored(_PROBLEM_PATH.split(p, maxsplit=1)[0], opts.ignore)
     ]
     driver, driver_cuda = _driver(opts)
-    sources = tuple(runtime_sources(image))
+    sources = tuple(runtime_sources(image, ignored=partial(_ignored, patterns=opts.ignore)))
     runtime = newest_runtime(sources)
     choice = compat_choice(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
