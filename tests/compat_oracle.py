@@ -21,6 +21,7 @@ MINOR_COMPAT_FLOOR = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580, 65, 6)}
 # major do not run on each other (Programming Guide, "Binary Compatibility").
 TEGRA = {(7, 2), (8, 7), (8, 8), (10, 1), (11, 0)}
 _TOOL_VERSION = re.compile(r"Tool Version: Cuda compilation tools, release (\d+)\.(\d+)")
+_PTX_VERSION = re.compile(r"^\s*\.version (\d+)\.(\d+)", re.M)
 
 
 def cc_of(arch: str) -> tuple[int, int, str]:
@@ -71,6 +72,15 @@ def cuobjdump_toolkits(tool: Path, path: Path) -> set[tuple[int, int]]:
         [str(tool), "-elf", str(path)], capture_output=True, text=True, check=True
     ).stdout
     return {(int(m[1]), int(m[2])) for m in _TOOL_VERSION.finditer(out)}
+
+
+def cuobjdump_ptx_isas(tool: Path, path: Path) -> set[tuple[int, int]]:
+    """The PTX ISA versions of the file's PTX (``.version`` of each text ``cuobjdump
+    -ptx`` prints)."""
+    out = subprocess.run(
+        [str(tool), "-ptx", str(path)], capture_output=True, text=True, check=False
+    ).stdout
+    return {(int(m[1]), int(m[2])) for m in _PTX_VERSION.finditer(out)}
 
 
 def driver_tuple(text: str) -> tuple[int, ...]:
