@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -208,6 +208,7 @@ def run_check(
     image: ScannedImage, profiles: ProfileSet, opts: Options, facts: CudaFacts
 ) -> CheckResult:
     targets, declared, claims = resolve_targets(profiles, image, opts)
+    image = _without_ignored_searches(image, opts.ignore)
     files = [f for f in image.files if not _ignored(f.path, opts.ignore)]
     # Static archives are linked into programs at build time and never loaded: their
     # code is reported, and the programs built from them are what is judged.
@@ -282,6 +283,18 @@ def run_check(
         warnings=warnings,
         runs_on=runs_on,
     )
+
+
+def _without_ignored_searches(image: ScannedImage, patterns: Sequence[str]) -> ScannedImage:
+    """The image with its compat lookup made again without the DT_RPATH/DT_RUNPATH of
+    ignored files: glibc searches the DT_RUNPATH of the object that asks for
+    libcuda.so.1 (elf/dl-load.c, _dl_map_object), and an ignored file, never loaded,
+    asks for nothing. The compat driver itself is judged whatever --ignore says: the
+    container toolkit puts it in use at container start, not the program."""
+    kept = {p: s for p, s in image.searches.items() if not _ignored(p, patterns)}
+    if len(kept) == len(image.searches) or image.compat_lookup is None:
+        return image
+    return replace(image, compat=image.compat_lookup(searches=kept))
 
 
 def _ignored(path: str, patterns: Sequence[str]) -> bool:

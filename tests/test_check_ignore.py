@@ -9,13 +9,16 @@ bitsandbytes wheel, which ships one library per CUDA release and loads only one.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from buildmatrix.cli import main
 from tests.compat_oracle import (
     MINOR_COMPAT_FLOOR,
     cuobjdump_toolkits,
@@ -26,6 +29,10 @@ from tests.compat_oracle import (
 from tests.conftest import CliRunner
 from tests.cuobjdump import cuobjdump_lists, find_cuobjdump
 from tests.fixtures.build import BIN
+from tests.test_ldconfig import LOADER, ROOTED, WHICH_C, _place, _real, kit
+from tests.test_loader_order import APP, NODE, STUB, _preload_root
+
+__all__ = ["kit"]
 
 pytestmark = pytest.mark.integration  # cuobjdump is the oracle
 
@@ -138,3 +145,40 @@ def test_bitsandbytes_one_cuda_library_kept(cli: CliRunner) -> None:
         if keep == "libbitsandbytes_cuda126.so":
             assert r.code == 0, doc["problems"]
             assert doc["targets"][0]["verdict"] == "native"
+
+
+@pytest.mark.skipif(not ROOTED, reason="chroot needs root; gcc builds the stand-ins")
+def test_an_ignored_programs_search_path_asks_for_no_libcuda(
+    kit: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A program whose DT_RUNPATH names the CUDA toolkit's stubs folder maps the stub
+    (glibc's loader, chrooted in the root, is the oracle), so check fails closed; the
+    user who ignores that program (never run) is left with the image's CUDA program,
+    which maps the node's driver through the cache: the search path counts for
+    nothing, and the image passes. Before, the ignored program still failed it."""
+    program = tmp_path / "run"
+    (tmp_path / "run.c").write_text(WHICH_C)
+    link = ["gcc", "-o", str(program), str(tmp_path / "run.c"),
+            f"-Wl,--enable-new-dtags,-rpath,/{STUB}"]  # fmt: skip
+    subprocess.run(link, check=True)
+    image, oracle = tmp_path / "image", tmp_path / "oracle"
+    for root in (image, oracle):
+        _preload_root(root, kit)
+        (root / NODE / "libcuda.so.600.10.01").unlink()
+        (root / "opt/app").mkdir(parents=True)
+        shutil.copy(program, root / "opt/app/run")
+        (root / STUB / "libcuda.so.1").symlink_to("libcuda.so")
+    _place(kit, "B", oracle / NODE / "libcuda.so.600.10.01")
+    assert _real(oracle, program=(LOADER, "/opt/app/run")) == f"{STUB}/libcuda.so"
+    assert _real(oracle, program=(LOADER, "/which")) == f"{NODE}/libcuda.so.600.10.01"
+    shutil.copy(APP, image / "libapp.so")
+    (image / "usr/local/cuda-13.1/lib64").mkdir(parents=True)
+    (image / "usr/local/cuda-13.1/lib64/libcudart.so.13").write_bytes(b"runtime")
+    args = ["check", f"dir:{image}", "--sm", "8.0", "--driver", "600.10.01", "--no-cache"]
+    assert main([*args, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert any("DT_RPATH/DT_RUNPATH" in p for p in doc["problems"]), doc["problems"]
+    assert main([*args, "--ignore", "/opt/app/*", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["problems"] == []
+    assert "opt/app/run" not in json.dumps(doc["forward_compat"])

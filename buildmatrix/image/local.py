@@ -195,7 +195,8 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         if report is not None:
             found.files.append(replace(report, stored=str(path) if keep else None))
         paths = [f.path for f in found.files]
-    compat = find_compat(
+    lookup = partial(
+        find_compat,
         found.libraries,
         sorted(found.regular),
         found.symlinks,
@@ -203,8 +204,8 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         entries=paths,
         folders=found.folders,
         confs=found.confs,
-        searches=found.searches,
     )
+    compat = lookup(searches=found.searches)
     files = found.files
     for lib_path in compat_code(compat, found.libraries):
         code = found.libraries[lib_path].code
@@ -221,4 +222,6 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         layers=0,
         symlinks=found.symlinks,
         compat=compat,
+        searches=found.searches,
+        compat_lookup=lookup,
     )
