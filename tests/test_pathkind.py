@@ -144,3 +144,17 @@ def test_a_root_filesystem_tar_is_refused(
     assert "without the manifest.json of docker save" in flat
     assert f"docker-archive:{tar}" in flat
     assert "extracted and the folder given" in flat
+
+
+def test_a_tar_whose_headers_do_not_read_goes_to_the_archive_reader(
+    cli: CliRunner, saved: Path, tmp_path: Path
+) -> None:
+    """A file that opens as a tar (ustar magic) but whose header checksum is wrong is
+    still no single file: the docker-archive reader refuses it, naming why (exit 2)."""
+    data = bytearray(saved.read_bytes())
+    data[148:156] = b"0000000\0"  # the first header's checksum field (POSIX ustar)
+    broken = tmp_path / "broken.tar"
+    broken.write_bytes(bytes(data))
+    r = cli("check", str(broken), "--sm", "9.0")
+    assert r.code == 2, r.out
+    assert "a header's checksum" in r.err  # the docker-archive reader's own words

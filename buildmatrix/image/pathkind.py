@@ -10,6 +10,7 @@ with the reference to use. Only ``buildmatrix.image.ref`` asks.
 
 from __future__ import annotations
 
+import posixpath
 import tarfile
 from enum import StrEnum
 from pathlib import Path
@@ -58,9 +59,9 @@ def path_kind(path: Path, *, given: str) -> PathKind:
         )
     if head[_TAR_MAGIC_AT : _TAR_MAGIC_AT + 5] != b"ustar":
         return PathKind.FILES
-    names = _members(path, given=given)
-    if SAVE_MANIFEST in names:
-        return PathKind.DOCKER_ARCHIVE
+    names = _members(path)
+    if names is None or SAVE_MANIFEST in names:
+        return PathKind.DOCKER_ARCHIVE  # never judged as one file
     if OCI_LAYOUT_FILE in names and "index.json" in names:
         raise InputError(
             f"'{given}' is an OCI archive (a tar of an OCI layout, without the "
@@ -85,19 +86,18 @@ def _compression(head: bytes) -> str | None:
     return kind
 
 
-def _members(path: Path, *, given: str) -> set[str]:
-    """The top-level names of the tar's members (headers only: tarfile seeks over
-    the data of a regular file)."""
+def _members(path: Path) -> set[str] | None:
+    """The top-level names of the tar's members, cleaned as docker load cleans them
+    (``X``, ``./X`` and ``/X`` are one: buildmatrix.image.savetar), from the headers
+    only (tarfile seeks over a regular file's data); None where Python's tar reader
+    cannot read them (the docker-archive reader then says why)."""
     names: set[str] = set()
     try:
         with tarfile.open(path, mode="r:") as tar:
             for member in tar:
-                name = member.name.removeprefix("./")
-                if "/" not in name.rstrip("/"):
-                    names.add(name.rstrip("/"))
-    except (tarfile.TarError, OSError, UnicodeError) as exc:
-        raise InputError(
-            f"'{given}' starts as a tar archive but its headers cannot be read ({exc}). "
-            f"A docker save archive is read as docker-archive:{given}."
-        ) from None
+                name = posixpath.normpath(member.name).lstrip("/")
+                if "/" not in name:
+                    names.add(name)
+    except (tarfile.TarError, OSError, EOFError, UnicodeError):
+        return None
     return names
