@@ -44,6 +44,8 @@ def path_kind(path: Path, *, given: str) -> PathKind:
     read it."""
     if path.is_dir():
         return PathKind.OCI_LAYOUT if (path / OCI_LAYOUT_FILE).is_file() else PathKind.FILES
+    if not path.is_file():
+        return PathKind.FILES  # a FIFO or device: never opened here (the scan refuses it)
     try:
         with path.open("rb") as f:
             head = f.read(_TAR_MAGIC_AT + 8)
