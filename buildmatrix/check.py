@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -32,6 +32,10 @@ from buildmatrix.snapshot import Snapshot
 from buildmatrix.target_verdict import Target, TargetResult, judge_target, worst
 
 FAMILY_LABEL = "io.buildmatrix.family"
+ALL_FAMILIES = "all"  # --family all: every profile
+# declared["source"] where neither flags, a snapshot nor the label name targets: every
+# profile is judged, to say where the image runs (runs_on), not to gate it.
+EVERY_PROFILE = "profiles"
 _PROBLEM_PATH = re.compile(r":? ")
 
 
@@ -63,6 +67,8 @@ class CheckResult:
     runtime_sources: tuple[tuple[Version, str], ...] = ()
     # What could not be checked and does not fail the image (unless --strict).
     warnings: list[str] = field(default_factory=list)
+    # The targets the image runs on (no problem of its own: code, driver, --require-sass)
+    runs_on: tuple[TargetResult, ...] = ()
 
     @property
     def forward(self) -> CompatUse | None:
@@ -101,10 +107,13 @@ class CheckResult:
                 {"version": major_minor(v), "source": s} for v, s in self.runtime_sources
             ],
             "cuda_runtime_note": runtime_note(list(self.runtime_sources)),
+            "runs_on": [t.sm for t in self.runs_on],
         }
 
 
 def _family_targets(profiles: ProfileSet, names: Sequence[str]) -> list[Target]:
+    every = [f.value for f in profiles.families]
+    names = [x for n in names for x in (every if n == ALL_FAMILIES else [n])]
     return [_profile_target(profiles, p, name=n) for n in names for p in profiles.family(n)]
 
 
@@ -125,7 +134,8 @@ def _label_families(label: str | None) -> list[str]:
 def validate_targets(profiles: ProfileSet, opts: Options) -> None:
     """Check --family and --sm against the profiles before any image is read."""
     for name in opts.families:
-        profiles.family(name)
+        if name != ALL_FAMILIES:
+            profiles.family(name)
     for text in opts.sms:
         try:
             sm = parse_sm(text)
@@ -140,7 +150,8 @@ def resolve_targets(
     """Targets, where they came from, and problems with the image's own claim.
 
     With a snapshot the node's GPU models are the question and the image's family
-    label is only a claim checked against them; else --family/--sm; else the label.
+    label is only a claim checked against them; else --family/--sm; else the label;
+    else every profile (where does the image run?, source EVERY_PROFILE).
     """
     targets: list[Target] = []
     claims: list[str] = []
@@ -176,10 +187,8 @@ def resolve_targets(
         targets = _family_targets(profiles, _label_families(label))
         declared = {"family": label, "source": "label"}
     else:
-        raise InputError(
-            f"'{image.ref}' has no {FAMILY_LABEL} label, so there is nothing to check against: "
-            "pass --family F or --sm SM (or --snapshot with a node's GPUs)."
-        )
+        targets = _family_targets(profiles, [ALL_FAMILIES])
+        declared = {"family": None, "source": EVERY_PROFILE}
     if opts.families:
         targets += _family_targets(profiles, opts.families)
     for text in opts.sms:
@@ -199,6 +208,7 @@ def run_check(
     image: ScannedImage, profiles: ProfileSet, opts: Options, facts: CudaFacts
 ) -> CheckResult:
     targets, declared, claims = resolve_targets(profiles, image, opts)
+    image = _without_ignored_searches(image, opts.ignore)
     files = [f for f in image.files if not _ignored(f.path, opts.ignore)]
     # Static archives are linked into programs at build time and never loaded: their
     # code is reported, and the programs built from them are what is judged. A file
@@ -213,7 +223,7 @@ def run_check(
         if not _ignored(_PROBLEM_PATH.split(p, maxsplit=1)[0], opts.ignore)
     ]
     driver, driver_cuda = _driver(opts)
-    sources = tuple(runtime_sources(image))
+    sources = tuple(runtime_sources(image, ignored=partial(_ignored, patterns=opts.ignore)))
     runtime = newest_runtime(sources)
     choice = compat_choice(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
@@ -239,7 +249,13 @@ def run_check(
     )
     # each target under every compat state a node on this driver may be in: the worst
     results = [worst([judge(target, forward=use) for use in states]) for target in targets]
-    problems += _target_problems(results, require_sass=opts.require_sass)
+    failed = {id(r): _target_problems([r], require_sass=opts.require_sass) for r in results}
+    runs_on = tuple(r for r in results if not failed[id(r)])
+    if declared["source"] != EVERY_PROFILE:
+        problems += [p for r in results for p in failed[id(r)]]
+    elif not runs_on:  # the question: it passes where it runs on one profile's GPU
+        problems += ["the image runs on no profile's GPU"]
+        problems += [p for r in results for p in failed[id(r)]]
     if not loaded and not opts.allow_empty:
         problems.append(_no_loaded_code(files))
     warnings: list[str] = []
@@ -267,7 +283,20 @@ def run_check(
         compat=choice,
         runtime_sources=sources,
         warnings=warnings,
+        runs_on=runs_on,
     )
+
+
+def _without_ignored_searches(image: ScannedImage, patterns: Sequence[str]) -> ScannedImage:
+    """The image with its compat lookup made again without the DT_RPATH/DT_RUNPATH of
+    ignored files: glibc searches the DT_RUNPATH of the object that asks for
+    libcuda.so.1 (elf/dl-load.c, _dl_map_object), and an ignored file, never loaded,
+    asks for nothing. The compat driver itself is judged whatever --ignore says: the
+    container toolkit puts it in use at container start, not the program."""
+    kept = {p: s for p, s in image.searches.items() if not _ignored(p, patterns)}
+    if len(kept) == len(image.searches) or image.compat_lookup is None:
+        return image
+    return replace(image, compat=image.compat_lookup(searches=kept))
 
 
 def _ignored(path: str, patterns: Sequence[str]) -> bool:

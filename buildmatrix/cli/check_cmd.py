@@ -43,6 +43,8 @@ def _markdown(result: CheckResult) -> str:
         if result.driver is None:
             driver = "not checked"
         lines.append(f"| {t.target.name} | {t.sm} | {t.verdict.value} | {driver} |")
+    if _asks_where(result):
+        lines += ["", _where(result).replace("runs on  ", "Runs on ")]
     lines += ["", f"{len(result.files)} file(s) with device code."]
     if result.problems:
         lines += ["", "Problems:", ""] + [f"- {p}" for p in result.problems]
@@ -58,7 +60,8 @@ def _markdown(result: CheckResult) -> str:
     "families",
     multiple=True,
     metavar="F",
-    help="Target GPU family from the profiles (repeatable).",
+    help="Target GPU family from the profiles (repeatable); 'all': every profile, each "
+    "of which must pass.",
 )
 @click.option(
     "--sm",
@@ -155,8 +158,11 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     REF: docker-daemon:NAME[:TAG], docker://HOST/NAME[:TAG|@DIGEST], oci:PATH[:TAG],
     docker-archive:PATH, dir:PATH, an existing path, or a bare NAME[:TAG] (the local
     engine if it has it, else the registry). Without --family/--sm each image's
-    io.buildmatrix.family label sets its targets. Several REFs are checked in one
-    run, sharing the layers they share (the layer cache). Exit 0 all pass, 1 any fails.
+    io.buildmatrix.family label sets its targets; without the label every profile is
+    judged, to say where the image runs: it passes if it runs on at least one
+    profile's GPU, and fails only where it runs on none. Several REFs are checked in
+    one run, sharing the layers they share (the layer cache). Exit 0 all pass, 1 any
+    fails.
     """
     from buildmatrix.check import Options, validate_targets
     from buildmatrix.cuda import load_cuda_facts, parse_driver_version
@@ -323,6 +329,8 @@ def _print_result(result: CheckResult, *, verbose: bool) -> None:
         for t in result.targets
     ]
     click.echo("\n" + table(["TARGET", "SM", "VERDICT", "DRIVER"], rows))
+    if _asks_where(result):
+        click.echo("\n" + _where(result))
     notes = sorted({s for t in result.targets for s in t.specialised})
     if notes and verbose:
         click.echo("\nspecialised code, not counted (--strict counts it):")
@@ -344,6 +352,25 @@ def _print_result(result: CheckResult, *, verbose: bool) -> None:
         click.echo(f"  - {problem}")
 
 
+def _asks_where(result: CheckResult) -> bool:
+    """Whether every profile was judged to say where the image runs (no target given)."""
+    from buildmatrix.check import EVERY_PROFILE
+
+    return result.declared["source"] == EVERY_PROFILE
+
+
+def _where(result: CheckResult) -> str:
+    """The answer of a check over every profile: the SMs the image runs on, and not."""
+    runs = {t.sm for t in result.runs_on}
+    sms = list(dict.fromkeys(t.sm for t in result.targets))
+    yes, no = [s for s in sms if s in runs], [s for s in sms if s not in runs]
+    if not yes:
+        return f"runs on  no profile's GPU (none of {len(sms)} profiles)"
+    return f"runs on  {', '.join(yes)} ({len(yes)} of {len(sms)} profiles)" + (
+        f"; not on {', '.join(no)}" if no else ""
+    )
+
+
 def _print_about(result: CheckResult) -> None:
     """What was judged: the image, its targets, CUDA runtime, driver, compat libraries."""
     from buildmatrix.runtime_sources import runtime_note
@@ -357,7 +384,10 @@ def _print_about(result: CheckResult) -> None:
         click.echo(f"index    {result.image.index_digest}")
     declared = result.declared
     click.echo(
-        f"targets  from {declared['source']}"
+        "targets  every profile (no target given and no io.buildmatrix.family label: "
+        "where does the image run?)"
+        if _asks_where(result)
+        else f"targets  from {declared['source']}"
         + (f" (io.buildmatrix.family={declared['family']})" if declared["family"] else "")
     )
     click.echo(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from buildmatrix.binary.dynamic import SearchPaths
@@ -167,7 +168,8 @@ def finish(
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
             unreadable.append(path)
-    compat = find_compat(
+    lookup = partial(
+        find_compat,
         compat_libraries,
         regular,
         symlinks,
@@ -179,8 +181,8 @@ def finish(
         ld_audit=config.env.get("LD_AUDIT", ""),
         platform=config.platform,
         confs=confs,
-        searches=searches,
     )
+    compat = lookup(searches=searches)
     for path in compat_code(compat, compat_libraries):
         code = compat_libraries[path].code
         if code is not None:
@@ -196,6 +198,8 @@ def finish(
         layers=len(layers),
         symlinks=symlinks,
         compat=compat,
+        searches=searches,
+        compat_lookup=lookup,
     )
 
 

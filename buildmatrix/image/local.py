@@ -68,6 +68,7 @@ def scan_oci_layout(
     else:
         chosen = manifests
     if len(chosen) != 1:
+        _refuse_twice_named(chosen, given=ref.given, index=layout / "index.json")
         tags = sorted({(m.get("annotations") or {}).get(REF_NAME, "") for m in manifests} - {""})
         what = f"no image tagged '{ref.tag}'" if ref.tag else f"{len(chosen)} images"
         raise InputError(
@@ -109,6 +110,21 @@ def scan_oci_layout(
     image = finish(ref=ref.given, digest=desc.get("digest"), config=config, layers=layers)
     image = replace(image, offered=offered or image.offered, also=also)
     return replace(image, index_digest=index_digest) if index_digest else image
+
+
+def _refuse_twice_named(chosen: list[Any], *, given: str, index: Path) -> None:
+    """Several images of index.json under one ``ref.name``: a name is given twice, and
+    naming it picks none (the OCI image-spec's annotation names one image; skopeo and
+    containerd replace the entry of a name they write again)."""
+    names = [(m.get("annotations") or {}).get(REF_NAME) for m in chosen]
+    twice = sorted({n for n in names if n and names.count(n) > 1})
+    if twice:
+        raise InputError(
+            f"'{given}': {index} gives the name '{twice[0]}' ({REF_NAME}) to "
+            f"{names.count(twice[0])} images, so the name does not say which one to judge. "
+            "A layout names each image once: remove or rename the extra entries of "
+            "index.json (or write the layout again with skopeo copy)."
+        )
 
 
 @dataclass(kw_only=True)
@@ -179,7 +195,8 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         if report is not None:
             found.files.append(replace(report, stored=str(path) if keep else None))
         paths = [f.path for f in found.files]
-    compat = find_compat(
+    lookup = partial(
+        find_compat,
         found.libraries,
         sorted(found.regular),
         found.symlinks,
@@ -187,8 +204,8 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         entries=paths,
         folders=found.folders,
         confs=found.confs,
-        searches=found.searches,
     )
+    compat = lookup(searches=found.searches)
     files = found.files
     for lib_path in compat_code(compat, found.libraries):
         code = found.libraries[lib_path].code
@@ -205,4 +222,6 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         layers=0,
         symlinks=found.symlinks,
         compat=compat,
+        searches=found.searches,
+        compat_lookup=lookup,
     )
