@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
-from buildmatrix.binary.report import FileReport
+from buildmatrix.binary.report import FileReport, Links
 from buildmatrix.forward import CompatSetup
 
 
@@ -85,6 +85,10 @@ class ScannedImage:
     # The digest of the index the REF named, the entry above was picked from; None
     # where the REF named a single manifest or the source keeps no index.
     index_digest: str | None = None
+    # How each ELF file of the final view that holds device code or loads other
+    # files is loaded (buildmatrix.binary.report.Links), by path; None where the
+    # source did not read it (one file given alone): every file then counts.
+    links: dict[str, Links] | None = None
 
     def paths_found(self, pattern: re.Pattern[str]) -> tuple[re.Match[str], ...]:
         """``pattern.search`` of each path of the final view, the hits in path order.
