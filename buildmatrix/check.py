@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -26,6 +26,7 @@ from buildmatrix.forward import CompatUse
 from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.jit_env import jit_env
+from buildmatrix.optional import EVERY_FILE, Loading, classify, skipped_everywhere
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.runtime_sources import newest_runtime, runtime_note, runtime_sources
 from buildmatrix.snapshot import Snapshot
@@ -63,6 +64,10 @@ class CheckResult:
     runtime_sources: tuple[tuple[Version, str], ...] = ()
     # What could not be checked and does not fail the image (unless --strict).
     warnings: list[str] = field(default_factory=list)
+    # Which files always load (buildmatrix.optional), and the problems with every
+    # file counted (--strict's): what the JSON's strict_verdict follows.
+    loading: Loading = EVERY_FILE
+    strict_problems: list[str] | None = None
 
     @property
     def forward(self) -> CompatUse | None:
@@ -89,6 +94,8 @@ class CheckResult:
             "declared": self.declared,
             "targets": [t.to_json() for t in self.targets],
             "verdict": "pass" if self.passed else "fail",
+            "strict_verdict": "fail" if self.strict_problems else "pass",
+            "loading": self.loading.to_json(),
             "files": [f.to_json() for f in self.files],
             "problems": self.problems,
             "warnings": self.warnings,
@@ -211,6 +218,12 @@ def run_check(
         if not _ignored(_PROBLEM_PATH.split(p, maxsplit=1)[0], opts.ignore)
     ]
     driver, driver_cuda = _driver(opts)
+    loading = classify(
+        loaded,
+        image.links,
+        symlinks=image.symlinks,
+        preload=image.config.env.get("LD_PRELOAD", ""),
+    )
     sources = tuple(runtime_sources(image))
     runtime = newest_runtime(sources)
     choice = compat_choice(image.compat, driver) if driver is not None else None
@@ -231,15 +244,28 @@ def run_check(
         driver=driver,
         runtime=runtime,
         facts=facts,
-        strict=opts.strict,
         driver_cuda=driver_cuda,
         jit=jit,
+        loading=loading,
+        runtime_for=lambda skipped: newest_runtime(runtime_sources(image, skipped)),
     )
     # each target under every compat state a node on this driver may be in: the worst
-    results = [worst([judge(target, forward=use) for use in states]) for target in targets]
+    strict = [worst([judge(t, forward=use, strict=True) for use in states]) for t in targets]
+    results = (
+        strict
+        if opts.strict
+        else [worst([judge(t, forward=use, strict=False) for use in states]) for t in targets]
+    )
+    results = [replace(r, strict_verdict=s.verdict) for r, s in zip(results, strict, strict=True)]
+    if not opts.strict:  # optional files skipped on every target set no floor
+        sources = tuple(runtime_sources(image, skipped_everywhere([r.skipped for r in results])))
+        runtime = newest_runtime(sources)
+    common = list(problems)
     problems += _target_problems(results, require_sass=opts.require_sass)
+    strict_problems = common + _target_problems(strict, require_sass=opts.require_sass)
     if not loaded and not opts.allow_empty:
         problems.append(_no_loaded_code(archives_only=bool(files)))
+        strict_problems.append(problems[-1])
     warnings: list[str] = []
     if jit.narrowed:
         warnings.append(f"{jit.describe()}; every file is judged so")
@@ -249,6 +275,7 @@ def run_check(
             "(no CUDA_VERSION, no libcudart.so, no cubin that records its toolkit), so "
             f"driver {driver} is not checked against a runtime's driver floor"
         )
+        strict_problems.append(f"{unknown}; --strict fails it")
         if opts.strict:
             problems.append(f"{unknown}; --strict fails it")
         else:
@@ -265,6 +292,8 @@ def run_check(
         compat=choice,
         runtime_sources=sources,
         warnings=warnings,
+        loading=loading,
+        strict_problems=strict_problems,
     )
 
 

@@ -8,7 +8,7 @@ each sign comes from.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from functools import cache
 
 from packaging.version import Version
@@ -22,11 +22,14 @@ _CUDA_ENV = re.compile(r"(\d+)\.(\d+)")
 CUDA_VERSION_SOURCE = "CUDA_VERSION in the image config"
 
 
-def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
+def runtime_sources(
+    image: ScannedImage, leave_out: Collection[str] = ()
+) -> list[tuple[Version, str]]:
     """Every sign of the CUDA release the image's code needs, with where it comes from:
     CUDA_VERSION in the config, each ``libcudart.so.X[.Y]`` it ships, and the release
     whose ptxas/nvlink wrote each file's cubins (``.note.nv.tkinfo``; a driver must
-    support that major, and it is the only sign of a statically linked runtime)."""
+    support that major, and it is the only sign of a statically linked runtime), but
+    for the files ``leave_out`` names (optional files skipped: buildmatrix.optional)."""
     found: list[tuple[Version, str]] = []
     m = _CUDA_ENV.match(image.config.env.get("CUDA_VERSION", ""))
     if m:
@@ -34,7 +37,7 @@ def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
     for hit in image.paths_found(_CUDART):
         found.append((_release(hit[1], hit[2] or "0"), hit.string))
     for f in image.files:
-        if f.toolkit is not None and f.format != "archive":
+        if f.toolkit is not None and f.format != "archive" and f.path not in leave_out:
             found.append((f.toolkit, f"device code of {f.path} (built by CUDA {f.toolkit})"))
     return found
 

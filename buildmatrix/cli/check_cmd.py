@@ -87,7 +87,8 @@ def _markdown(result: CheckResult) -> str:
 @click.option(
     "--strict",
     is_flag=True,
-    help="Count every fatbinary container (translation unit), specialised ones too.",
+    help="Count every file and every fatbinary container (translation unit): optional "
+    "files and specialised code too.",
 )
 @click.option(
     "--platform",
@@ -333,6 +334,7 @@ def _print_result(result: CheckResult, *, verbose: bool) -> None:
             f"\nspecialised code: {len(notes)} container(s) not counted (--strict counts "
             "them; -v lists them)"
         )
+    _print_skipped(result, verbose=verbose)
     for warning in result.warnings:
         click.echo(f"\nWARNING: {warning}")
     if result.passed:
@@ -342,6 +344,34 @@ def _print_result(result: CheckResult, *, verbose: bool) -> None:
     targets = [(t.target.name, t.sm, str(t.target.cc)) for t in result.targets]
     for problem in result.problems if verbose else group_by_cause(result.problems, targets):
         click.echo(f"  - {problem}")
+
+
+def _print_skipped(result: CheckResult, *, verbose: bool) -> None:
+    """The optional files left out per target (buildmatrix.optional), grouped: the
+    targets that skip the same files by the same rule share a line, with a count and
+    a few of them (-v: every one with its reason; the JSON lists all)."""
+    shared: dict[tuple[str, frozenset[str]], list[str]] = {}
+    for t in result.targets:
+        by_rule: dict[str, set[str]] = {}
+        for s in t.skipped:
+            by_rule.setdefault(str(s.rule), set()).add(s.path)
+        for rule, paths in by_rule.items():
+            shared.setdefault((rule, frozenset(paths)), []).append(t.sm)
+    if not shared:
+        return
+    click.echo("\nskipped  optional files without code for the GPU (--strict counts them):")
+    for (rule, group), sms in shared.items():
+        names = sorted(group)
+        more = f" and {len(names) - 3} more" if len(names) > 3 and not verbose else ""
+        shown = names if verbose else names[:3]
+        click.echo(
+            f"  {', '.join(dict.fromkeys(sms))}: {len(names)} file(s), {rule}: "
+            + ", ".join(shown)
+            + more
+        )
+    if verbose:
+        for line in sorted({f"{s.path}: {s.reason}" for t in result.targets for s in t.skipped}):
+            click.echo(f"  - {line}")
 
 
 def _print_about(result: CheckResult) -> None:
