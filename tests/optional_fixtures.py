@@ -38,6 +38,7 @@ class Part:
     needs: tuple[str, ...] = ()
     role: str = "plain"
     group: str = ""
+    named: bool = True  # built with a DT_SONAME (its file name)
 
     @property
     def soname(self) -> str:
@@ -115,6 +116,27 @@ PARTS: tuple[Part, ...] = (
     Part(key="lazy", path=f"{SITE}/lib/liblazy.so", kind="lib", gencode=_g("sm_75")),
     # a program that names the lazy library in DT_NEEDED: with it, the library always loads
     Part(key="tool", path="usr/bin/tool", kind="exe", needs=("lazy",)),
+    # Beyond the arrangements (tests/test_optional.py names their cases):
+    # a plugin nothing names, which needs a library of its own without code for 8.0
+    Part(
+        key="plugin",
+        path=f"{SITE}/lib/libplugin.so",
+        kind="lib",
+        gencode=_g("sm_80"),
+        needs=("plugdep",),
+    ),
+    Part(key="plugdep", path=f"{SITE}/lib/libplugdep.so", kind="lib", gencode=_g("sm_90")),
+    # a library without DT_SONAME, which a program names by a symlink's name
+    Part(
+        key="nosoname",
+        path=f"{SITE}/lib/libnosoname.so",
+        kind="lib",
+        gencode=_g("sm_75"),
+        named=False,
+    ),
+    Part(key="user", path="usr/bin/user", kind="exe", needs=("nosoname",)),
+    # a program that names one of the two siblings
+    Part(key="tool2", path="usr/bin/tool2", kind="exe", needs=("ops12",)),
 )
 BY_KEY = {p.key: p for p in PARTS}
 
@@ -127,7 +149,8 @@ def _commands(part: Part, out: Path, built: dict[str, Path]) -> list[list[str]]:
     src = str(SRC / "kernels.cu")
     if part.kind == "cubin":
         return [["nvcc", "-O2", *flags, "-cubin", "-o", str(out), src]]
-    libs = [str(built[k]) for k in part.needs]
+    # -L and -l:NAME: DT_NEEDED is the library's SONAME, or without one its file name
+    libs = [a for k in part.needs for a in (f"-L{built[k].parent}", f"-l:{built[k].name}")]
     if part.kind == "exe":
         main = out.parent / "main.c"
         main.write_text(_MAIN)
@@ -138,7 +161,8 @@ def _commands(part: Part, out: Path, built: dict[str, Path]) -> list[list[str]]:
         init = out.parent / f"{part.key}_init.c"
         init.write_text(_INIT.format(name=Path(part.path).name.partition(".")[0]))
         extra.append(str(init))
-    soname = [] if part.kind == "ext" else ["-Xlinker", f"-soname={part.soname}"]
+    named = part.kind != "ext" and part.named
+    soname = ["-Xlinker", f"-soname={part.soname}"] if named else []
     return [
         ["nvcc", "-O2", "-shared", "-Xcompiler", "-fPIC", *flags, *soname,
          "-Xlinker", "--no-as-needed", "-o", str(out), src, *extra,

@@ -26,8 +26,8 @@ from buildmatrix.binary.source import BytesSource
 from tests.conftest import NVCC_CACHE, CliRunner
 from tests.cuobjdump import cuobjdump_lists, find_cuobjdump
 from tests.fixtures.build import have_nvcc
-from tests.images import Image, Layer, write_docker_archive
-from tests.optional_fixtures import BY_KEY, PARTS, build_parts, lay_out
+from tests.images import Entry, Image, Layer, Symlink, write_docker_archive
+from tests.optional_fixtures import BY_KEY, PARTS, SITE, build_parts, lay_out
 
 pytestmark = [
     pytest.mark.integration,
@@ -286,3 +286,129 @@ def test_links_are_what_readelf_and_nm_read(parts: dict[str, Path], key: str) ->
     assert links.python_module == bool(module)
     if not key.startswith("/"):
         assert links.python_module == (BY_KEY[key].kind == "ext")
+
+
+def _archive_check(
+    cli: CliRunner, tmp_path: Path, layer: Layer, *sms: str, env: dict[str, str] | None = None
+) -> dict[str, object]:
+    archive = write_docker_archive(tmp_path / "img.tar", Image(layers=[layer], env=env or {}))
+    args = ["check", f"docker-archive:{archive}", "--driver", DRIVER, "--json"]
+    for cc in sms:
+        args += ["--sm", cc]
+    doc = cli(*args).json()
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _targets(doc: dict[str, object]) -> dict[str, dict[str, object]]:
+    targets = doc["targets"]
+    assert isinstance(targets, list)
+    return {t["compute_capability"]: t for t in targets}
+
+
+def _skipped(target: dict[str, object]) -> dict[str, str]:
+    skipped = target["skipped"]
+    assert isinstance(skipped, list)
+    return {Path(s["path"]).name: s["reason"] for s in skipped}
+
+
+def _layer(parts: dict[str, Path], *keys: str) -> dict[str, Entry]:
+    return {BY_KEY[k].path: parts[k].read_bytes() for k in keys}
+
+
+def test_an_optional_file_needs_what_it_loads(
+    cli: CliRunner, tmp_path: Path, parts: dict[str, Path]
+) -> None:
+    """libplugin.so (sm_80; nothing names it) names libplugdep.so (sm_90) in
+    DT_NEEDED: loading the plugin loads its library, so on 8.0 the plugin is skipped
+    because of it, and on 9.0 because of its own code; the library is optional too
+    (only the plugin names it)."""
+    doc = _archive_check(
+        cli, tmp_path, _layer(parts, "ext", "core", "plugin", "plugdep"), "8.6", "9.0"
+    )
+    on = _targets(doc)
+    assert on["8.6"]["verdict"] == "native"  # libneeded absent: the extension's rest runs
+    skipped86 = _skipped(on["8.6"])
+    assert set(skipped86) == {"libplugin.so", "libplugdep.so"}
+    assert skipped86["libplugin.so"].startswith(
+        f"it loads {BY_KEY['plugdep'].path}, which has no code for 8.6 — skipped on 8.6"
+    )
+    assert (
+        "only usr/lib/python3/dist-packages/pkg/lib/libplugin.so names it"
+        in (skipped86["libplugdep.so"])
+    )
+    assert set(_skipped(on["9.0"])) == {"libplugin.so"}
+
+
+def test_a_dt_needed_name_may_be_a_symlinks(
+    cli: CliRunner, tmp_path: Path, parts: dict[str, Path]
+) -> None:
+    """A program names libnosoname.so, which has no DT_SONAME: the file lies at
+    libnosoname.so.1.0 and the name is a symlink's. Through the link it always loads
+    (sm_75 alone: 8.0 fails); without the link nothing names the file, which is then
+    loaded by dlopen if at all (skipped on 8.0)."""
+    lib = f"{SITE}/lib/libnosoname.so"
+    base = {
+        **_layer(parts, "ext", "core", "user"),
+        f"{lib}.1.0": parts["nosoname"].read_bytes(),
+    }
+    linked = _targets(
+        _archive_check(cli, tmp_path, {**base, lib: Symlink("libnosoname.so.1.0")}, "8.0")
+    )
+    assert linked["8.0"]["verdict"] == "none"
+    reasons = linked["8.0"]["reasons"]
+    assert isinstance(reasons, list)
+    assert any("libnosoname.so.1.0: sm_75 SASS" in r for r in reasons)
+    (tmp_path / "img.tar").unlink()
+    alone = _targets(_archive_check(cli, tmp_path, base, "8.0"))
+    assert alone["8.0"]["verdict"] == "native"
+    assert set(_skipped(alone["8.0"])) == {"libnosoname.so.1.0"}
+
+
+def test_ld_preload_always_loads(cli: CliRunner, tmp_path: Path, parts: dict[str, Path]) -> None:
+    """A library the image's LD_PRELOAD names is loaded into every process."""
+    layer = _layer(parts, "ext", "core", "lazy")
+    plain = _targets(_archive_check(cli, tmp_path, layer, "8.0"))
+    assert set(_skipped(plain["8.0"])) == {"liblazy.so"}
+    (tmp_path / "img.tar").unlink()
+    preload = {"LD_PRELOAD": f"/{BY_KEY['lazy'].path}"}
+    loaded = _targets(_archive_check(cli, tmp_path, layer, "8.0", env=preload))
+    assert loaded["8.0"]["verdict"] == "none"
+    assert loaded["8.0"]["skipped"] == []
+
+
+def test_a_sibling_a_program_names_always_loads(
+    cli: CliRunner, tmp_path: Path, parts: dict[str, Path]
+) -> None:
+    """tool2 names libops_cuda12x.so (sm_80) in DT_NEEDED: it always loads, so it
+    fails 9.0 although its cuda13x sibling runs there; without tool2 the two are one
+    group and 9.0 passes."""
+    group = _targets(_archive_check(cli, tmp_path, _layer(parts, "ops12", "ops13"), "9.0"))
+    assert group["9.0"]["verdict"] == "native"
+    (tmp_path / "img.tar").unlink()
+    named = _archive_check(cli, tmp_path, _layer(parts, "ops12", "ops13", "tool2"), "9.0")
+    assert _targets(named)["9.0"]["verdict"] == "none"
+    loading = named["loading"]
+    assert isinstance(loading, dict)
+    assert loading["groups"] == []
+
+
+def test_a_file_skipped_everywhere_sets_no_runtime(
+    cli: CliRunner, tmp_path: Path, parts: dict[str, Path]
+) -> None:
+    """The sm_90a-only extension, skipped on every target asked (8.0, 8.6), is no sign
+    of the CUDA runtime the image needs; judged on 9.0 too, where it runs, it is."""
+    layer = _layer(parts, "ext", "core", "fa3")
+    fa3 = BY_KEY["fa3"].path
+
+    def sources(doc: dict[str, object]) -> list[str]:
+        found = doc["cuda_runtime_sources"]
+        assert isinstance(found, list)
+        return [s["source"] for s in found]
+
+    skipped = _archive_check(cli, tmp_path, layer, "8.0", "8.6")
+    assert not any(fa3 in s for s in sources(skipped))
+    assert any(BY_KEY["core"].path in s for s in sources(skipped))
+    (tmp_path / "img.tar").unlink()
+    runs = _archive_check(cli, tmp_path, layer, "8.0", "9.0")
+    assert any(fa3 in s for s in sources(runs))
