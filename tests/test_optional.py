@@ -251,6 +251,9 @@ def test_the_text_output_names_what_is_skipped(
     assert re.search(r"sm_80: 1 file\(s\), arch-specific code.*_fa3_C\.abi3\.so", out), out
     assert re.search(r"sm_80: 2 file\(s\), a cubin/fatbinary/PTX file.*k_sm120", out), out
     assert re.search(r"sm_80: 1 file\(s\), a library nothing links.*liblazy\.so", out), out
+    summary = tmp_path / "summary.md"
+    cli("check", f"dir:{root}", "--sm", "8.0", "--driver", DRIVER, "--summary", str(summary))
+    assert "4 optional file(s) skipped where they have no code" in summary.read_text()
 
 
 def _readelf(path: Path) -> tuple[str | None, list[str], bool]:

@@ -44,6 +44,12 @@ def _markdown(result: CheckResult) -> str:
             driver = "not checked"
         lines.append(f"| {t.target.name} | {t.sm} | {t.verdict.value} | {driver} |")
     lines += ["", f"{len(result.files)} file(s) with device code."]
+    skipped = {s.path for t in result.targets for s in t.skipped}
+    if skipped:
+        lines.append(
+            f"{len(skipped)} optional file(s) skipped where they have no code "
+            "(`--format json` lists them with their reasons; `--strict` counts them)."
+        )
     if result.problems:
         lines += ["", "Problems:", ""] + [f"- {p}" for p in result.problems]
     if result.warnings:
