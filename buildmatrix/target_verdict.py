@@ -62,6 +62,9 @@ class TargetResult:
     # with every file counted (--strict's; None where not judged so)
     skipped: tuple[Skipped, ...] = ()
     strict_verdict: Verdict | None = None
+    # every file counted, each by the per-container rule (the verdict before files
+    # that load only where they run were told apart)
+    every_file_verdict: Verdict | None = None
 
     @property
     def sm(self) -> str:
@@ -77,6 +80,7 @@ class TargetResult:
             "reasons": list(self.reasons),
             "specialised": list(self.specialised),
             "strict_verdict": (self.strict_verdict or self.verdict).value,
+            "every_file_verdict": (self.every_file_verdict or self.verdict).value,
             "skipped": [s.to_json() for s in self.skipped],
         }
 
@@ -99,6 +103,7 @@ def worst(variants: list[TargetResult]) -> TargetResult:
         driver_failures=joined("driver_failures"),
         specialised=joined("specialised"),
         skipped=tuple(dict.fromkeys(s for v in variants for s in v.skipped)),
+        every_file_verdict=combine(v.every_file_verdict or v.verdict for v in variants),
     )
 
 
@@ -149,14 +154,17 @@ def judge_target(
     verdicts, failures, jitted, specialised = _judge_files(files, judged, choice)
     if choice.skipped and runtime_for is not None:
         runtime = runtime_for(frozenset(s.path for s in choice.skipped))
+    image_wide: list[Verdict] = []  # what fails the target whatever file counts
     for problem in unreadable:  # fail closed: a file we cannot read may be one that fails
-        verdicts.append(Verdict.NONE)
+        image_wide.append(Verdict.NONE)
         failures.append(f"unreadable: {problem}")
     if not files and not unreadable and not allow_empty:
         failures.append("no device code in the image")
-        verdicts.append(Verdict.NONE)
+        image_wide.append(Verdict.NONE)
     reasons = [*failures, *jitted]
-    verdict = combine(verdicts)  # no files at all (allowed): nothing can fail on the GPU
+    # no files at all (allowed): nothing can fail on the GPU
+    verdict = combine([*verdicts, *image_wide])
+    every_file = combine([*(j.verdict for j in judged.values()), *image_wide])
     if verdict is Verdict.NATIVE and choice.fallback is None:
         n = len(choice.counted) + len(choice.groups)
         reasons.append(f"all {n} file(s) with device code have SASS for {target.cc}")
@@ -189,6 +197,7 @@ def judge_target(
         driver_failures=driver_failures,
         specialised=tuple(specialised),
         skipped=choice.skipped,
+        every_file_verdict=every_file,
     )
 
 

@@ -152,6 +152,8 @@ def _assert_as_expected(
     for t in targets:
         verdict, strict, skipped = _expected(keys, lists, _cc(t["compute_capability"]))
         got = {_path_key(s["path"]) for s in t["skipped"]}
+        # one container per file: every file counted is --strict's verdict too
+        assert t["every_file_verdict"] == strict
         assert (t["verdict"], t["strict_verdict"], got) == (verdict, strict, skipped), (
             sorted(keys),
             t["compute_capability"],
