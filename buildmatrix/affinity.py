@@ -61,7 +61,7 @@ from buildmatrix.labelkeys import (
     present_key,
 )
 from buildmatrix.profiles import FEATURE_MIN_CC, Profile, ProfileSet
-from buildmatrix.runtime_sources import cuda_runtime
+from buildmatrix.runtime_sources import runtime_sources
 from buildmatrix.selector import (
     ABSENT,
     Constraint,
@@ -167,9 +167,11 @@ def breakpoints(image: ScannedImage, profiles: ProfileSet, facts: CudaFacts) -> 
     these: compat.driver_floors, jit.judge_ptx, forward.compat_use and
     forward_legacy.legacy_use)."""
     found = {_ZERO}
-    runtime = cuda_runtime(image)
-    if runtime is not None and (floor := facts.runtime_floor(runtime[0].major)) is not None:
-        found.add(floor)
+    # every sign's floor, not only the newest's: a target may skip the file that shows
+    # the newest (buildmatrix.optional), and then an older sign's floor is its own
+    for version, _source in runtime_sources(image):
+        if (floor := facts.runtime_floor(version.major)) is not None:
+            found.add(floor)
     for p in profiles:
         if (hw := profiles.hardware_floor(p.cc)) is not None:
             found.add(hw[0])

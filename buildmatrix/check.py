@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -26,6 +26,7 @@ from buildmatrix.forward import CompatUse
 from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.jit_env import jit_env
+from buildmatrix.optional import EVERY_FILE, Loading, classify, skipped_everywhere
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.runtime_sources import newest_runtime, runtime_note, runtime_sources
 from buildmatrix.snapshot import Snapshot
@@ -69,6 +70,10 @@ class CheckResult:
     warnings: list[str] = field(default_factory=list)
     # The targets the image runs on (no problem of its own: code, driver, --require-sass)
     runs_on: tuple[TargetResult, ...] = ()
+    # Which files always load (buildmatrix.optional), and the problems with every
+    # file counted (--strict's): what the JSON's strict_verdict follows.
+    loading: Loading = EVERY_FILE
+    strict_problems: list[str] | None = None
 
     @property
     def forward(self) -> CompatUse | None:
@@ -95,6 +100,8 @@ class CheckResult:
             "declared": self.declared,
             "targets": [t.to_json() for t in self.targets],
             "verdict": "pass" if self.passed else "fail",
+            "strict_verdict": "fail" if self.strict_problems else "pass",
+            "loading": self.loading.to_json(),
             "files": [f.to_json() for f in self.files],
             "problems": self.problems,
             "warnings": self.warnings,
@@ -223,7 +230,19 @@ def run_check(
         if not _ignored(_PROBLEM_PATH.split(p, maxsplit=1)[0], opts.ignore)
     ]
     driver, driver_cuda = _driver(opts)
-    sources = tuple(runtime_sources(image, ignored=partial(_ignored, patterns=opts.ignore)))
+    ignore = partial(_ignored, patterns=opts.ignore)
+
+    def sources_without(skipped: Collection[str] = ()) -> tuple[tuple[Version, str], ...]:
+        """The runtime's signs but for ignored files and ``skipped`` optional ones."""
+        return tuple(runtime_sources(image, ignored=lambda p: ignore(p) or p in skipped))
+
+    loading = classify(
+        loaded,
+        image.links,
+        symlinks=image.symlinks,
+        preload=image.config.env.get("LD_PRELOAD", ""),
+    )
+    sources = sources_without()
     runtime = newest_runtime(sources)
     choice = compat_choice(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
@@ -243,21 +262,31 @@ def run_check(
         driver=driver,
         runtime=runtime,
         facts=facts,
-        strict=opts.strict,
         driver_cuda=driver_cuda,
         jit=jit,
+        loading=loading,
+        runtime_for=lambda skipped: newest_runtime(sources_without(skipped)),
     )
     # each target under every compat state a node on this driver may be in: the worst
-    results = [worst([judge(target, forward=use) for use in states]) for target in targets]
-    failed = {id(r): _target_problems([r], require_sass=opts.require_sass) for r in results}
-    runs_on = tuple(r for r in results if not failed[id(r)])
-    if declared["source"] != EVERY_PROFILE:
-        problems += [p for r in results for p in failed[id(r)]]
-    elif not runs_on:  # the question: it passes where it runs on one profile's GPU
-        problems += ["the image runs on no profile's GPU"]
-        problems += [p for r in results for p in failed[id(r)]]
+    strict = [worst([judge(t, forward=use, strict=True) for use in states]) for t in targets]
+    results = (
+        strict
+        if opts.strict
+        else [worst([judge(t, forward=use, strict=False) for use in states]) for t in targets]
+    )
+    results = [replace(r, strict_verdict=s.verdict) for r, s in zip(results, strict, strict=True)]
+    if not opts.strict:  # optional files skipped on every target set no floor
+        sources = sources_without(skipped_everywhere([r.skipped for r in results]))
+        runtime = newest_runtime(sources)
+    common = list(problems)
+    every = declared["source"] == EVERY_PROFILE
+    found, runs_on = _verdict_problems(results, every_profile=every, require_sass=opts.require_sass)
+    problems += found
+    strict_found, _ = _verdict_problems(strict, every_profile=every, require_sass=opts.require_sass)
+    strict_problems = common + strict_found
     if not loaded and not opts.allow_empty:
         problems.append(_no_loaded_code(files))
+        strict_problems.append(problems[-1])
     warnings: list[str] = []
     if jit.narrowed:
         warnings.append(f"{jit.describe()}; every file is judged so")
@@ -267,6 +296,7 @@ def run_check(
             "(no CUDA_VERSION, no libcudart.so, no cubin that records its toolkit), so "
             f"driver {driver} is not checked against a runtime's driver floor"
         )
+        strict_problems.append(f"{unknown}; --strict fails it")
         if opts.strict:
             problems.append(f"{unknown}; --strict fails it")
         else:
@@ -284,6 +314,8 @@ def run_check(
         runtime_sources=sources,
         warnings=warnings,
         runs_on=runs_on,
+        loading=loading,
+        strict_problems=strict_problems,
     )
 
 
@@ -303,6 +335,22 @@ def _ignored(path: str, patterns: Sequence[str]) -> bool:
     return bool(patterns) and any(
         fnmatch.fnmatch(path, p) or fnmatch.fnmatch("/" + path, p) for p in patterns
     )
+
+
+def _verdict_problems(
+    results: list[TargetResult], *, every_profile: bool, require_sass: bool
+) -> tuple[list[str], tuple[TargetResult, ...]]:
+    """The targets' problems as the question reads them, and the targets the image runs
+    on. Targets asked for (flags, label, snapshot) must each pass; with every profile
+    judged (no target given) the image passes where it runs on one profile's GPU."""
+    failed = {id(r): _target_problems([r], require_sass=require_sass) for r in results}
+    runs_on = tuple(r for r in results if not failed[id(r)])
+    problems = [p for r in results for p in failed[id(r)]]
+    if every_profile and runs_on:
+        return [], runs_on
+    if every_profile:
+        problems.insert(0, "the image runs on no profile's GPU")
+    return problems, runs_on
 
 
 def _target_problems(results: list[TargetResult], *, require_sass: bool) -> list[str]:

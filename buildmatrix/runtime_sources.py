@@ -31,7 +31,8 @@ def runtime_sources(
     support that major, and it is the only sign of a statically linked runtime).
     A path ``ignored`` holds (check --ignore: never loaded) is no sign: a package that
     ships one library per CUDA release (bitsandbytes' libbitsandbytes_cudaXYZ.so)
-    loads only the one its runtime matches."""
+    loads only the one its runtime matches; so is an optional file skipped on every
+    target (buildmatrix.optional), which check passes in the same predicate."""
     skip = ignored or (lambda _: False)
     found: list[tuple[Version, str]] = []
     m = _CUDA_ENV.match(image.config.env.get("CUDA_VERSION", ""))

@@ -73,6 +73,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.check",
             "buildmatrix.check_refs",
             "buildmatrix.target_verdict",
+            "buildmatrix.optional",
             "buildmatrix.runtime_sources",
             "buildmatrix.selector",
             "buildmatrix.affinity",

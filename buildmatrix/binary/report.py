@@ -28,6 +28,25 @@ if TYPE_CHECKING:
     from packaging.version import Version
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Links:
+    """How an ELF file is loaded, as the dynamic loader and Python's importer see it
+    (read by buildmatrix.binary.dynamic): its ``DT_SONAME`` and ``DT_NEEDED`` names
+    (glibc ``elf/dl-load.c`` ``_dl_map_object_deps`` maps every DT_NEEDED of an
+    object it loads), whether it is a program (``ET_EXEC``, or ``ET_DYN`` with a
+    ``PT_INTERP``: the kernel runs it through that interpreter), and whether it is a
+    Python extension module (its name ends in ``.so`` and it exports
+    ``PyInit_<name>``: CPython's ``Python/importdl.c``
+    ``_PyImport_LoadDynamicModuleWithSpec`` looks that symbol up). ``unread``: why
+    its DT_NEEDED entries could not be read (they may then name any library)."""
+
+    soname: str | None = None
+    needed: tuple[str, ...] = ()
+    program: bool = False
+    python_module: bool = False
+    unread: str | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class FileReport:
     """The device code of one file. ``path`` is relative to the scanned root."""
@@ -38,6 +57,9 @@ class FileReport:
     # Where the file's bytes were kept when the scan was asked to keep them (the load
     # test hands them to the driver); not part of the report.
     stored: str | None = field(default=None, compare=False)
+    # How an image's ELF file is loaded (None: not read, as for a file given alone);
+    # not part of the report either.
+    links: Links | None = field(default=None, compare=False)
 
     def _archs(self, kind: EntryKind) -> list[str]:
         archs: set[Arch] = {e.arch for e in self.entries if e.kind is kind}

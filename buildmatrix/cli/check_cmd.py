@@ -46,6 +46,12 @@ def _markdown(result: CheckResult) -> str:
     if _asks_where(result):
         lines += ["", _where(result).replace("runs on  ", "Runs on ")]
     lines += ["", f"{len(result.files)} file(s) with device code."]
+    skipped = {s.path for t in result.targets for s in t.skipped}
+    if skipped:
+        lines.append(
+            f"{len(skipped)} optional file(s) skipped where they have no code "
+            "(`--format json` lists them with their reasons; `--strict` counts them)."
+        )
     if result.problems:
         lines += ["", "Problems:", ""] + [f"- {p}" for p in result.problems]
     if result.warnings:
@@ -90,7 +96,8 @@ def _markdown(result: CheckResult) -> str:
 @click.option(
     "--strict",
     is_flag=True,
-    help="Count every fatbinary container (translation unit), specialised ones too.",
+    help="Count every file and every fatbinary container (translation unit): optional "
+    "files and specialised code too.",
 )
 @click.option(
     "--platform",
@@ -341,6 +348,7 @@ def _print_result(result: CheckResult, *, verbose: bool) -> None:
             f"\nspecialised code: {len(notes)} container(s) not counted (--strict counts "
             "them; -v lists them)"
         )
+    _print_skipped(result, verbose=verbose)
     for warning in result.warnings:
         click.echo(f"\nWARNING: {warning}")
     if result.passed:
@@ -369,6 +377,34 @@ def _where(result: CheckResult) -> str:
     return f"runs on  {', '.join(yes)} ({len(yes)} of {len(sms)} profiles)" + (
         f"; not on {', '.join(no)}" if no else ""
     )
+
+
+def _print_skipped(result: CheckResult, *, verbose: bool) -> None:
+    """The optional files left out per target (buildmatrix.optional), grouped: the
+    targets that skip the same files by the same rule share a line, with a count and
+    a few of them (-v: every one with its reason; the JSON lists all)."""
+    shared: dict[tuple[str, frozenset[str]], list[str]] = {}
+    for t in result.targets:
+        by_rule: dict[str, set[str]] = {}
+        for s in t.skipped:
+            by_rule.setdefault(str(s.rule), set()).add(s.path)
+        for rule, paths in by_rule.items():
+            shared.setdefault((rule, frozenset(paths)), []).append(t.sm)
+    if not shared:
+        return
+    click.echo("\nskipped  optional files without code for the GPU (--strict counts them):")
+    for (rule, group), sms in shared.items():
+        names = sorted(group)
+        more = f" and {len(names) - 3} more" if len(names) > 3 and not verbose else ""
+        shown = names if verbose else names[:3]
+        click.echo(
+            f"  {', '.join(dict.fromkeys(sms))}: {len(names)} file(s), {rule}: "
+            + ", ".join(shown)
+            + more
+        )
+    if verbose:
+        for line in sorted({f"{s.path}: {s.reason}" for t in result.targets for s in t.skipped}):
+            click.echo(f"  - {line}")
 
 
 def _print_about(result: CheckResult) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
-from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.report import FileReport, Links, ScanProblem
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
 from buildmatrix.image.blobs import VerifyingReader
 from buildmatrix.image.digests import cpus, inline
@@ -148,6 +148,7 @@ def finish(
     compat_libraries: dict[str, CompatLibrary] = {}
     confs: dict[str, ConfFile] = {}  # the loader's configuration (ldconf_file)
     searches: dict[str, tuple[str, ...]] = {}  # DT_RPATH/DT_RUNPATH (binary.dynamic)
+    links: dict[str, Links] = {}  # how each ELF file is loaded (binary.report.Links)
     for path, node in tree.files():
         paths.append(path)
         result = node.result
@@ -157,14 +158,21 @@ def finish(
             regular.append(path)
         if isinstance(result, FileReport):
             files.append(_at(result, path))
+            if result.links is not None:
+                links[path] = result.links
         elif isinstance(result, CompatLibrary):
             compat_libraries[path] = replace(result, path=path)
         elif isinstance(result, ConfFile):
             confs[path] = replace(result, path=path)
         elif isinstance(result, SearchPaths):
-            searches[path] = result.search
+            if result.search:
+                searches[path] = result.search
+            if result.links is not None:
+                links[path] = result.links
             if result.code is not None:
                 files.append(_at(result.code, path))
+                if result.code.links is not None:
+                    links[path] = result.code.links
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
             unreadable.append(path)
@@ -200,6 +208,7 @@ def finish(
         compat=compat,
         searches=searches,
         compat_lookup=lookup,
+        links=links,
     )
 
 

@@ -10,7 +10,7 @@ from typing import IO, Any
 
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
-from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.report import FileReport, Links, ScanProblem
 from buildmatrix.binary.scan import inspect_file, scan_tree
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
@@ -136,6 +136,7 @@ class _FolderWalk:
     libraries: dict[str, CompatLibrary] = field(default_factory=dict)
     confs: dict[str, ConfFile] = field(default_factory=dict)
     searches: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    loading: dict[str, Links] = field(default_factory=dict)  # binary.report.Links
     unreadable: list[str] = field(default_factory=list)
     regular: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
@@ -168,13 +169,17 @@ def _walk_folder(path: Path, *, keep: bool) -> _FolderWalk:
         elif isinstance(result, ConfFile):
             found.confs[result.path] = result
         elif isinstance(result, SearchPaths):
-            found.searches[result.path] = result.search
+            if result.search:
+                found.searches[result.path] = result.search
+            if result.links is not None:
+                found.loading[result.path] = result.links
             if result.code is not None:
                 stored = str(path / result.path) if keep else None
                 found.files.append(replace(result.code, stored=stored))
         else:
             stored = str(path / result.path) if keep else None
             found.files.append(replace(result, stored=stored))
+    found.loading.update((f.path, f.links) for f in found.files if f.links is not None)
     return found
 
 
@@ -189,8 +194,10 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     if path.is_dir():
         found = _walk_folder(path, keep=keep)
         paths = sorted(found.regular + found.links)
+        loading: dict[str, Links] | None = found.loading
     else:
         found = _FolderWalk()
+        loading = None  # one file given: judged whatever loads it
         report = inspect_file(path, display=path.name)
         if report is not None:
             found.files.append(replace(report, stored=str(path) if keep else None))
@@ -224,4 +231,5 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         compat=compat,
         searches=found.searches,
         compat_lookup=lookup,
+        links=loading,
     )

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
-from buildmatrix.binary.report import FileReport
+from buildmatrix.binary.report import FileReport, Links
 from buildmatrix.forward import CompatSetup
 
 
@@ -91,6 +91,10 @@ class ScannedImage:
     # asks for no libcuda.so.1 (buildmatrix.check).
     searches: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     compat_lookup: Callable[..., CompatSetup | None] | None = field(default=None, compare=False)
+    # How each ELF file of the final view that holds device code or loads other
+    # files is loaded (buildmatrix.binary.report.Links), by path; None where the
+    # source did not read it (one file given alone): every file then counts.
+    links: dict[str, Links] | None = None
 
     def paths_found(self, pattern: re.Pattern[str]) -> tuple[re.Match[str], ...]:
         """``pattern.search`` of each path of the final view, the hits in path order.
