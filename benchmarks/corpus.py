@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         for cc in gpus:
             status, why = DOCUMENTED[package.name].expected(cc)
             if status != cells[cc].status:
-                differ.append(f"{package.name} on {cc}: documented {status} {why}".rstrip())
+                differ.append(
+                    f"{package.name} on {cc}: documented {status}" + (f" ({why})" if why else "")
+                )
         files = _files(doc, root)
         size = sum(p.stat().st_size for p in files)
         floor = _read(files)

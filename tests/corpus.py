@@ -148,9 +148,9 @@ def _short(reason: str) -> str:
     clause of what is wrong with it."""
     body = reason.removeprefix("unreadable: ")
     path, _, rest = body.partition(": ")
-    name = path.split(" (")[0].rsplit("/", 1)[-1]
-    if len(name) > 40:  # flashinfer's cubins are named for their whole configuration
-        name = name[:24] + "..." + name[-13:]
+    name = path.split(" (")[0].removeprefix(SITE + "/")
+    if len(name) > 48:  # flashinfer's cubins are named for their whole configuration
+        name = name[:20] + "..." + name[-25:]
     kind = "unreadable, " if reason.startswith("unreadable: ") else ""
     detail = (rest if rest else path.partition(" (")[2].rstrip(")")).split("; ")[0]
     return f"{name}: {kind}{detail[:72]}"

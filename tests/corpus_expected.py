@@ -113,7 +113,8 @@ DOCUMENTED: dict[str, Documented] = {
         "torch_cuda_arch_list='7.0 7.5 8.0 8.9 9.0 10.0 12.0', intersected with "
         "CMakeLists.txt CUDA_SUPPORTED_ARCHS for CUDA >= 12.8; FlashAttention 2/3 "
         "(vllm_fa_cmake_gpu_arches='80-real;90-real') and FlashMLA (9.0a) are "
-        "modules vLLM loads only on the GPUs they are built for",
+        "imported in a try and used only where vLLM's capability test allows "
+        "(vllm/vllm_flash_attn/flash_attn_interface.py, vllm/attention/ops/flashmla.py)",
     ),
     "bitsandbytes": Documented(
         archs=("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"),
@@ -135,7 +136,8 @@ DOCUMENTED: dict[str, Documented] = {
         archs=("sm_80", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a"),
         source="sgl-project/sglang sgl-kernel/CMakeLists.txt: SGL_KERNEL_CUDA_FLAGS "
         "gencode sm_80, sm_89, sm_90, sm_90a, and with CUDA >= 12.8 sm_100a and "
-        "sm_120a; flash_ops (FlashAttention 3) is loaded for Hopper alone",
+        "sm_120a; flash_ops (FlashAttention 3) is used on Hopper alone "
+        "(sgl_kernel/flash_attn.py checks the capability)",
     ),
     "cupy": Documented(
         archs=(

@@ -68,7 +68,11 @@ def test_every_cell_is_what_the_package_documents(
             mark = "" if status == cells[cc].status else "MISMATCH "
             expected[name][cc] = mark + status
             if mark:
-                wrong.append(f"{name} on {cc}: expected {status} {why}, got {cells[cc].text}")
+                wrong.append(
+                    f"{name} on {cc}: expected {status}"
+                    + (f" ({why})" if why else "")
+                    + f", got {cells[cc].text}"
+                )
     if wrong:
         pytest.fail(
             f"{len(wrong)} of {len(gpus) * len(verdicts)} cells differ from what the "
