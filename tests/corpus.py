@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.wheels import cache_dir, extracted
+from tests.wheels import _locked, cache_dir, extracted
 
 DRIVER = "580.65.06"  # R580: the CUDA 13.0 driver, new enough for every row's runtime
 SITE = "usr/local/lib/python3.11/site-packages"  # where pip puts them in python:3.11
@@ -95,19 +95,22 @@ def image(package: Package) -> Path:
     extracted trees hard-linked in (the cache's trees stay as they are; nothing is
     copied). Made once, beside the wheels."""
     root = cache_dir() / "corpus-images" / package.name
-    done = root / ".complete"
-    if done.exists():
-        return root
-    trees = [extracted(name, version) for name, version in package.wheels]
-    subprocess.run(["rm", "-rf", str(root)], check=True)
-    site = root / SITE
-    site.mkdir(parents=True)
-    for tree in trees:
-        # cp -al: hard links, so an image costs no disk; a later wheel's file of the
-        # same path replaces the earlier one's, as pip would overwrite it
-        subprocess.run(["cp", "-al", "--remove-destination", f"{tree}/.", str(site)], check=True)
-    (site / ".complete").unlink(missing_ok=True)
-    done.touch()
+    root.parent.mkdir(exist_ok=True)
+    with _locked(root.parent / f".{package.name}.lock"):  # one process lays it out
+        if (root / ".complete").exists():
+            return root
+        trees = [extracted(name, version) for name, version in package.wheels]
+        subprocess.run(["rm", "-rf", str(root)], check=True)
+        site = root / SITE
+        site.mkdir(parents=True)
+        for tree in trees:
+            # cp -al: hard links, so an image costs no disk; a later wheel's file of
+            # the same path replaces the earlier one's, as pip would overwrite it
+            subprocess.run(
+                ["cp", "-al", "--remove-destination", f"{tree}/.", str(site)], check=True
+            )
+        (site / ".complete").unlink(missing_ok=True)
+        (root / ".complete").touch()
     return root
 
 
