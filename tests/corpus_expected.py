@@ -158,14 +158,15 @@ DOCUMENTED: dict[str, Documented] = {
     ),
     "jax-cuda12": Documented(
         archs=("sm_50", "sm_60", "sm_70", "sm_80", "sm_90", "sm_100", "compute_120"),
-        source="jax-ml/jax .bazelrc build:cuda: HERMETIC_CUDA_COMPUTE_CAPABILITIES="
-        '"sm_50,sm_60,sm_70,sm_80,sm_90,sm_100,compute_120"',
+        source="jax-ml/jax CUDA 12.8 wheel build: HERMETIC_CUDA_COMPUTE_CAPABILITIES="
+        '"sm_50,sm_60,sm_70,sm_80,sm_90,sm_100,compute_120" (the plugin\'s cuobjdump '
+        "lists exactly these)",
     ),
     "onnxruntime-gpu": Documented(
-        archs=("sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90a", "compute_90"),
-        source="microsoft/onnxruntime packaging pipeline for the CUDA 12 wheel: "
-        'CMAKE_CUDA_ARCHITECTURES="60;70;75;80;86;89;90a-real;90-virtual" (PTX for '
-        "later GPUs)",
+        archs=("sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90a", "compute_90"),
+        source="microsoft/onnxruntime tools/ci_build/github/linux/"
+        'build_linux_python_package.sh: CUDA 12.8 CUDA_ARCHS="60-real;70-real;75-real;'
+        '80-real;86-real;90a-real;90-virtual" (8.9 runs sm_86, later GPUs JIT compute_90)',
     ),
     "nvidia-cublas": Documented(archs=_CUDA12_LIBRARY_ARCHS, source=_CUDA_12_8_LIBRARY),
     "nvidia-cudnn": Documented(
