@@ -353,13 +353,13 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
                         ),
                     )
                 )
-    runs: list[Verdict] = []
+    runs: list[tuple[Verdict, str]] = []
     for path, o in loading.optional.items():
         if path not in judged:
             continue
         verdict, why = effective(path)
         if verdict is not Verdict.NONE:
-            runs.append(verdict)
+            runs.append((verdict, path))
             continue
         evidence = "" if o.rule is Rule.SPECIFIC else f": {o.why}"
         skipped.append(
@@ -368,11 +368,13 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
     fallback: tuple[Verdict, tuple[str, ...]] | None = None
     if not counted and not groups and any(p in judged for p in loading.optional):
         if runs:
+            verdict, best = max(runs, key=lambda r: RANK[r[0]])
             fallback = (
-                max(runs, key=RANK.__getitem__),
+                verdict,
                 (
                     "the files that always load hold no device code; "
-                    f"{len(runs)} optional file(s) run on {cc}, the best counts",
+                    f"{len(runs)} optional file(s) run on {cc}, the best counts: {best}",
+                    *judged[best].reasons,  # why it runs (natively, or by JIT on this driver)
                 ),
             )
         else:  # every optional file counts, and fails: none is skipped
