@@ -29,9 +29,10 @@ Versions are compared with Kubernetes' CEL semver library (k8s.io/apiserver
 version's numbers; ``compareTo`` is ``Version.Compare``), memory with its quantity
 library (``pkg/cel/library/quantity.go``). Both are in the DRA selector environment
 (k8s.io/dynamic-resource-allocation ``cel/compile.go``, ``newCompiler``: the base
-environment plus ``library.SemverLib``). Each attribute is tested for presence before
-it is read: an unknown field aborts the allocation (k8s.io/api ``resource/v1``
-``CELDeviceSelector``).
+environment, which has the quantity library from 1.28 (k8s.io/apiserver
+``pkg/cel/environment/base.go``), plus ``library.SemverLib`` from 1.31).
+Each attribute is tested for presence before it is read: an unknown field aborts the
+allocation (k8s.io/api ``resource/v1`` ``CELDeviceSelector``).
 
 Native code is preferred to PTX JIT where both run: the request is a ``firstAvailable``
 list (k8s.io/api ``resource/v1/types.go``, ``DeviceRequest.FirstAvailable``, feature
