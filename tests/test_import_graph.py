@@ -100,6 +100,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.k8s",
             "buildmatrix.k8s_daemonset",
             "buildmatrix.k8s_drivers",
+            "buildmatrix.k8s_dra",
             "buildmatrix.k8s_example",
             "buildmatrix.k8s_nfd",
             "buildmatrix.k8s_nodes",
