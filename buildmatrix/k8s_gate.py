@@ -110,11 +110,17 @@ def rules() -> tuple[Rule, ...]:
     """The policy's validations, in the order the API server reports them; each denies
     one fault only (a later rule passes a container an earlier rule denies)."""
     placed = f"variables.placements.exists(d, {_MINE})"
+    # field by field: the Pod's requirement and the placement's are objects of two
+    # schemas (core/v1 and the CRD), which CEL's == does not compare across types
+    same = (
+        "e.key == r.key && e.operator == r.operator && "
+        "(has(r.values) ? has(e.values) && e.values == r.values : !has(e.values))"
+    )
     covers = (
         # every term of the Pod holds every expression of one of the placement's terms
         "size(variables.terms) > 0 && variables.terms.all(p, "
         f"{_PLACEMENT}.nodeSelectorTerms.exists(t, t.matchExpressions.all(r, "
-        "has(p.matchExpressions) && p.matchExpressions.exists(e, e == r))))"
+        f"has(p.matchExpressions) && p.matchExpressions.exists(e, {same}))))"
     )
     claims = (
         "has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(r, "

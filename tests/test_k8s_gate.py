@@ -193,6 +193,11 @@ def test_each_fault_is_denied_by_exactly_its_rule(policy: Any) -> None:
                 container(IMAGE_A),
                 terms=[{"matchExpressions": [HOPPER, {**DRIVER, "values": ["1"]}]}],
             ),
+            # more GPUs than the placement allows
+            pod(
+                container(IMAGE_A),
+                terms=[{"matchExpressions": [{**HOPPER, "values": ["8.0", "9.0"]}, DRIVER]}],
+            ),
             # an init container is judged like the others
             pod(container("nginx", gpu=None), init=[container(IMAGE_A, gpu="requests")]),
         ],
