@@ -314,3 +314,46 @@ def test_kyverno_policy(cli: CliRunner) -> None:
     assert r.code == 2 and "--identity" in r.err
     r = cli("k8s", "gate", "--identity", "x")
     assert r.code == 2 and "cannot be used together" in r.err
+
+
+def test_every_combination_is_denied_by_the_rules_it_breaks(policy: Any) -> None:
+    """Exhaustively over one container's image (by tag, unplaced, placed by terms,
+    placed by claim) x how it asks for a GPU (not, limits, requests, a claim) x
+    container or init container, x the Pod's affinity (none, the placement's, a part
+    of it) x its claims (none, one from the placement's template), beside a plain
+    container: the denials are exactly those of the rules the Pod breaks, in order."""
+    said = messages(policy)
+    images = {
+        "tag": "ghcr.io/org/train:v1",
+        "unplaced": "ghcr.io/org/x@sha256:" + "c" * 64,
+        "terms": IMAGE_A,
+        "claim": IMAGE_B,
+    }
+    affinities = {"none": None, "placed": TERMS, "partial": [{"matchExpressions": [HOPPER]}]}
+    claimed = [{"name": "gpu", "resourceClaimTemplateName": "hopper-gpu"}]
+    for kind, asks, init, aff, has_claims in itertools.product(
+        images, (None, "limits", "requests", "claim"), (False, True), affinities, (False, True)
+    ):
+        gpu = asks if asks in ("limits", "requests") else None
+        c = container(images[kind], gpu=gpu, claim="gpu" if asks == "claim" else None)
+        plain = container("nginx:latest", gpu=None)
+        p = pod(
+            *([plain] if init else [c, plain]),
+            init=[c] if init else [],
+            terms=affinities[aff],
+            claims=claimed if has_claims else None,
+        )
+        uses_claim = asks == "claim" and has_claims
+        is_gpu = gpu is not None or uses_claim
+        broken = []
+        if is_gpu:
+            if kind == "tag":
+                broken.append("pinned")
+            elif kind == "unplaced":
+                broken.append("placed")
+            elif kind == "terms" and aff != "placed":
+                broken.append("affinity")
+            elif kind == "claim" and not uses_claim:
+                broken.append("claim")
+        want = [said[r] for r in broken]
+        assert denials(policy, review(p, params())) == want, (kind, asks, init, aff, has_claims)
