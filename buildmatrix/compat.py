@@ -39,13 +39,13 @@ def _judge_sass(arch: Arch, cc: ComputeCapability) -> Judgement:
         return Judgement(verdict=Verdict.NATIVE, reasons=(f"{arch} SASS runs natively on {cc}",))
     if integrated(arch.cc):
         why = (
-            f"{arch} is an integrated (Tegra) GPU's SASS and runs only on {arch.cc}: "
-            "NVIDIA gives Tegra no binary compatibility"
+            f"{arch} is an integrated (Tegra) GPU's SASS, which runs only on {arch.cc} "
+            "(NVIDIA gives Tegra no binary compatibility)"
         )
     elif integrated(cc):
         why = (
-            f"{arch} is desktop SASS and {cc} an integrated (Tegra) GPU: NVIDIA gives no "
-            f"binary compatibility between desktop and Tegra; it runs only {cc} SASS"
+            f"{arch} is desktop SASS, which runs on no integrated (Tegra) GPU (NVIDIA gives "
+            "no binary compatibility between desktop and Tegra)"
         )
     elif arch.suffix is Suffix.ARCH:
         why = f"{arch} is arch-specific SASS and runs only on {arch.cc}"
