@@ -20,6 +20,7 @@ from buildmatrix.binary.report import FileReport
 from buildmatrix.compat import (
     Verdict,
 )
+from buildmatrix.container_env import gate
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatUse
@@ -237,10 +238,13 @@ def run_check(
     )
     # each target under every compat state a node on this driver may be in: the worst
     results = [worst([judge(target, forward=use) for use in states]) for target in targets]
+    results, env_warnings = gate(  # the image's Env, as the container toolkit reads it
+        results, image.config.env, driver=driver, driver_cuda=driver_cuda, facts=facts
+    )
     problems += _target_problems(results, require_sass=opts.require_sass)
     if not loaded and not opts.allow_empty:
         problems.append(_no_loaded_code(archives_only=bool(files)))
-    warnings: list[str] = []
+    warnings: list[str] = env_warnings
     if jit.narrowed:
         warnings.append(f"{jit.describe()}; every file is judged so")
     if runtime is None and driver is not None and loaded:

@@ -73,6 +73,8 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.check",
             "buildmatrix.check_refs",
             "buildmatrix.target_verdict",
+            "buildmatrix.container_env",
+            "buildmatrix.toolkit_require",
             "buildmatrix.runtime_sources",
             "buildmatrix.selector",
             "buildmatrix.affinity",
