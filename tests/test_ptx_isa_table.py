@@ -109,6 +109,18 @@ def test_a_ptx_file_ptxas_refuses_fails_check_with_the_reason(
 
 
 @needs_ptxas
+def test_a_module_that_is_a_head_alone_is_read(tmp_path: Path) -> None:
+    """cuBLAS 12.8 holds compressed compute_120 PTX that is a head and its NUL alone:
+    the driver takes PTX as a NUL-terminated string, and ptxas compiles the text before
+    the NUL; a head followed by anything but a directive or the end is refused."""
+    text = b"//\n.version 8.7\n.target sm_120\n.address_size 64\n\n\n"
+    assert ptxas(tmp_path, text, "sm_120").returncode == 0
+    assert ptx_directives(text) is not None and ptx_directives(text + b"\0") is not None
+    assert ptxas(tmp_path, text + b"x", "sm_120").returncode != 0
+    assert ptx_directives(text + b"x") is None
+
+
+@needs_ptxas
 def test_address_size_32_fails_check(cli: CliRunner, tmp_path: Path) -> None:
     text = _head("9.0", "sm_80", b".address_size 32")
     assert ptxas(tmp_path, text, "sm_80").returncode != 0

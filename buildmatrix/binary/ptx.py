@@ -222,10 +222,13 @@ def _read_directives(head: bytes) -> _Head:
     why = _head_refusal(sms[0], isa)
     if why is None:
         p, why = _address_size(head, p, isa)
-    if why is None and (_HEAD_DIRECTIVE.match(head, p) or head[p : p + 1] not in (b".", b"")):
+    if why is None and (
+        _HEAD_DIRECTIVE.match(head, p) or head[p : p + 1] not in (b".", b"", b"\0")
+    ):
         # every statement of a module's body is a directive (.visible, .entry, .global,
-        # .file, ...); a head directive once more, or anything else, is ptxas's
-        # "Parsing error ... syntax error"
+        # .file, ...), or the text ends (a fatbinary's PTX ends at a NUL: cuBLAS 12.8
+        # holds modules that are a head alone); a head directive once more, or anything
+        # else, is ptxas's "Parsing error ... syntax error"
         why = "no directive after the head, or a head directive once more (ptxas: syntax error)"
     if why is not None:
         return _Head(None, p, why)
