@@ -6,13 +6,14 @@ every node ``smoke`` admitted, the affinity matches the node's labels iff ``chec
 fixture image and node). It reads only keys ``smoke`` writes whatever
 ``--gfd-keys`` says (buildmatrix.labelkeys), so it works beside GFD or without it:
 
-- ``nvidia.com/gpu.compute-capability In [...]``: the GPUs whose code ``check``
+- ``buildmatrix.io/gpu.compute-capability In [...]``: the GPUs whose code ``check``
   accepts (SASS, or PTX the driver can JIT; not JIT with ``--require-sass``), that
   have every ``--require``'d feature and, where the image's ``io.buildmatrix.family``
   label names families, are of one of them (``check --snapshot`` fails the claim);
-- the driver the image needs on them: the ``buildmatrix.io/driver.major/minor/
-  revision`` integers, in a few ORed terms per floor (``Gt``/``Lt`` compare integers
-  only: buildmatrix.selector). The driver ranges are found by running ``check``
+- the driver the image needs on them: ``buildmatrix.io/driver.version``, the driver
+  as one sortable integer (labelkeys.driver_ordinal), so a floor is one ``Gt`` and a
+  range one ``Gt`` and one ``Lt`` (``Gt``/``Lt`` compare integers only:
+  buildmatrix.selector). The driver ranges are found by running ``check``
   itself at every driver version where its answer can change (:func:`breakpoints`:
   the CUDA runtime floor, each profile's hardware floor, the driver that JITs each
   PTX, the edges of the image's forward-compatibility library), so the affinity
@@ -21,7 +22,7 @@ fixture image and node). It reads only keys ``smoke`` writes whatever
   ``smoke`` admits no node below its GPUs' floors;
 - on a node of several models (``buildmatrix.io/compute-capability.X.Y`` per model),
   every model must qualify, with the driver each one needs;
-- ``nvidia.com/gpu.memory-mb Gt N-1`` for ``--min-memory N`` (the smallest GPU's);
+- ``buildmatrix.io/gpu.memory-mb Gt N-1`` for ``--min-memory N`` (the smallest GPU's);
 - ``kubernetes.io/arch In [...]`` (the kubelet's own label: k8s.io/api
   ``core/v1/well_known_labels.go``, ``LabelArchStable``, from Go's GOARCH) for the
   platforms the image offers, when the chosen GPUs come with a host of another CPU
@@ -52,22 +53,19 @@ from buildmatrix.forward import driver_breakpoints
 from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.labelkeys import (
     COMPUTE_CAPABILITY,
-    DRIVER_MAJOR,
-    DRIVER_MINOR,
-    DRIVER_REVISION,
+    DRIVER_VERSION,
     FAMILY,
     MEMORY,
     MEMORY_MB,
+    driver_ordinal_at_least,
     present_key,
 )
 from buildmatrix.profiles import FEATURE_MIN_CC, Profile, ProfileSet
-from buildmatrix.runtime_sources import cuda_runtime
+from buildmatrix.runtime_sources import runtime_sources
 from buildmatrix.selector import (
     ABSENT,
     Constraint,
     Term,
-    at_least,
-    below,
     cross,
     one_of,
     render,
@@ -85,11 +83,10 @@ __all__ = [
     "choose",
 ]
 
-DRIVER_KEYS = (DRIVER_MAJOR, DRIVER_MINOR, DRIVER_REVISION)
 # The kubelet sets it on every node (runtime.GOARCH); not a key smoke writes.
 ARCH = "kubernetes.io/arch"
 # Every key an affinity reads: each is one smoke writes (labelkeys.owned).
-READS = (COMPUTE_CAPABILITY, MEMORY_MB, *DRIVER_KEYS)
+READS = (COMPUTE_CAPABILITY, MEMORY_MB, DRIVER_VERSION)
 _ZERO = DriverVersion((0, 0, 0), "0.0.0")
 _POD_SPEC_PATHS = {
     "Pod": ("spec",),
@@ -170,9 +167,11 @@ def breakpoints(image: ScannedImage, profiles: ProfileSet, facts: CudaFacts) -> 
     these: compat.driver_floors, jit.judge_ptx, forward.compat_use and
     forward_legacy.legacy_use)."""
     found = {_ZERO}
-    runtime = cuda_runtime(image)
-    if runtime is not None and (floor := facts.runtime_floor(runtime[0].major)) is not None:
-        found.add(floor)
+    # every sign's floor, not only the newest's: a target may skip the file that shows
+    # the newest (buildmatrix.optional), and then an older sign's floor is its own
+    for version, _source in runtime_sources(image):
+        if (floor := facts.runtime_floor(version.major)) is not None:
+            found.add(floor)
     for p in profiles:
         if (hw := profiles.hardware_floor(p.cc)) is not None:
             found.add(hw[0])
@@ -256,10 +255,12 @@ def _at(opts: Options, driver: DriverVersion) -> Options:
 
 
 def _driver_terms(ranges: Sequence[Interval]) -> list[dict[str, Constraint]]:
+    """One term per driver range [low, high): the ordinal from low's, below high's."""
     terms: list[dict[str, Constraint]] = []
     for low, high in ranges:
-        lows = at_least(low.key, DRIVER_KEYS)
-        terms += cross(lows, below(high.key, DRIVER_KEYS)) if high is not None else lows
+        lo = driver_ordinal_at_least(low.key) if low != _ZERO else None
+        hi = driver_ordinal_at_least(high.key) - 1 if high is not None else None
+        terms.append({DRIVER_VERSION: Constraint(lo=lo, hi=hi)})
     return terms
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -27,12 +27,17 @@ from buildmatrix.forward import CompatUse
 from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.jit_env import jit_env
+from buildmatrix.optional import EVERY_FILE, Loading, classify, skipped_everywhere
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.runtime_sources import newest_runtime, runtime_note, runtime_sources
 from buildmatrix.snapshot import Snapshot
 from buildmatrix.target_verdict import Target, TargetResult, judge_target, worst
 
 FAMILY_LABEL = "io.buildmatrix.family"
+ALL_FAMILIES = "all"  # --family all: every profile
+# declared["source"] where neither flags, a snapshot nor the label name targets: every
+# profile is judged, to say where the image runs (runs_on), not to gate it.
+EVERY_PROFILE = "profiles"
 _PROBLEM_PATH = re.compile(r":? ")
 
 
@@ -64,6 +69,12 @@ class CheckResult:
     runtime_sources: tuple[tuple[Version, str], ...] = ()
     # What could not be checked and does not fail the image (unless --strict).
     warnings: list[str] = field(default_factory=list)
+    # The targets the image runs on (no problem of its own: code, driver, --require-sass)
+    runs_on: tuple[TargetResult, ...] = ()
+    # Which files always load (buildmatrix.optional), and the problems with every
+    # file counted (--strict's): what the JSON's strict_verdict follows.
+    loading: Loading = EVERY_FILE
+    strict_problems: list[str] | None = None
 
     @property
     def forward(self) -> CompatUse | None:
@@ -90,6 +101,8 @@ class CheckResult:
             "declared": self.declared,
             "targets": [t.to_json() for t in self.targets],
             "verdict": "pass" if self.passed else "fail",
+            "strict_verdict": "fail" if self.strict_problems else "pass",
+            "loading": self.loading.to_json(),
             "files": [f.to_json() for f in self.files],
             "problems": self.problems,
             "warnings": self.warnings,
@@ -102,10 +115,13 @@ class CheckResult:
                 {"version": major_minor(v), "source": s} for v, s in self.runtime_sources
             ],
             "cuda_runtime_note": runtime_note(list(self.runtime_sources)),
+            "runs_on": [t.sm for t in self.runs_on],
         }
 
 
 def _family_targets(profiles: ProfileSet, names: Sequence[str]) -> list[Target]:
+    every = [f.value for f in profiles.families]
+    names = [x for n in names for x in (every if n == ALL_FAMILIES else [n])]
     return [_profile_target(profiles, p, name=n) for n in names for p in profiles.family(n)]
 
 
@@ -126,7 +142,8 @@ def _label_families(label: str | None) -> list[str]:
 def validate_targets(profiles: ProfileSet, opts: Options) -> None:
     """Check --family and --sm against the profiles before any image is read."""
     for name in opts.families:
-        profiles.family(name)
+        if name != ALL_FAMILIES:
+            profiles.family(name)
     for text in opts.sms:
         try:
             sm = parse_sm(text)
@@ -141,7 +158,8 @@ def resolve_targets(
     """Targets, where they came from, and problems with the image's own claim.
 
     With a snapshot the node's GPU models are the question and the image's family
-    label is only a claim checked against them; else --family/--sm; else the label.
+    label is only a claim checked against them; else --family/--sm; else the label;
+    else every profile (where does the image run?, source EVERY_PROFILE).
     """
     targets: list[Target] = []
     claims: list[str] = []
@@ -177,10 +195,8 @@ def resolve_targets(
         targets = _family_targets(profiles, _label_families(label))
         declared = {"family": label, "source": "label"}
     else:
-        raise InputError(
-            f"'{image.ref}' has no {FAMILY_LABEL} label, so there is nothing to check against: "
-            "pass --family F or --sm SM (or --snapshot with a node's GPUs)."
-        )
+        targets = _family_targets(profiles, [ALL_FAMILIES])
+        declared = {"family": None, "source": EVERY_PROFILE}
     if opts.families:
         targets += _family_targets(profiles, opts.families)
     for text in opts.sms:
@@ -200,10 +216,13 @@ def run_check(
     image: ScannedImage, profiles: ProfileSet, opts: Options, facts: CudaFacts
 ) -> CheckResult:
     targets, declared, claims = resolve_targets(profiles, image, opts)
+    image = _without_ignored_searches(image, opts.ignore)
     files = [f for f in image.files if not _ignored(f.path, opts.ignore)]
     # Static archives are linked into programs at build time and never loaded: their
-    # code is reported, and the programs built from them are what is judged.
-    loaded = [f for f in files if f.format != "archive"]
+    # code is reported, and the programs built from them are what is judged. A file
+    # whose device code defines no kernel launches nothing (FileReport.kernel_less):
+    # it is reported, and judged as a file without device code.
+    loaded = [f for f in files if f.format != "archive" and not f.kernel_less]
     ignored = [f.path for f in image.files if _ignored(f.path, opts.ignore)]
     # A problem line starts with its path ("PATH: why" or "PATH (section …): why").
     unreadable = [
@@ -212,7 +231,19 @@ def run_check(
         if not _ignored(_PROBLEM_PATH.split(p, maxsplit=1)[0], opts.ignore)
     ]
     driver, driver_cuda = _driver(opts)
-    sources = tuple(runtime_sources(image))
+    ignore = partial(_ignored, patterns=opts.ignore)
+
+    def sources_without(skipped: Collection[str] = ()) -> tuple[tuple[Version, str], ...]:
+        """The runtime's signs but for ignored files and ``skipped`` optional ones."""
+        return tuple(runtime_sources(image, ignored=lambda p: ignore(p) or p in skipped))
+
+    loading = classify(
+        loaded,
+        image.links,
+        symlinks=image.symlinks,
+        preload=image.config.env.get("LD_PRELOAD", ""),
+    )
+    sources = sources_without()
     runtime = newest_runtime(sources)
     choice = compat_choice(image.compat, driver) if driver is not None else None
     problems: list[str] = list(claims)
@@ -232,18 +263,37 @@ def run_check(
         driver=driver,
         runtime=runtime,
         facts=facts,
-        strict=opts.strict,
         driver_cuda=driver_cuda,
         jit=jit,
+        loading=loading,
+        runtime_for=lambda skipped: newest_runtime(sources_without(skipped)),
     )
     # each target under every compat state a node on this driver may be in: the worst
-    results = [worst([judge(target, forward=use) for use in states]) for target in targets]
-    results, env_warnings = gate(  # the image's Env, as the container toolkit reads it
-        results, image.config.env, driver=driver, driver_cuda=driver_cuda, facts=facts
+    strict = [worst([judge(t, forward=use, strict=True) for use in states]) for t in targets]
+    results = (
+        strict
+        if opts.strict
+        else [worst([judge(t, forward=use, strict=False) for use in states]) for t in targets]
     )
-    problems += _target_problems(results, require_sass=opts.require_sass)
+    # the image's Env, as the container toolkit and the driver read it
+    by_env = partial(
+        gate, env=image.config.env, driver=driver, driver_cuda=driver_cuda, facts=facts
+    )
+    strict, env_warnings = by_env(strict)
+    results = strict if opts.strict else by_env(results)[0]
+    results = [replace(r, strict_verdict=s.verdict) for r, s in zip(results, strict, strict=True)]
+    if not opts.strict:  # optional files skipped on every target set no floor
+        sources = sources_without(skipped_everywhere([r.skipped for r in results]))
+        runtime = newest_runtime(sources)
+    common = list(problems)
+    every = declared["source"] == EVERY_PROFILE
+    found, runs_on = _verdict_problems(results, every_profile=every, require_sass=opts.require_sass)
+    problems += found
+    strict_found, _ = _verdict_problems(strict, every_profile=every, require_sass=opts.require_sass)
+    strict_problems = common + strict_found
     if not loaded and not opts.allow_empty:
-        problems.append(_no_loaded_code(archives_only=bool(files)))
+        problems.append(_no_loaded_code(files))
+        strict_problems.append(problems[-1])
     warnings: list[str] = env_warnings
     if jit.narrowed:
         warnings.append(f"{jit.describe()}; every file is judged so")
@@ -253,6 +303,7 @@ def run_check(
             "(no CUDA_VERSION, no libcudart.so, no cubin that records its toolkit), so "
             f"driver {driver} is not checked against a runtime's driver floor"
         )
+        strict_problems.append(f"{unknown}; --strict fails it")
         if opts.strict:
             problems.append(f"{unknown}; --strict fails it")
         else:
@@ -269,13 +320,44 @@ def run_check(
         compat=choice,
         runtime_sources=sources,
         warnings=warnings,
+        runs_on=runs_on,
+        loading=loading,
+        strict_problems=strict_problems,
     )
+
+
+def _without_ignored_searches(image: ScannedImage, patterns: Sequence[str]) -> ScannedImage:
+    """The image with its compat lookup made again without the DT_RPATH/DT_RUNPATH of
+    ignored files: glibc searches the DT_RUNPATH of the object that asks for
+    libcuda.so.1 (elf/dl-load.c, _dl_map_object), and an ignored file, never loaded,
+    asks for nothing. The compat driver itself is judged whatever --ignore says: the
+    container toolkit puts it in use at container start, not the program."""
+    kept = {p: s for p, s in image.searches.items() if not _ignored(p, patterns)}
+    if len(kept) == len(image.searches) or image.compat_lookup is None:
+        return image
+    return replace(image, compat=image.compat_lookup(searches=kept))
 
 
 def _ignored(path: str, patterns: Sequence[str]) -> bool:
     return bool(patterns) and any(
         fnmatch.fnmatch(path, p) or fnmatch.fnmatch("/" + path, p) for p in patterns
     )
+
+
+def _verdict_problems(
+    results: list[TargetResult], *, every_profile: bool, require_sass: bool
+) -> tuple[list[str], tuple[TargetResult, ...]]:
+    """The targets' problems as the question reads them, and the targets the image runs
+    on. Targets asked for (flags, label, snapshot) must each pass; with every profile
+    judged (no target given) the image passes where it runs on one profile's GPU."""
+    failed = {id(r): _target_problems([r], require_sass=require_sass) for r in results}
+    runs_on = tuple(r for r in results if not failed[id(r)])
+    problems = [p for r in results for p in failed[id(r)]]
+    if every_profile and runs_on:
+        return [], runs_on
+    if every_profile:
+        problems.insert(0, "the image runs on no profile's GPU")
+    return problems, runs_on
 
 
 def _target_problems(results: list[TargetResult], *, require_sass: bool) -> list[str]:
@@ -305,12 +387,22 @@ def _driver(opts: Options) -> tuple[DriverVersion | None, Version | None]:
     return driver, Version(reported) if reported else None
 
 
-def _no_loaded_code(*, archives_only: bool) -> str:
-    """The problem of an image with no device code that a program loads."""
-    what = (
-        "the image's CUDA device code is only in static archives, which are "
-        "linked at build time and never loaded"
-        if archives_only
-        else "the image holds no CUDA device code at all (a CPU-only framework build?)"
-    )
+def _no_loaded_code(files: Sequence[FileReport]) -> str:
+    """The problem of an image with no device code that a program loads and launches
+    (``files``: those with device code, none of them loaded or launching any)."""
+    kernel_less = [f.path for f in files if f.kernel_less]
+    if kernel_less:
+        more = f" and {len(kernel_less) - 3} more" if len(kernel_less) > 3 else ""
+        what = (
+            "the image's CUDA device code defines no kernel, so nothing in it can be "
+            f"launched ({', '.join(kernel_less[:3])}{more}: cubins without an entry "
+            "function, PTX without .entry)"
+        )
+    elif files:
+        what = (
+            "the image's CUDA device code is only in static archives, which are "
+            "linked at build time and never loaded"
+        )
+    else:
+        what = "the image holds no CUDA device code at all (a CPU-only framework build?)"
     return what + "; pass --allow-empty if that is intended"

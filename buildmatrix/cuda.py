@@ -228,3 +228,14 @@ def load_cuda_facts() -> CudaFacts:
     """The CUDA facts shipped with buildmatrix (parsed once per process)."""
     text = package_file("data", "cuda.yaml").read_text(encoding="utf-8")
     return facts_from_text(text, source="buildmatrix/data/cuda.yaml")
+
+
+def newer_release_hint() -> str:
+    """How a user gets facts this installation lacks, without editing its files (an
+    adopter's copy of data/cuda.yaml lies in site-packages and an upgrade replaces it)."""
+    from buildmatrix import installed_version
+
+    return (
+        f"If NVIDIA released it after this buildmatrix ({installed_version()}), a newer "
+        "release of buildmatrix-gpu knows it: pip install -U buildmatrix-gpu."
+    )

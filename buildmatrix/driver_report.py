@@ -80,6 +80,7 @@ def to_json(policies: Sequence[PoolPolicy]) -> dict[str, Any]:
                 "floors": [_floor_json(f) for f in p.floors],
                 "proposed": str(p.proposed) if p.proposed else None,
                 "judged_at": str(p.judged_at) if p.judged_at else None,
+                "current": str(p.current) if p.current else None,
                 "cells": [_cell_json(c, b) for c, b in zip(p.cells, p.baseline, strict=True)],
                 "hardware": [
                     {"model": h.model, "ok": h.state is not State.FAILS, "reasons": list(h.reasons)}
@@ -141,6 +142,12 @@ def _whys(p: PoolPolicy, n: int = 3) -> list[str]:
     return list(dict.fromkeys(w for f in p.setters for w in f.why))[:n]
 
 
+_COMPARED = (
+    "Each pool is compared with its current driver where the pools file states it "
+    "(pools.<name>.driver), else with its floor."
+)
+
+
 def to_text(policies: Sequence[PoolPolicy]) -> str:
     lines: list[str] = []
     for p in policies:
@@ -150,7 +157,7 @@ def to_text(policies: Sequence[PoolPolicy]) -> str:
         lines.append(f"  floor:  {_floor_text(p)}")
         lines += [f"          below it: {why}" for why in _whys(p)]
         if p.judged_at is not None:
-            at = "proposed" if p.proposed else "floor"
+            at = "proposed" if p.proposed else "current" if p.current else "floor"
             lines.append(f"  at driver {p.judged_at} ({at}):")
             for image in dict.fromkeys(c.image for c in p.cells):
                 cells = _of(p.cells, image)
@@ -162,7 +169,7 @@ def to_text(policies: Sequence[PoolPolicy]) -> str:
                 lines.append(f"    fails     {h.model}: {'; '.join(h.reasons)}")
         for ch in changes_of(p):
             lines.append(
-                f"  change: {ch.image} on {ch.on()}: {_WORD[ch.before]} at the floor "
+                f"  change: {ch.image} on {ch.on()}: {_WORD[ch.before]} at {p.baseline_at} "
                 f"-> {_WORD[ch.after]} at {ch.driver}"
             )
         lines.append(f"  verdict: {'pass' if p.passed else 'FAIL'}")
@@ -198,11 +205,11 @@ def to_markdown(policies: Sequence[PoolPolicy]) -> str:
         )
     changes = [(p, ch) for p in policies for ch in changes_of(p)]
     if changes:
-        out += ["", "### What the proposed drivers change"]
+        out += ["", "### What the proposed drivers change", "", _COMPARED]
         for p, ch in changes:
             out.append(
-                f"- {_md(p.name)}: `{_md(ch.image)}` on {_md(ch.on())}: {_WORD[ch.before]} → "
-                f"**{_WORD[ch.after]}** at {ch.driver}"
+                f"- {_md(p.name)}: `{_md(ch.image)}` on {_md(ch.on())}: {_WORD[ch.before]} at "
+                f"{p.baseline_at} → **{_WORD[ch.after]}** at {ch.driver}"
                 + (f" ({_md(ch.reason)})" if ch.reason else "")
             )
     return "\n".join(out) + "\n"
@@ -246,7 +253,8 @@ def _html_rows(policies: Sequence[PoolPolicy], images: Sequence[str]) -> str:
         names = [m.product for m in p.models]
         more = f" +{len(names) - 3} more" if len(names) > 3 else ""
         models = ", ".join(names[:3]) + more
-        at = f"{p.judged_at or '-'}{' (proposed)' if p.proposed else ''}"
+        mark = " (proposed)" if p.proposed else " (current)" if p.current else ""
+        at = f"{p.judged_at or '-'}{mark}"
         rows.append(
             f'<tr data-pool="{e(p.name)}"><th title="{e(", ".join(names))}">{e(p.name)}<br>'
             f"<small>{e(models)}</small></th>"
@@ -269,18 +277,26 @@ def _html_lists(policies: Sequence[PoolPolicy]) -> tuple[str, str, str]:
     )
     changes = "".join(
         f"<li><b>{e(p.name)}</b>: <code>{e(ch.image)}</code> on {e(ch.on())}: "
-        f"{_WORD[ch.before]} at the floor → <b>{_WORD[ch.after]}</b> at {e(ch.driver)}"
-        f"<ul><li>{e(ch.reason)}</li></ul></li>"
+        f"{_WORD[ch.before]} at {e(p.baseline_at)} → <b>{_WORD[ch.after]}</b> at "
+        f"{e(ch.driver)}<ul><li>{e(ch.reason)}</li></ul></li>"
         for p in policies
         for ch in changes_of(p)
     )
+    if not changes:
+        # no verdict changes: say so, and name the pools that fail all the same
+        failing = [p.name for p in policies if not p.passed]
+        changes = (
+            "<li>no verdict changes"
+            + (f"; still failing: {e(', '.join(failing))}" if failing else "")
+            + "</li>"
+        )
     hardware = "".join(
         f"<li><b>{e(p.name)}</b>: {e(h.model)}: {e('; '.join(h.reasons))}</li>"
         for p in policies
         for h in p.hardware
         if h.state is State.FAILS
     )
-    return floors, changes or "<li>nothing</li>", hardware or "<li>none</li>"
+    return floors, changes, hardware or "<li>none</li>"
 
 
 _LEGEND = (
@@ -306,7 +322,9 @@ def to_html(policies: Sequence[PoolPolicy]) -> str:
         '<table id="matrix"><tr><th>pool</th><th>driver</th><th>floor</th><th>verdict</th>'
         f"{head}</tr>\n{_html_rows(policies, images)}</table>\n"
         f'<h2>Floors</h2><ul id="floors">{floors}</ul>\n'
-        f'<h2>What the proposed drivers change</h2><ul id="changes">{changes}</ul>\n'
+        f"<h2>What the proposed drivers change</h2><p>{html.escape(_COMPARED)}</p>"
+        f'<ul id="changes">{changes}'
+        "</ul>\n"
         f'<h2>GPUs below their hardware floor</h2><ul id="hardware">{hardware}</ul>\n'
         "</body></html>\n"
     )

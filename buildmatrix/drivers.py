@@ -85,13 +85,23 @@ class PoolPolicy:
     floor: Floor  # the highest of ``floors``
     floors: tuple[Floor, ...]  # each model's hardware floor, each (image, model) pair's
     proposed: DriverVersion | None
-    cells: tuple[Cell, ...]  # at the proposed driver, else at the floor
-    baseline: tuple[Cell, ...]  # at the floor (what the proposal is compared with)
+    cells: tuple[Cell, ...]  # at the proposed driver, else the current one, else the floor
+    # what the proposal is compared with: the pool's current driver (pools.<name>.driver)
+    # where the pools file states it, else its floor
+    baseline: tuple[Cell, ...]
     hardware: tuple[Cell, ...]  # each model's hardware floor at the driver judged
+    current: DriverVersion | None = None
+
+    @property
+    def baseline_at(self) -> str:
+        """The driver the baseline is judged at, and what it is: 'current' or 'floor'."""
+        if self.current is not None:
+            return f"{self.current} (current)"
+        return f"{self.floor.driver} (floor)" if self.floor.driver else "the floor"
 
     @property
     def judged_at(self) -> DriverVersion | None:
-        return self.proposed or self.floor.driver
+        return self.proposed or self.current or self.floor.driver
 
     @property
     def breaks(self) -> tuple[Cell, ...]:
@@ -225,10 +235,12 @@ def pool_policy(
     proposed: DriverVersion | None,
     profiles: ProfileSet,
     facts: CudaFacts,
+    current: DriverVersion | None = None,
 ) -> PoolPolicy:
     """One pool's floor (its models and its own ``images``), the verdict of each image,
     its own and the fleet's ``others``, on each model at the proposed driver (else at
-    the floor), and the same at the floor for comparison."""
+    the pool's ``current`` one, else at the floor), and the same at the current driver
+    (else at the floor) for comparison."""
     floors = [hardware_floor(m, facts) for m in models]
     floors += [
         pair_floor(img, m, profiles=profiles, facts=facts)
@@ -236,7 +248,7 @@ def pool_policy(
         for m in models
     ]
     floor = highest(floors) if floors else Floor(driver=None, subject=name, why=("no GPU model",))
-    at = proposed or floor.driver or _newest(facts)
+    at = proposed or current or floor.driver or _newest(facts)
 
     every = [(img, True) for img in images.values()]
     every += [(img, False) for ref, img in others.items() if ref not in images]
@@ -249,7 +261,7 @@ def pool_policy(
         )
 
     judged = cells(at)
-    base_at = floor.driver or at
+    base_at = current or floor.driver or at
     baseline = judged if base_at == at else cells(base_at)
     return PoolPolicy(
         name=name,
@@ -260,6 +272,7 @@ def pool_policy(
         proposed=proposed,
         cells=judged,
         baseline=baseline,
+        current=current,
         hardware=tuple(hardware_cell(m, at, facts) for m in models),
     )
 

@@ -71,7 +71,7 @@ def render(
         objects: list[dict[str, Any]] = [
             _namespace(settings, labels),
             _critical_pods_quota(ns, labels),
-            node_feature_rule(name=APP, labels=labels),
+            node_feature_rule(name=APP, labels=labels, taint_key=settings.taint_key),
             _pools_config(settings, profiles, ns, labels),
         ]
     else:
@@ -97,7 +97,12 @@ def _namespace(settings: Settings, labels: dict[str, str]) -> dict[str, Any]:
     enforce by default: such a namespace is labelled privileged, as the GPU Operator
     labels its own (controllers/state_manager.go, setPodSecurityLabelsForNamespace)."""
     meta: dict[str, Any] = {"name": settings.namespace, "labels": dict(labels)}
-    if settings.mode == "nfd" or settings.mig_strategy is not None or settings.containerd:
+    if (
+        settings.mode == "nfd"
+        or settings.mig_strategy is not None
+        or settings.containerd
+        or settings.device_request == "volume-mounts"  # a hostPath volume: /dev/null
+    ):
         meta["labels"]["pod-security.kubernetes.io/enforce"] = "privileged"
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
@@ -158,6 +163,7 @@ def _apply_objects(
                 service_account=APP,
                 gfd_keys=settings.gfd_keys,
                 labels=labels,
+                taint_key=settings.taint_key,
             )
             if settings.node_policy
             else []

@@ -39,6 +39,17 @@ POOLS_PATH = "/etc/buildmatrix/pools.yaml"
 # The registry Secret's .dockerconfigjson, mounted as config.json in the folder
 # $DOCKER_CONFIG names: where the Docker CLI, and buildmatrix, read credentials.
 REGISTRY_CONFIG_DIR = "/var/run/secrets/buildmatrix.io/registry"
+# smoke --driver-file: the driver the container's libraries came with, in its /tmp
+# (an emptyDir, which outlives a container's restart: the loop removes it at start).
+DRIVER_FILE = "/tmp/buildmatrix-driver"
+# The toolkit's device request as a mount: /dev/null on the host at
+# DeviceListAsVolumeMountsRoot/<device> (nvidia-container-toolkit
+# internal/config/image/cuda_image.go, requestsFromMounts).
+DEVICE_LIST_MOUNT = "/var/run/nvidia-container-devices/all"
+# The CDI device request as a Pod annotation (cdi.k8s.io/ is the toolkit's default
+# annotation prefix, api/config/v1; and what container runtimes read natively).
+CDI_ANNOTATION = f"cdi.k8s.io/{APP}"
+CDI_ALL_GPUS = "nvidia.com/gpu=all"
 CONTAINERD_ROOT = "/var/lib/containerd"  # containerd's default root (defaults/defaults_unix.go)
 PRIORITY_CLASS = "system-node-critical"  # the DaemonSet's Pods, as the GPU Operator's
 
@@ -64,6 +75,10 @@ class Settings:
     gfd_keys: GfdKeys = GfdKeys.AUTO  # smoke --gfd-keys, and what the policy allows
     mig_strategy: str | None = None  # a cluster with MIG GPUs: GFD's strategy (grants monitoring)
     containerd: bool = False  # mount the node's containerd stores for containerd: REFs
+    taint_key: str = TAINT_KEY  # --taint-key: the admission taint's key
+    source_grace: int | None = None  # smoke --source-grace (None: smoke's default)
+    # How the Pod asks the NVIDIA container toolkit for the driver (device_request()).
+    device_request: str = "envvar"  # envvar | volume-mounts | cdi-annotation
 
 
 def node_selector_terms(selectors: tuple[SelectorTerm, ...]) -> list[dict[str, Any]]:
@@ -87,7 +102,7 @@ def daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str]) 
             "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
             "updateStrategy": {"type": "RollingUpdate"},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {"labels": labels, **_cdi_annotation(settings)},
                 "spec": {
                     "serviceAccountName": APP,
                     "runtimeClassName": RUNTIME_CLASS,
@@ -96,7 +111,11 @@ def daemonset(settings: Settings, meta: dict[str, Any], labels: dict[str, str]) 
                         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": gpu}
                     },
                     "tolerations": [
-                        {"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT},
+                        {
+                            "key": settings.taint_key,
+                            "operator": "Exists",
+                            "effect": TAINT_EFFECT,
+                        },
                         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
                     ],
                     "containers": [_smoke_container(settings, mounts, env)],
@@ -118,7 +137,9 @@ def _smoke_script(settings: Settings) -> str:
         where = f"buildmatrix smoke --nfd-file {FEATURE_FILE}"
     else:
         where = "buildmatrix smoke --apply"
-    smoke = f"{where} --pools {POOLS_PATH} --deadline {settings.deadline}"
+    smoke = (
+        f"{where} --pools {POOLS_PATH} --deadline {settings.deadline} --driver-file {DRIVER_FILE}"
+    )
     gfd_keys = settings.gfd_keys
     if settings.mode == "nfd" and gfd_keys is GfdKeys.AUTO:
         # Without a Node to read, auto cannot see GFD's timestamp and would write its
@@ -129,6 +150,11 @@ def _smoke_script(settings: Settings) -> str:
     if gfd_keys is not GfdKeys.AUTO:
         smoke += f" --gfd-keys {gfd_keys.value}"
         where += f" --gfd-keys {gfd_keys.value}"
+    if settings.taint_key != TAINT_KEY:  # validated as a taint key: no shell quoting
+        smoke += f" --taint-key {settings.taint_key}"
+        where += f" --taint-key {settings.taint_key}"
+    if settings.source_grace is not None:
+        smoke += f" --source-grace {settings.source_grace}"
     if settings.load_test:
         smoke += " --load-test"
     if settings.containerd:  # the pools' images as the node holds them, when it does
@@ -140,9 +166,17 @@ def _smoke_script(settings: Settings) -> str:
     # killed by a signal (the OOM killer's SIGKILL: exit 128 + 9) wrote nothing, so
     # the failure mark is written then by a run that reads nothing (--mark-failed).
     mark = f'{where} --mark-failed "the round was killed by signal $((rc - 128))"'
+    # The node's driver changed under the container (node/driver_change.py): its
+    # NVIDIA libraries are the old driver's until the container is created anew,
+    # which the kubelet does when it ends (restartPolicy Always, a DaemonSet's only).
+    restart = (
+        f'case "$(cat {DRIVER_FILE} 2>/dev/null)" in changed*) '
+        'echo "buildmatrix: the driver of the node changed: ending the container, which '
+        'the kubelet starts again with the libraries of the new driver"; exit 0;; esac'
+    )
     return (
-        f"while true; do {smoke}; rc=$?; "
-        f'if [ "$rc" -gt 128 ]; then {mark}; fi; sleep {settings.interval}; done'
+        f"rm -f {DRIVER_FILE}; while true; do {smoke}; rc=$?; "
+        f'if [ "$rc" -gt 128 ]; then {mark}; fi; {restart}; sleep {settings.interval}; done'
     )
 
 
@@ -161,6 +195,11 @@ def _volumes(
     env: list[dict[str, Any]] = []
     if settings.containerd:
         _mount_containerd(mounts, volumes, env)
+    if settings.device_request == "volume-mounts":
+        mounts.append({"name": "nvidia-devices", "mountPath": DEVICE_LIST_MOUNT, "readOnly": True})
+        volumes.append(
+            {"name": "nvidia-devices", "hostPath": {"path": "/dev/null", "type": "CharDevice"}}
+        )
     if settings.registry_secret is not None:
         # Not optional: without its Secret the Pod does not start and the node stays
         # tainted, rather than smoke running without the credentials the pools need.
@@ -212,6 +251,17 @@ def _smoke_container(
             },
         ),
     }
+
+
+def _cdi_annotation(settings: Settings) -> dict[str, Any]:
+    """``--device-request cdi-annotation``: the Pod's annotation naming every GPU as a
+    CDI device. The NVIDIA container runtime in CDI mode prefers annotation requests to
+    any other (nvidia-container-toolkit internal/config/image/cuda_image.go,
+    ``VisibleDevices``, ``cdiDeviceRequestsFromAnnotations``); a runtime without a CDI
+    spec for nvidia.com/gpu refuses to create the container."""
+    if settings.device_request != "cdi-annotation":
+        return {}
+    return {"annotations": {CDI_ANNOTATION: CDI_ALL_GPUS}}
 
 
 def _mig_monitoring(settings: Settings) -> dict[str, Any]:

@@ -86,8 +86,11 @@ def refuse_below_floor(policy: PoolPolicy) -> None:
         )
 
 
-def nvidia_driver(policy: PoolPolicy, image: DriverImage) -> dict[str, Any]:
-    """The ``NVIDIADriver`` object of one pool at its proposed driver."""
+def nvidia_driver(
+    policy: PoolPolicy, image: DriverImage, taint_key: str = TAINT_KEY
+) -> dict[str, Any]:
+    """The ``NVIDIADriver`` object of one pool at its proposed driver, tolerating the
+    admission taint ``taint_key`` (``--taint-key``)."""
     if policy.proposed is None:
         raise InputError(f"pool '{policy.name}': no --driver {policy.name}=VERSION given.")
     refuse_below_floor(policy)
@@ -111,11 +114,13 @@ def nvidia_driver(policy: PoolPolicy, image: DriverImage) -> dict[str, Any]:
             "image": image.image,
             "version": str(policy.proposed),
             "nodeSelector": {POOL: policy.name},
-            "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT}],
+            "tolerations": [{"key": taint_key, "operator": "Exists", "effect": TAINT_EFFECT}],
         },
     }
 
 
-def nvidia_drivers(policies: Sequence[PoolPolicy], image: DriverImage) -> list[dict[str, Any]]:
+def nvidia_drivers(
+    policies: Sequence[PoolPolicy], image: DriverImage, taint_key: str = TAINT_KEY
+) -> list[dict[str, Any]]:
     """One object per pool that has a proposed driver, in pool order."""
-    return [nvidia_driver(p, image) for p in policies if p.proposed is not None]
+    return [nvidia_driver(p, image, taint_key) for p in policies if p.proposed is not None]

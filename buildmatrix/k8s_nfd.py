@@ -45,8 +45,11 @@ NVIDIA_VENDOR = "10de"
 GPU_CLASSES = ("0300", "0302")  # PCI display controllers: VGA, 3D (NVSwitch is 0680)
 
 
-def node_feature_rule(*, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    """The rule that keeps every NVIDIA GPU node tainted until smoke passed there."""
+def node_feature_rule(
+    *, name: str, labels: dict[str, str], taint_key: str = TAINT_KEY
+) -> dict[str, Any]:
+    """The rule that keeps every NVIDIA GPU node tainted (``taint_key``) until smoke
+    passed there."""
     gpu = {
         "feature": "pci.device",
         "matchExpressions": {
@@ -68,7 +71,7 @@ def node_feature_rule(*, name: str, labels: dict[str, str]) -> dict[str, Any]:
             "rules": [
                 {
                     "name": "buildmatrix: GPU node not verified by smoke",
-                    "taints": [{"key": TAINT_KEY, "effect": TAINT_EFFECT}],
+                    "taints": [{"key": taint_key, "effect": TAINT_EFFECT}],
                     "matchFeatures": [gpu],
                     "matchAny": [
                         smoke({"op": "DoesNotExist"}),

@@ -20,8 +20,10 @@ For an UPDATE of a Node by the agent's ServiceAccount the policy allows only:
   (:func:`buildmatrix.labelkeys.owned`); GPU Feature Discovery's keys only
   where the manifests say buildmatrix writes them and only on a node where GFD does
   not label (no ``nvidia.com/gfd.timestamp``);
-- annotation changes of ``buildmatrix.io/smoke-report`` alone;
-- adding or removing the admission taint ``buildmatrix.io/unverified:NoSchedule``;
+- annotation changes of ``buildmatrix.io/smoke-report`` and
+  ``buildmatrix.io/smoke-unavailable-since`` alone;
+- adding or removing the admission taint (``buildmatrix.io/unverified:NoSchedule``, or
+  ``--taint-key``'s key with that effect);
   every other taint stays exactly as it was;
 - nothing else in ``spec`` or ``metadata`` (finalizers, owner references). ``status``
   cannot change through an update of the Node itself (the API server keeps the old
@@ -41,13 +43,13 @@ from typing import Any
 
 from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import (
+    AGENT_ANNOTATIONS,
     GFD_KEYS,
     GFD_MIG_KEYS,
     GFD_TIMESTAMP,
     MIG_RESOURCE_PREFIX,
     OWNED_KEYS,
     OWNED_PREFIXES,
-    REPORT_ANNOTATION,
     TAINT_EFFECT,
     TAINT_KEY,
     GfdKeys,
@@ -125,9 +127,10 @@ OWNED = (
 )
 
 
-def rules() -> tuple[Rule, ...]:
-    """The policy's validations, in the order the API server reports them."""
-    taint = f"(t.key == {_quote(TAINT_KEY)} && t.effect == {_quote(TAINT_EFFECT)})"
+def rules(taint_key: str = TAINT_KEY) -> tuple[Rule, ...]:
+    """The policy's validations, in the order the API server reports them; the
+    admission taint's key is ``taint_key`` (``--taint-key``)."""
+    taint = f"(t.key == {_quote(taint_key)} && t.effect == {_quote(TAINT_EFFECT)})"
     new_t, old_t = "object.spec.taints", "oldObject.spec.taints"
     taints = (
         f"(!has({new_t}) || {new_t}.all(t, {taint} || (has({old_t}) && "
@@ -155,15 +158,15 @@ def rules() -> tuple[Rule, ...]:
         ),
         Rule(
             name="annotations",
-            expression=_map_changes_only("annotations", f"k == {_quote(REPORT_ANNOTATION)}"),
-            message="the buildmatrix admission agent may only change the annotation "
-            + REPORT_ANNOTATION,
+            expression=_map_changes_only("annotations", f"k in {_list(AGENT_ANNOTATIONS)}"),
+            message="the buildmatrix admission agent may only change the annotations "
+            + " and ".join(AGENT_ANNOTATIONS),
         ),
         Rule(
             name="taints",
             expression=taints,
             message=f"the buildmatrix admission agent may only add or remove the taint "
-            f"{TAINT_KEY}:{TAINT_EFFECT}; every other taint must stay as it is",
+            f"{taint_key}:{TAINT_EFFECT}; every other taint must stay as it is",
         ),
         Rule(
             name="spec-and-metadata",
@@ -184,6 +187,7 @@ def policy_objects(
     service_account: str,
     gfd_keys: GfdKeys,
     labels: dict[str, str],
+    taint_key: str = TAINT_KEY,
 ) -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicy and its binding (admissionregistration.k8s.io/v1)."""
     user = f"system:serviceaccount:{namespace}:{service_account}"
@@ -214,7 +218,7 @@ def policy_objects(
             "variables": [{"name": n, "expression": e} for n, e in variables(gfd_keys=gfd_keys)],
             "validations": [
                 {"expression": r.expression, "message": r.message, "reason": "Forbidden"}
-                for r in rules()
+                for r in rules(taint_key)
             ],
         },
     }

@@ -54,35 +54,41 @@ GPU_OPERATOR_NFD_WORKER_DEFAULT = (CONTROL_PLANE_TOLERATION, GPU_TOLERATION)
 NFD_WORKER_DEFAULT = (GPU_TOLERATION,)
 
 
-def _with_admission(defaults: tuple[dict[str, str], ...]) -> list[dict[str, str]]:
-    return [dict(t) for t in defaults] + [dict(ADMISSION_TOLERATION)]
+def _with_admission(defaults: tuple[dict[str, str], ...], taint_key: str) -> list[dict[str, str]]:
+    return [dict(t) for t in defaults] + [{**ADMISSION_TOLERATION, "key": taint_key}]
 
 
-def _nfd(worker_default: tuple[dict[str, str], ...], *, taints: bool) -> dict[str, Any]:
-    values: dict[str, Any] = {"worker": {"tolerations": _with_admission(worker_default)}}
+def _nfd(
+    worker_default: tuple[dict[str, str], ...], *, taints: bool, taint_key: str
+) -> dict[str, Any]:
+    tolerations = _with_admission(worker_default, taint_key)
+    values: dict[str, Any] = {"worker": {"tolerations": tolerations}}
     if taints:  # k8s manifests --mode nfd: the master sets taints from NodeFeatureRules
         values["master"] = {"enableTaints": True}
     return values
 
 
-def gpu_operator_values(*, nfd_taints: bool = False) -> dict[str, Any]:
+def gpu_operator_values(*, nfd_taints: bool = False, taint_key: str = TAINT_KEY) -> dict[str, Any]:
     """Values for ``helm install/upgrade gpu-operator nvidia/gpu-operator -f FILE``;
-    ``nfd_taints`` for ``k8s manifests --mode nfd``, whose taint NFD's master sets."""
+    ``nfd_taints`` for ``k8s manifests --mode nfd``, whose taint NFD's master sets;
+    ``taint_key``: the admission taint's (``--taint-key``)."""
     return {
-        "daemonsets": {"tolerations": _with_admission(GPU_OPERATOR_DAEMONSETS_DEFAULT)},
-        "node-feature-discovery": _nfd(GPU_OPERATOR_NFD_WORKER_DEFAULT, taints=nfd_taints),
+        "daemonsets": {"tolerations": _with_admission(GPU_OPERATOR_DAEMONSETS_DEFAULT, taint_key)},
+        "node-feature-discovery": _nfd(
+            GPU_OPERATOR_NFD_WORKER_DEFAULT, taints=nfd_taints, taint_key=taint_key
+        ),
     }
 
 
-def nfd_values(*, nfd_taints: bool = False) -> dict[str, Any]:
+def nfd_values(*, nfd_taints: bool = False, taint_key: str = TAINT_KEY) -> dict[str, Any]:
     """Values for a standalone ``node-feature-discovery`` chart (``-f FILE``)."""
-    return _nfd(NFD_WORKER_DEFAULT, taints=nfd_taints)
+    return _nfd(NFD_WORKER_DEFAULT, taints=nfd_taints, taint_key=taint_key)
 
 
 GPU_OPERATOR_NOTE = """\
 Helm values for the NVIDIA GPU Operator chart: every operand DaemonSet (driver,
 container toolkit, device plugin, GFD, DCGM, validator) and the bundled NFD worker
-tolerate the admission taint buildmatrix.io/unverified:NoSchedule, so a node that joins
+tolerate the admission taint {taint_key}:NoSchedule, so a node that joins
 tainted gets its driver, its nvidia runtime handler and its labels, and smoke can run.
   helm upgrade --install gpu-operator nvidia/gpu-operator -n gpu-operator -f THIS_FILE
 A values list replaces the chart's list: the chart's default tolerations are repeated
@@ -92,7 +98,7 @@ spec.tolerations: add the same toleration there."""
 
 NFD_NOTE = """\
 Helm values for the node-feature-discovery chart: its worker tolerates the admission
-taint buildmatrix.io/unverified:NoSchedule (and nvidia.com/gpu), so a node that joins
+taint {taint_key}:NoSchedule (and nvidia.com/gpu), so a node that joins
 tainted gets its PCI labels and the admission DaemonSet is scheduled there.
   helm upgrade --install nfd nfd/node-feature-discovery -n node-feature-discovery -f THIS_FILE
 A values list replaces the chart's list: merge any tolerations of your own into it."""

@@ -22,28 +22,41 @@ SMOKE = "buildmatrix.io/smoke"
 DRIVER_FLOOR = "buildmatrix.io/driver-floor"
 MIXED = "buildmatrix.io/mixed"
 # The node's driver as three integers (535.104.05 -> 535, 104, 5; a two-part version's
-# revision is 0), the keys affinity's driver terms read: Kubernetes' Gt and Lt compare
-# integers only (k8s.io/apimachinery labels/selector.go, Requirement.Matches), and
-# GFD's own revision label is empty for a two-part version.
+# revision is 0): GFD's own revision label is empty for a two-part version.
 DRIVER_MAJOR = "buildmatrix.io/driver.major"
 DRIVER_MINOR = "buildmatrix.io/driver.minor"
 DRIVER_REVISION = "buildmatrix.io/driver.revision"
+# The driver as one sortable integer (driver_ordinal: 580.65.06 -> 580065006), the key
+# affinity's driver terms read: Kubernetes' Gt and Lt compare one label parsed as an
+# integer with one integer (k8s.io/apimachinery labels/selector.go,
+# Requirement.Matches), so "driver >= 580.65.06" is one Gt on it.
+DRIVER_VERSION = "buildmatrix.io/driver.version"
 # On a node of several GPU models (--allow-mixed), one key per model's compute
 # capability (buildmatrix.io/compute-capability.9.0=true), so that an affinity can
 # ask that every GPU of the node runs the image, not only the least capable one.
 PRESENT_PREFIX = "buildmatrix.io/compute-capability."
 POOL = "gpu-pool"
 VERIFIED_PREFIX = "verified.buildmatrix.io/"
-# The seed's keys, beside GFD's in its namespace but written by buildmatrix alone:
-# the least capable GPU's compute capability and the smallest GPU's memory (MiB).
-COMPUTE_CAPABILITY = "nvidia.com/gpu.compute-capability"
-MEMORY_MB = "nvidia.com/gpu.memory-mb"
-SEED_KEYS = (COMPUTE_CAPABILITY, MEMORY_MB)
+# The least capable GPU's compute capability and the smallest GPU's memory (MiB), the
+# keys affinity reads. They are buildmatrix's, so they live in its own prefix.
+COMPUTE_CAPABILITY = "buildmatrix.io/gpu.compute-capability"
+MEMORY_MB = "buildmatrix.io/gpu.memory-mb"
+# The seed's names for the same two labels, written into NVIDIA's prefix although no
+# NVIDIA component writes them (docs/smoke.md, "Label keys: the transition"). smoke
+# still writes them, with the same values, so selectors written against them keep
+# working while they move to the keys above; affinity reads only the keys above.
+# They stay owned (smoke --apply removes them where it removes its labels) for as
+# long as smoke writes them and one release after, since smoke alone ever wrote them.
+SEED_KEYS = ("nvidia.com/gpu.compute-capability", "nvidia.com/gpu.memory-mb")
+LEGACY = dict(zip((COMPUTE_CAPABILITY, MEMORY_MB), SEED_KEYS, strict=True))
 # The admission taint smoke removes from a node that passes (and adds to one that
 # fails), and the annotation that carries a failed node's report (docs/smoke.md).
 TAINT_KEY = "buildmatrix.io/unverified"
 TAINT_EFFECT = "NoSchedule"
 REPORT_ANNOTATION = "buildmatrix.io/smoke-report"
+# When an admitted node's image source first could not be read (node/hold.py; RFC 3339).
+UNAVAILABLE_ANNOTATION = "buildmatrix.io/smoke-unavailable-since"
+AGENT_ANNOTATIONS = (REPORT_ANNOTATION, UNAVAILABLE_ANNOTATION)  # all the agent writes
 
 # --- GPU Feature Discovery's keys ------------------------------------------------
 PRODUCT = "nvidia.com/gpu.product"
@@ -112,6 +125,37 @@ class GfdKeys(StrEnum):
     AUTO = "auto"  # buildmatrix, unless the node carries GFD's timestamp label
     ALWAYS = "always"  # buildmatrix: GFD does not run on the cluster
     NEVER = "never"  # GFD (--no-gfd-keys): it runs, maybe with --no-timestamp
+
+
+# driver_ordinal's field widths: NVIDIA's Linux driver versions are MAJOR.MINOR or
+# MAJOR.MINOR.REVISION with a minor of at most three digits (535.104.05, 470.256.02) and
+# a two-digit revision (570.86.16; 580.65.06); a field of 1000 or more is no NVIDIA
+# driver's and gets no ordinal.
+_FIELD = 1000
+
+
+def driver_ordinal(key: tuple[int, int, int]) -> int | None:
+    """``buildmatrix.io/driver.version``'s value: MAJOR*10^6 + MINOR*10^3 + REVISION
+    (580.65.06 -> 580065006; 570.86 -> 570086000, a missing revision being 0, as
+    ``packaging.Version`` orders it). Integers compare as the versions do. None where
+    the minor or revision has four digits or more (no NVIDIA driver's): smoke then
+    writes no such label, so no driver term matches (fail closed)."""
+    major, minor, revision = key
+    if min(key) < 0 or minor >= _FIELD or revision >= _FIELD:
+        return None
+    return (major * _FIELD + minor) * _FIELD + revision
+
+
+def driver_ordinal_at_least(key: tuple[int, int, int]) -> int:
+    """The smallest ordinal of a driver >= ``key``: for every driver D with an ordinal,
+    D >= key iff ordinal(D) >= this (a bound past the field widths is rounded up to
+    the next version that has one)."""
+    major, minor, revision = key
+    if revision >= _FIELD:
+        minor, revision = minor + 1, 0
+    if minor >= _FIELD:
+        major, minor, revision = major + 1, 0, 0
+    return (major * _FIELD + minor) * _FIELD + revision
 
 
 def present_key(cc: object) -> str:

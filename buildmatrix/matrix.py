@@ -18,7 +18,7 @@ from typing import Any
 from packaging.version import Version
 
 from buildmatrix.arch import sorted_platforms
-from buildmatrix.cuda import CudaFacts
+from buildmatrix.cuda import CudaFacts, newer_release_hint
 from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.image.ref import TAG_PATTERN
 from buildmatrix.profiles import Profile, ProfileSet
@@ -64,7 +64,7 @@ def _known_cuda(spec: ImageSpec, facts: CudaFacts) -> None:
             raise InputError(
                 f"{spec.source}: key 'cuda': {cuda.full} is not a CUDA release buildmatrix "
                 f"knows (its driver floor and PTX ISA would be made up). Known releases: "
-                f"{known}."
+                f"{known}. {newer_release_hint()}"
             )
 
 
@@ -157,7 +157,23 @@ def _platform_variants(
                     )
                 )
         kept.append((platform, on))
+        matrix.platforms_built.append(f"{spec.name}: {what}: {_why_built(spec, on, arch)}")
     return kept
+
+
+def _why_built(spec: ImageSpec, on: tuple[Profile, ...], arch: str) -> str:
+    """Why a variant is built for a platform: the spec's or the fleet file's list, or
+    the products of its SMs that come with that CPU (the arch profiles' ``hosts``)."""
+    if spec.platforms_from is not None:
+        return f"listed in {spec.platforms_from}"
+    products = [f"{name} ({p.sm})" for p in on for name in p.products if arch in p.hosts(name)]
+    shown = ", ".join(products[:3]) + (
+        f" and {len(products) - 3} more" if len(products) > 3 else ""
+    )
+    return (
+        f"{shown} come{'s' if len(products) == 1 else ''} with {arch} hosts (arch profiles' "
+        f"'hosts'); a fleet without {arch} GPU nodes says so once, in IMAGES/fleet.yaml"
+    )
 
 
 def _kept_profiles(
@@ -287,6 +303,7 @@ def expand_all(
             seen[e.image_ref, e.platform] = e
         total.entries += m.entries
         total.dropped += m.dropped
+        total.platforms_built += m.platforms_built
     return total
 
 

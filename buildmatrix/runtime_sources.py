@@ -8,7 +8,7 @@ each sign comes from.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 
 from packaging.version import Version
@@ -22,19 +22,27 @@ _CUDA_ENV = re.compile(r"(\d+)\.(\d+)")
 CUDA_VERSION_SOURCE = "CUDA_VERSION in the image config"
 
 
-def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
+def runtime_sources(
+    image: ScannedImage, *, ignored: Callable[[str], bool] | None = None
+) -> list[tuple[Version, str]]:
     """Every sign of the CUDA release the image's code needs, with where it comes from:
     CUDA_VERSION in the config, each ``libcudart.so.X[.Y]`` it ships, and the release
     whose ptxas/nvlink wrote each file's cubins (``.note.nv.tkinfo``; a driver must
-    support that major, and it is the only sign of a statically linked runtime)."""
+    support that major, and it is the only sign of a statically linked runtime).
+    A path ``ignored`` holds (check --ignore: never loaded) is no sign: a package that
+    ships one library per CUDA release (bitsandbytes' libbitsandbytes_cudaXYZ.so)
+    loads only the one its runtime matches; so is an optional file skipped on every
+    target (buildmatrix.optional), which check passes in the same predicate."""
+    skip = ignored or (lambda _: False)
     found: list[tuple[Version, str]] = []
     m = _CUDA_ENV.match(image.config.env.get("CUDA_VERSION", ""))
     if m:
         found.append((_release(m[1], m[2]), CUDA_VERSION_SOURCE))
     for hit in image.paths_found(_CUDART):
-        found.append((_release(hit[1], hit[2] or "0"), hit.string))
+        if not skip(hit.string):
+            found.append((_release(hit[1], hit[2] or "0"), hit.string))
     for f in image.files:
-        if f.toolkit is not None and f.format != "archive":
+        if f.toolkit is not None and f.format != "archive" and not skip(f.path):
             found.append((f.toolkit, f"device code of {f.path} (built by CUDA {f.toolkit})"))
     return found
 

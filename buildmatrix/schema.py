@@ -96,7 +96,15 @@ def _describe(error: ValidationError) -> str:
         hint = did_you_mean(str(error.instance), choices)
         return f"{where}: {error.instance!r} is not one of {', '.join(choices)}.{hint}"
     if error.validator == "type":
-        return f"{where}: expected {error.validator_value}, got {error.instance!r}."
+        hint = ""
+        number = isinstance(error.instance, int | float) and not isinstance(error.instance, bool)
+        if number and "string" in str(error.validator_value):
+            # YAML reads 12.8 as a number, and 12.10 as 12.1: the text is lost
+            hint = (
+                f" YAML reads {error.instance!r} as a number: quote it as text, "
+                f'"{error.instance}" (a bare 12.10 would already have become 12.1).'
+            )
+        return f"{where}: expected {error.validator_value}, got {error.instance!r}.{hint}"
     if error.validator == "pattern":
         expected = sub.get("description", error.validator_value)
         return f"{where}: {error.instance!r} does not have the expected form ({expected})."

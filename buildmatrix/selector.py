@@ -4,10 +4,9 @@ Pure. A term is a conjunction of one :class:`Constraint` per label key; a select
 is a list of terms, ORed. Kubernetes' ``nodeSelectorTerms`` are ORed and each term's
 ``matchExpressions`` ANDed, and ``Gt``/``Lt`` compare a label's value parsed as an
 integer with one integer (k8s.io/component-helpers ``nodeaffinity``; the operators:
-k8s.io/apimachinery ``labels/selector.go``, ``Requirement.Matches``). So a condition
-such as "driver >= 580.65.06" over the three integer labels of a driver version is a
-small OR of terms (:func:`at_least`), and conditions ANDed over ORs become the cross
-product of their terms (:func:`cross`), with contradictory terms dropped.
+k8s.io/apimachinery ``labels/selector.go``, ``Requirement.Matches``), so an integer
+range is one ``Gt`` and one ``Lt`` on one key. Conditions ANDed over ORs become the
+cross product of their terms (:func:`cross`), with contradictory terms dropped.
 """
 
 from __future__ import annotations
@@ -79,40 +78,6 @@ def cross(*alternatives: Sequence[Term]) -> list[dict[str, Constraint]]:
         if term is not None and term not in out:
             out.append(term)
     return out
-
-
-Version3 = tuple[int, int, int]
-
-
-def at_least(version: Version3, keys: tuple[str, str, str]) -> list[dict[str, Constraint]]:
-    """Terms for "the version in the three integer labels ``keys`` is >= ``version``":
-    major > M, or major = M and minor > m, or major = M, minor = m and revision >= r
-    (fewer terms where the minor or revision is 0)."""
-    (major, minor, revision), (k1, k2, k3) = version, keys
-    if version == (0, 0, 0):
-        return [{}]
-    if minor == 0 and revision == 0:
-        return [{k1: Constraint(lo=major)}]
-    if revision == 0:
-        return [{k1: Constraint(lo=major + 1)}, {k1: equal(major), k2: Constraint(lo=minor)}]
-    return [
-        {k1: Constraint(lo=major + 1)},
-        {k1: equal(major), k2: Constraint(lo=minor + 1)},
-        {k1: equal(major), k2: equal(minor), k3: Constraint(lo=revision)},
-    ]
-
-
-def below(version: Version3, keys: tuple[str, str, str]) -> list[dict[str, Constraint]]:
-    """Terms for "the version in the labels ``keys`` is < ``version``"."""
-    (major, minor, revision), (k1, k2, k3) = version, keys
-    terms: list[dict[str, Constraint]] = []
-    if major > 0:
-        terms.append({k1: Constraint(hi=major - 1)})
-    if minor > 0:
-        terms.append({k1: equal(major), k2: Constraint(hi=minor - 1)})
-    if revision > 0:
-        terms.append({k1: equal(major), k2: equal(minor), k3: Constraint(hi=revision - 1)})
-    return terms
 
 
 def render(term: Term) -> list[dict[str, Any]]:

@@ -110,6 +110,10 @@ class Gpu:
     remapped_rows: RemappedRows | None = None
     persistence_mode: bool | None = None
     brand: int | None = None  # nvmlDeviceGetBrand (nvmlBrandType_t)
+    # nvmlDeviceGetComputeMode as a name (COMPUTE_MODES), and the processes that hold a
+    # CUDA context on the GPU: a busy GPU (node/loadtest.py, node/checks.py)
+    compute_mode: str | None = None
+    compute_processes: int | None = None
     mig_devices: tuple[MigDevice, ...] | None = None  # None: not recorded / MIG off
 
 
@@ -206,6 +210,8 @@ def snapshot_from_doc(doc: Any, *, source: str) -> Snapshot:
             remapped_rows=_remapped(g.get("remapped_rows")),
             persistence_mode=g.get("persistence_mode"),
             brand=g.get("brand"),
+            compute_mode=g.get("compute_mode"),
+            compute_processes=g.get("compute_processes"),
             mig_devices=None
             if g.get("mig_devices") is None
             else tuple(_mig_device(m) for m in g["mig_devices"]),

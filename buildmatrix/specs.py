@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from buildmatrix import schema
 from buildmatrix.arch import sorted_platforms
-from buildmatrix.cuda import CudaFacts
+from buildmatrix.cuda import CudaFacts, newer_release_hint
 from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.profiles import FEATURE_MIN_CC, ProfileSet
 
@@ -54,6 +54,9 @@ class ImageSpec:
     source: Path
     platforms: tuple[str, ...] | None = None  # None: the families' products' hosts
     emulate: tuple[str, ...] = ()  # platforms built under QEMU on the x86 runner
+    # where ``platforms`` comes from, for --explain: the spec's own key, the images
+    # folder's fleet file, or (None) the arch profiles' hosts
+    platforms_from: str | None = None
 
     @property
     def folder(self) -> Path:
@@ -114,8 +117,7 @@ def _check_cuda_releases(cudas: list[Cuda], *, tag: str, source: Path, facts: Cu
         )
         raise InputError(
             f"{source}: key 'cuda': '{cuda.full}' is not a released CUDA version: {listed} "
-            f"(nvidia/cuda:VERSION-* tags; buildmatrix/data/cuda.yaml, releases). Use one of "
-            "them, or extend the releases there when NVIDIA publishes a new one."
+            f"(nvidia/cuda:VERSION-* tags). Use one of them. {newer_release_hint()}"
         )
     if "{cuda}" in tag:
         return
@@ -186,6 +188,7 @@ def spec_from_data(data: Any, path: Path, profiles: ProfileSet, *, facts: CudaFa
         source=source,
         platforms=platforms,
         emulate=emulate,
+        platforms_from=f"{source.name}, key 'platforms'" if platforms is not None else None,
     )
 
 
@@ -298,4 +301,37 @@ def load_specs(
         paths = [p for p in paths if p.parent.name == only]
     if not paths:
         raise InputError(f"{images} holds no */{SPEC_FILE}; add images/NAME/{SPEC_FILE}.")
-    return [spec_from_data(load_yaml_file(p), p, profiles, facts=facts) for p in paths]
+    specs = [spec_from_data(load_yaml_file(p), p, profiles, facts=facts) for p in paths]
+    fleet = load_fleet(images)
+    return specs if fleet is None else [_on_fleet(s, fleet, images / FLEET_FILE) for s in specs]
+
+
+FLEET_FILE = "fleet.yaml"
+
+
+def load_fleet(images: Path) -> tuple[str, ...] | None:
+    """The platforms ``IMAGES/fleet.yaml`` states for the fleet's GPU nodes, or None
+    where there is no such file (each spec then builds what the profiles' hosts need)."""
+    from buildmatrix.yamlio import load_yaml_file
+
+    path = images / FLEET_FILE
+    if not path.is_file():
+        return None
+    data = load_yaml_file(path)
+    schema.validate(data, "fleet", source=str(path))
+    return sorted_platforms(data["platforms"])
+
+
+def _on_fleet(spec: ImageSpec, fleet: tuple[str, ...], path: Path) -> ImageSpec:
+    """A spec without its own ``platforms`` builds the fleet's; ``emulate`` must name
+    one of them."""
+    if spec.platforms is not None:
+        return spec  # the spec's own choice wins over the folder's
+    for platform in spec.emulate:
+        if platform not in fleet:
+            raise InputError(
+                f"{spec.source}: key 'emulate' names {platform}, which {path} does not "
+                f"list among the fleet's platforms ({', '.join(fleet)}); drop it here, or "
+                "add it there."
+            )
+    return replace(spec, platforms=fleet, platforms_from=f"{path}, key 'platforms'")

@@ -6,6 +6,7 @@ out. buildmatrix.check judges every target this way and sums them up.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,8 +25,13 @@ from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.forward import CompatUse
 from buildmatrix.forward_devices import device_refusal
 from buildmatrix.jit_env import DEFAULT, JitEnv
+from buildmatrix.optional import EVERY_FILE, Choice, Loading, Skipped, choose
 from buildmatrix.profiles import Profile
 from buildmatrix.units import judge_file
+from buildmatrix.verdict import FileJudgement
+
+# The CUDA runtime the image's code needs, but for the files given (skipped here).
+RuntimeFor = Callable[[frozenset[str]], "tuple[Version, str] | None"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +58,13 @@ class TargetResult:
     jit_files: tuple[str, ...] = ()
     driver_failures: tuple[str, ...] = ()
     specialised: tuple[str, ...] = ()  # containers left out of the verdict (judge_units)
+    # optional files left out on this GPU (buildmatrix.optional), and the verdict
+    # with every file counted (--strict's; None where not judged so)
+    skipped: tuple[Skipped, ...] = ()
+    strict_verdict: Verdict | None = None
+    # every file counted, each by the per-container rule (the verdict before files
+    # that load only where they run were told apart)
+    every_file_verdict: Verdict | None = None
 
     @property
     def sm(self) -> str:
@@ -66,6 +79,9 @@ class TargetResult:
             "driver_ok": self.driver_ok,
             "reasons": list(self.reasons),
             "specialised": list(self.specialised),
+            "strict_verdict": (self.strict_verdict or self.verdict).value,
+            "every_file_verdict": (self.every_file_verdict or self.verdict).value,
+            "skipped": [s.to_json() for s in self.skipped],
         }
 
 
@@ -86,6 +102,8 @@ def worst(variants: list[TargetResult]) -> TargetResult:
         jit_files=joined("jit_files"),
         driver_failures=joined("driver_failures"),
         specialised=joined("specialised"),
+        skipped=tuple(dict.fromkeys(s for v in variants for s in v.skipped)),
+        every_file_verdict=combine(v.every_file_verdict or v.verdict for v in variants),
     )
 
 
@@ -102,32 +120,59 @@ def judge_target(
     forward: CompatUse | None = None,
     driver_cuda: Version | None = None,
     jit: JitEnv = DEFAULT,
+    loading: Loading = EVERY_FILE,
+    runtime_for: RuntimeFor | None = None,
 ) -> TargetResult:
+    """The target's verdict over ``files`` (every file that may be loaded: static
+    archives left out) and the driver. Without ``strict``, the files ``loading``
+    names optional count as buildmatrix.optional.choose says: the files that always
+    load decide, and an optional file without code for the GPU is skipped there
+    (and sets no runtime floor: ``runtime_for`` gives the runtime without them)."""
     # Through a cuda-compat driver in use, the user-mode driver (runtime floor, PTX JIT)
     # is the compat library's; the kernel-mode driver (hardware floor) stays the node's.
     user_driver = driver
     if forward is not None and forward.in_use:
         # The node's reported CUDA version is its own libcuda's, not the compat one's.
         user_driver, driver_cuda = forward.version or driver, None
-    verdicts, failures, jitted, specialised = _judge_files(
-        files,
-        target.cc,
-        driver=user_driver,
-        facts=facts,
-        strict=strict,
-        driver_cuda=driver_cuda,
-        jit=jit,
+    judged = {
+        f.path: judge_file(
+            f,
+            target.cc,
+            driver=user_driver,
+            facts=facts,
+            strict=strict,
+            driver_cuda=driver_cuda,
+            jit=jit,
+        )
+        for f in files
+    }
+    choice = (
+        Choice(counted=tuple(judged))
+        if strict or loading is EVERY_FILE
+        else choose(loading, judged, target.cc)
     )
+    verdicts, failures, jitted, specialised = _judge_files(files, judged, choice)
+    if choice.skipped and runtime_for is not None:
+        runtime = runtime_for(frozenset(s.path for s in choice.skipped))
+    image_wide: list[Verdict] = []  # what fails the target whatever file counts
     for problem in unreadable:  # fail closed: a file we cannot read may be one that fails
-        verdicts.append(Verdict.NONE)
+        image_wide.append(Verdict.NONE)
         failures.append(f"unreadable: {problem}")
     if not files and not unreadable and not allow_empty:
         failures.append("no device code in the image")
-        verdicts.append(Verdict.NONE)
+        image_wide.append(Verdict.NONE)
     reasons = [*failures, *jitted]
-    verdict = combine(verdicts)  # no files at all (allowed): nothing can fail on the GPU
-    if verdict is Verdict.NATIVE:
-        reasons.append(f"all {len(files)} file(s) with device code have SASS for {target.cc}")
+    # no files at all (allowed): nothing can fail on the GPU
+    verdict = combine([*verdicts, *image_wide])
+    every_file = combine([*(j.verdict for j in judged.values()), *image_wide])
+    if verdict is Verdict.NATIVE and choice.fallback is None:
+        n = len(choice.counted) + len(choice.groups)
+        reasons.append(f"all {n} file(s) with device code have SASS for {target.cc}")
+    if choice.skipped:
+        reasons.append(
+            f"{len(choice.skipped)} optional file(s) without code for {target.cc} skipped "
+            "(listed under skipped; --strict counts them)"
+        )
     driver_ok = True
     driver_failures: tuple[str, ...] = ()
     if driver is not None and user_driver is not None:
@@ -151,6 +196,8 @@ def judge_target(
         jit_files=tuple(jitted),
         driver_failures=driver_failures,
         specialised=tuple(specialised),
+        skipped=choice.skipped,
+        every_file_verdict=every_file,
     )
 
 
@@ -195,30 +242,38 @@ def _driver_checks(
 
 
 def _judge_files(
-    files: list[FileReport],
-    cc: ComputeCapability,
-    *,
-    driver: DriverVersion | None,
-    facts: CudaFacts,
-    strict: bool,
-    driver_cuda: Version | None,
-    jit: JitEnv,
+    files: list[FileReport], judged: dict[str, FileJudgement], choice: Choice
 ) -> tuple[list[Verdict], list[str], list[str], list[str]]:
-    """Each file's verdict on ``cc`` (buildmatrix.units.judge_file), and the lines of
-    the files without runnable code, of those that need JIT, and of the containers left
-    out as specialised."""
+    """The verdicts that count (``choice``: the files that always load, each sibling
+    group's, the optional files' where nothing else holds code; each file judged by
+    buildmatrix.units.judge_file), and the lines of the files without runnable code,
+    of those that need JIT, and of the containers left out as specialised."""
     verdicts: list[Verdict] = []
     failures: list[str] = []
     jitted: list[str] = []
     specialised: list[str] = []
+    counted = set(choice.counted)
     for f in files:
-        j = judge_file(
-            f, cc, driver=driver, facts=facts, strict=strict, driver_cuda=driver_cuda, jit=jit
-        )
-        verdicts.append(j.verdict)
+        j = judged[f.path]
+        if f.path not in counted:
+            continue
         specialised.extend(f"{f.path}: {s}" for s in j.specialised)
+        verdicts.append(j.verdict)
         if j.verdict is Verdict.NONE:
             failures.append(f"{f.path}: " + "; ".join(j.reasons))
         elif j.verdict is Verdict.JIT:
             jitted.append(f"{f.path}: needs JIT: " + "; ".join(j.reasons))
+    for pattern, verdict, why in choice.groups:
+        verdicts.append(verdict)
+        if verdict is Verdict.NONE:
+            failures.append(f"{pattern}: {why}")
+        elif verdict is Verdict.JIT:
+            jitted.append(f"{pattern}: needs JIT: {why}")
+    if choice.fallback is not None:
+        verdict, lines = choice.fallback
+        verdicts.append(verdict)
+        if verdict is Verdict.NONE:
+            failures.extend(lines)
+        elif verdict is Verdict.JIT:
+            jitted.extend(lines)
     return verdicts, failures, jitted, specialised

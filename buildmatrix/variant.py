@@ -201,6 +201,8 @@ class Dropped:
 class Matrix:
     entries: list[Entry] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
+    # why each built platform of a variant is built (--explain): "IMAGE: WHAT: why"
+    platforms_built: list[str] = field(default_factory=list)
 
 
 _REGISTRY = re.compile(rf"{HOST_PATTERN}(?:/{COMPONENT_PATTERN})*")

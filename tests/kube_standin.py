@@ -25,6 +25,12 @@ What it reproduces of the real server, for ``/api/v1/nodes/{name}`` only:
   API server's message (``ValidatingAdmissionPolicy 'P' with binding 'B' denied
   request: ...``) and the node is not written.
 
+- ``nodeclaims``: Karpenter's cluster-scoped NodeClaims, for DELETE only
+  (``/apis/karpenter.sh/v1/nodeclaims/{name}``): the ``delete`` verb, 404, a
+  ``preconditions.uid`` other than the object's is 409 Conflict ("Precondition
+  failed: UID in precondition: ..., UID in object meta: ..."), the policies run with
+  the old object and operation DELETE; deleted, the object is answered (200).
+
 It is not an API server: no watch, no other resources, no other admission plugins,
 no validation beyond what the tests need.
 """
@@ -49,6 +55,7 @@ from tests.admission_policy import UserInfo, denials, request
 Json = Any
 POLL = 0.01  # seconds: serve_forever's poll interval
 PREFIX = "/api/v1/nodes/"
+CLAIMS = "/apis/karpenter.sh/v1/nodeclaims/"
 
 
 @dataclass
@@ -61,6 +68,7 @@ class ApiStandIn:
     policies: list[Json] = field(default_factory=list)
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, type
     conflicts: int = 0
+    nodeclaims: dict[str, Json] = field(default_factory=dict)
     _version: int = 100
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -91,11 +99,20 @@ class ApiStandIn:
         self._version += 1
         node["metadata"]["resourceVersion"] = str(self._version)
 
-    def admit(self, token: str | None, old: Json, new: Json) -> str | None:
+    def admit(
+        self,
+        token: str | None,
+        old: Json,
+        new: Json,
+        *,
+        resource: str = "nodes",
+        operation: str = "UPDATE",
+    ) -> str | None:
         """The first denial of the admission policies, as the API server words it."""
         user = self.identities.get(token or "", UserInfo("system:serviceaccount:test:smoke", {}))
         for policy in self.policies:
-            refused = denials(policy, request(user, old, new))
+            review = request(user, old, new, resource=resource, operation=operation)
+            refused = denials(policy, review)
             if refused:
                 name = policy["metadata"]["name"]
                 return (
@@ -226,6 +243,44 @@ class ApiStandIn:
                     standin.nodes[name] = patched
                     out = copy.deepcopy(patched)
                 self._send(200, out)
+
+            def do_DELETE(self) -> None:
+                path = self.path.split("?", 1)[0]
+                standin.requests.append(("DELETE", self.path, ""))
+                length = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(length)) if length else {}
+                if not path.startswith(CLAIMS):
+                    self._status(405, "MethodNotAllowed", "the server does not allow this method")
+                    return
+                name = path[len(CLAIMS) :]
+                if not self._authorised("delete", name):
+                    return
+                with standin._lock:
+                    claim = standin.nodeclaims.get(name)
+                    if claim is None:
+                        self._status(404, "NotFound", f'nodeclaims.karpenter.sh "{name}" not found')
+                        return
+                    uid = ((body or {}).get("preconditions") or {}).get("uid")
+                    if uid is not None and uid != claim["metadata"]["uid"]:
+                        self._status(
+                            409,
+                            "Conflict",
+                            f"Precondition failed: UID in precondition: {uid}, UID in object "
+                            f"meta: {claim['metadata']['uid']}",
+                        )
+                        return
+                    refused = standin.admit(
+                        self._token(), claim, None, resource="nodeclaims", operation="DELETE"
+                    )
+                    if refused is not None:
+                        self._status(
+                            403,
+                            "Forbidden",
+                            f'nodeclaims.karpenter.sh "{name}" is forbidden: {refused}',
+                        )
+                        return
+                    del standin.nodeclaims[name]
+                self._send(200, claim)
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         scheme = "http"

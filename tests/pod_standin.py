@@ -13,7 +13,9 @@ What it reproduces of the kubelet, for the rendered DaemonSet only:
 - mounts: the process sees each volume at its ``mountPath`` (here: every mount path
   in the command and the environment is replaced by the volume's local folder);
 - env: plain values, and ``fieldRef: spec.nodeName`` as the node's name;
-- the command: ``/bin/sh -c`` with the container's script, one round of its loop.
+- the command: ``/bin/sh -c`` with the container's script, one round of its loop
+  (:func:`run_once`), or the whole of it until it ends (:func:`run_loop`: a restart
+  of the container is another call, which starts with the same ``emptyDir``).
 
 The ServiceAccount token mount is replaced by ``KUBECONFIG`` (a kubeconfig for the API
 stand-in), and the NVIDIA container toolkit's library mounts by ``LD_LIBRARY_PATH``.
@@ -24,9 +26,11 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +42,8 @@ class PodWouldNotStart(Exception):
 
 
 def _volume(volume: dict[str, Any], objects: Mapping[str, dict[str, Any]], at: Path) -> None:
-    at.mkdir(parents=True)
+    # a container started again in the same Pod (the same root) keeps its emptyDir
+    at.mkdir(parents=True, exist_ok=True)
     if "configMap" in volume:
         found = objects.get(f"ConfigMap/{volume['configMap']['name']}")
         if found is None:
@@ -60,13 +65,15 @@ def _volume(volume: dict[str, Any], objects: Mapping[str, dict[str, Any]], at: P
 
 
 def one_round(script: str, *, append: str = "") -> str:
-    """One round of the container's loop (``while true; do ROUND; sleep N; done``):
-    its smoke command, with ``append`` added to it, then what the loop does after it
-    (``--mark-failed`` after a signal), ending with the smoke command's exit status."""
-    once = script.removeprefix("while true; do ").split("; sleep")[0]
+    """One round of the container's loop (``START; while true; do ROUND; sleep N;
+    done``): what the container does first, its smoke command with ``append`` added to
+    it, then what the loop does after it (``--mark-failed`` after a signal; the end of
+    the container when the driver changed), ending with the smoke command's status."""
+    start, _, loop = script.partition("while true; do ")
+    once = loop.split("; sleep")[0]
     first, then, rest = once.partition("; rc=$?")
     end = "; exit $rc" if then else ""
-    return f"{first}{' ' + append if append else ''}{then}{rest}{end}"
+    return f"{start}{first}{' ' + append if append else ''}{then}{rest}{end}"
 
 
 def run_once(
@@ -81,6 +88,84 @@ def run_once(
 ) -> subprocess.CompletedProcess[str]:
     """One round of the DaemonSet's loop on ``node``; ``objects`` by ``Kind/name``;
     ``append`` is added to the smoke command line (``--snapshot FILE``)."""
+    return _run(
+        daemonset,
+        objects=objects,
+        node=node,
+        root=root,
+        kubeconfig=kubeconfig,
+        host_env=host_env,
+        script=lambda text: one_round(text, append=append),
+    )
+
+
+@dataclass(frozen=True)
+class Loop:
+    """How the whole loop ran: the shell's answer, and how many rounds it began."""
+
+    proc: subprocess.CompletedProcess[str]
+    rounds: int
+
+    @property
+    def ended_by_itself(self) -> bool:
+        """The loop left ``while true`` on its own (the stand-in ``sleep`` did not
+        stop it after the last step)."""
+        return self.proc.returncode >= 0
+
+
+def run_loop(
+    daemonset: dict[str, Any],
+    *,
+    objects: Mapping[str, dict[str, Any]],
+    node: str,
+    root: Path,
+    kubeconfig: Path,
+    between: Sequence[str],
+    host_env: Mapping[str, str] | None = None,
+) -> Loop:
+    """The container's whole command, as rendered (the loop and what it does first),
+    as one container of it runs until it ends. Time is the stand-in: ``sleep`` (the
+    loop's wait for the next round) runs at once the shell step ``between[i]`` after
+    round ``i + 1`` (a driver changed, a registry stopped), and after the last round
+    of ``between`` ends the loop with SIGTERM, as the kubelet stops a container."""
+    steps = root / "steps"  # this container's: a new one starts from the first step
+    shutil.rmtree(steps, ignore_errors=True)
+    steps.mkdir(parents=True)
+    for i, step in enumerate(between, start=1):
+        (steps / str(i)).write_text(step + "\n")
+    shim = root / "bin" / "sleep"
+    shim.parent.mkdir(parents=True, exist_ok=True)
+    shim.write_text(
+        "#!/bin/sh\n"
+        f'n=$(( $(cat "{steps}/count" 2>/dev/null || echo 0) + 1 )); echo "$n" > "{steps}/count"\n'
+        f'if [ -e "{steps}/$n" ]; then . "{steps}/$n"; else kill -TERM "$PPID"; fi\n'
+    )
+    shim.chmod(0o755)
+    proc = _run(
+        daemonset,
+        objects=objects,
+        node=node,
+        root=root,
+        kubeconfig=kubeconfig,
+        host_env=host_env,
+        script=lambda text: text,
+    )
+    count = steps / "count"
+    waits = int(count.read_text()) if count.exists() else 0
+    return Loop(proc=proc, rounds=waits + (1 if proc.returncode >= 0 else 0))
+
+
+def _run(
+    daemonset: dict[str, Any],
+    *,
+    objects: Mapping[str, dict[str, Any]],
+    node: str,
+    root: Path,
+    kubeconfig: Path,
+    host_env: Mapping[str, str] | None,
+    script: Callable[[str], str],
+) -> subprocess.CompletedProcess[str]:
+    """The container's command, made by ``script`` from the rendered one."""
     pod = daemonset["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     folders = {}
@@ -113,12 +198,12 @@ def run_once(
             env[e["name"]] = local(e["value"])
         elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
             env[e["name"]] = node
-    shell, flag, script = container["command"]
+    shell, flag, command = container["command"]
     assert (shell, flag) == ("/bin/sh", "-c")
     return subprocess.run(
-        # ``append`` names files of the test's host side (a checkout under /tmp too):
-        # not rewritten into the Pod's volumes
-        [shell, flag, one_round(local(script), append=append)],
+        # what ``script`` adds names files of the test's host side (a checkout under
+        # /tmp too): not rewritten into the Pod's volumes
+        [shell, flag, script(local(command))],
         env=env,
         capture_output=True,
         text=True,
@@ -130,9 +215,9 @@ def run_once(
 def _shim(root: Path) -> Path:
     """``buildmatrix`` on PATH, as the image's entry point: this checkout's package."""
     folder = root / "bin"
-    if not folder.exists():
-        folder.mkdir(parents=True)
-        shim = folder / "buildmatrix"
+    shim = folder / "buildmatrix"
+    if not shim.exists():
+        folder.mkdir(parents=True, exist_ok=True)
         shim.write_text(
             f'#!/bin/sh\nPYTHONPATH="{REPO}" exec "{sys.executable}" -m buildmatrix "$@"\n'
         )

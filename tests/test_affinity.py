@@ -52,11 +52,12 @@ def _image(tmp_path: Path, *libs: str, name: str = "img") -> str:
 
 
 def _driver_labels(driver: str) -> dict[str, str]:
+    """The driver label smoke writes (tests/test_labelkeys.py proves its order)."""
     major, minor, revision = [*driver.split("."), "0"][:3]
     return {
-        "buildmatrix.io/driver.major": str(int(major)),
-        "buildmatrix.io/driver.minor": str(int(minor)),
-        "buildmatrix.io/driver.revision": str(int(revision)),
+        "buildmatrix.io/driver.version": str(
+            int(major) * 1_000_000 + int(minor) * 1000 + int(revision)
+        ),
     }
 
 
@@ -70,8 +71,8 @@ def _node_labels(
         "kubernetes.io/arch": arch,
         "nvidia.com/gpu.family": p.family.value,
         "nvidia.com/gpu.memory": str(memory),
-        "nvidia.com/gpu.compute-capability": str(p.cc),
-        "nvidia.com/gpu.memory-mb": str(memory),
+        "buildmatrix.io/gpu.compute-capability": str(p.cc),
+        "buildmatrix.io/gpu.memory-mb": str(memory),
         **_driver_labels(driver),
     }
 
@@ -155,30 +156,20 @@ def test_the_seeds_fp8_case(cli: CliRunner, tmp_path: Path) -> None:
     hopper = _image(tmp_path, "libhopper_a.so", name="h")
     code, doc = _affinity(cli, hopper, "--require", "fp8", "--min-memory", "70000")
     assert code == 0, doc
-    driver = [
-        [{"key": "buildmatrix.io/driver.major", "operator": "Gt", "values": ["580"]}],
-        [
-            {"key": "buildmatrix.io/driver.major", "operator": "In", "values": ["580"]},
-            {"key": "buildmatrix.io/driver.minor", "operator": "Gt", "values": ["65"]},
-        ],
-        [
-            {"key": "buildmatrix.io/driver.major", "operator": "In", "values": ["580"]},
-            {"key": "buildmatrix.io/driver.minor", "operator": "In", "values": ["65"]},
-            {"key": "buildmatrix.io/driver.revision", "operator": "Gt", "values": ["5"]},
-        ],
-    ]
+    # one term: driver >= 580.65.06 is one Gt on the ordinal (580065006)
+    driver = [{"key": "buildmatrix.io/driver.version", "operator": "Gt", "values": ["580065005"]}]
     head: list[dict[str, Any]] = [
-        {"key": "nvidia.com/gpu.compute-capability", "operator": "In", "values": ["9.0"]},
+        {"key": "buildmatrix.io/gpu.compute-capability", "operator": "In", "values": ["9.0"]},
     ]
     absent: list[dict[str, Any]] = [
         {"key": f"buildmatrix.io/compute-capability.{p.cc}", "operator": "DoesNotExist"}
         for p in PROFILES
         if p.cc > PROFILES.get("sm_90").cc
     ]
-    memory = [{"key": "nvidia.com/gpu.memory-mb", "operator": "Gt", "values": ["69999"]}]
+    memory = [{"key": "buildmatrix.io/gpu.memory-mb", "operator": "Gt", "values": ["69999"]}]
     # an amd64-only image (the archive's config) whose GPUs also sit behind Grace (GH200)
     arch = [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]
-    assert _terms(doc) == [head + absent + memory + arch + d for d in driver]
+    assert _terms(doc) == [head + absent + memory + arch + driver]
     assert not affinity_matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.06", "arm64"))
     assert affinity_matches(doc["affinity"], _node_labels("sm_90", 81559, "580.65.06"))
     assert affinity_matches(doc["affinity"], _node_labels("sm_90", 81559, "590.44.01"))
@@ -189,7 +180,7 @@ def test_the_seeds_fp8_case(cli: CliRunner, tmp_path: Path) -> None:
     both = _image(tmp_path, "libmulti.so", name="b")  # sm_89 and sm_90 among others
     code, doc = _affinity(cli, both, "--require", "fp8")
     assert code == 0, doc
-    assert {t[0]["key"] for t in _terms(doc)} == {"nvidia.com/gpu.compute-capability"}
+    assert {t[0]["key"] for t in _terms(doc)} == {"buildmatrix.io/gpu.compute-capability"}
     assert _terms(doc)[0][0]["values"] == ["8.9", "9.0", "10.0", "10.3", "12.0", "12.1"]
 
 
@@ -199,10 +190,9 @@ def test_the_example_job_runs_where_its_image_would(cli: CliRunner) -> None:
     on FP8 GPUs with the memory and a driver meeting the CUDA 13 floor and their own."""
     r = cli("k8s", "manifests", "--example-job", "--format", "json")
     assert r.code == 0, r.err
-    job = json.loads(r.out) if r.out.lstrip().startswith("{") else None
-    docs = list(yaml.safe_load_all(r.out)) if job is None else [job]
-    flat = [x for d in docs for x in (d if isinstance(d, list) else [d])]
-    (job,) = [d for d in flat if d["kind"] == "Job"]
+    listed = json.loads(r.out)
+    assert listed["kind"] == "List"  # several objects: one v1 List
+    (job,) = [d for d in listed["items"] if d["kind"] == "Job"]
     affinity = job["spec"]["template"]["spec"]["affinity"]
     cuda13 = FACTS.runtime_floor(13)
     assert cuda13 is not None
@@ -241,7 +231,7 @@ def test_a_partly_covered_family_is_named_by_compute_capability(
     assert code == 0, doc
     for term in _terms(doc):
         assert term[0] == {
-            "key": "nvidia.com/gpu.compute-capability",
+            "key": "buildmatrix.io/gpu.compute-capability",
             "operator": "In",
             "values": ["10.0", "10.3"],
         }
@@ -478,7 +468,7 @@ def test_into_merges_with_the_manifest(cli: CliRunner, tmp_path: Path) -> None:
     # every term of the image's affinity, each ANDed with the manifest's zone
     zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}
     assert merged == [[zone, *t] for t in _terms(alone)]
-    assert len(merged) == 3  # driver >= 580.65.06 is three terms
+    assert len(merged) == 1  # driver >= 580.65.06 is one Gt, so one term
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     kubernetes_validate.validate(job, K8S_VERSION, strict=True)
 

@@ -178,9 +178,16 @@ def test_unreadable_device_code_fails_closed() -> None:
     assert all(t.verdict is Verdict.NONE for t in result.targets)
 
 
-def test_no_label_no_flags_asks_for_targets() -> None:
-    with pytest.raises(InputError, match="pass --family F or --sm SM"):
-        run_check(image(lib("libmulti.so")), PROFILES, Options(), FACTS)
+def test_no_label_no_flags_judges_every_profile() -> None:
+    """Where does the image run? Every profile is a target; the image passes where it
+    runs on one (tests/test_check_where.py holds the table to cuobjdump's lists)."""
+    result = run_check(image(lib("libhopper_a.so")), PROFILES, Options(), FACTS)
+    assert result.declared == {"family": None, "source": "profiles"}
+    assert [t.sm for t in result.targets] == [p.sm for p in PROFILES.profiles]
+    assert [t.sm for t in result.runs_on] == ["sm_90"]
+    assert result.passed
+    nowhere = run_check(image(lib("libhopper_a.so")), PROFILES, Options(sms=["8.0"]), FACTS)
+    assert not nowhere.passed  # a target given is a requirement, as before
 
 
 def test_snapshot_gives_driver_and_targets(tmp_path: Path) -> None:

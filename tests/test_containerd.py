@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
-import site
 import subprocess
-import sys
 import tarfile
 import tempfile
 import threading
@@ -29,6 +26,7 @@ from buildmatrix.image.bolt import BRANCH_PAGE, PAGE_HEADER, BoltError, BoltFile
 from buildmatrix.image.containerd import METADATA, candidate_names
 from buildmatrix.image.open import scan_image
 from buildmatrix.image.ref import Transport, parse_ref
+from tests import agent_site
 from tests.conftest import REPO, CliRunner
 from tests.containerd_service import Containerd, containerd  # noqa: F401
 from tests.images import Image, fixture, write_docker_archive, write_oci_layout
@@ -561,6 +559,7 @@ def _as_agent(python: str, *args: str, mounts: tuple[tuple[Path, Path], ...] = (
     )
 
 
+@pytest.mark.other_user
 def test_the_agent_reads_the_mounted_folders_as_non_root(
     containerd: Containerd,  # noqa: F811
     cli: CliRunner,
@@ -588,16 +587,13 @@ def test_the_agent_reads_the_mounted_folders_as_non_root(
             "CONTAINERD_NAMESPACE": "agent",
             "XDG_CACHE_HOME": str(cache),
             "HOME": str(cache),
-            "PYTHONPATH": os.pathsep.join([str(REPO), *site.getsitepackages()]),
+            # a copy open to the agent, wherever the checkout and its .venv lie
+            "PYTHONPATH": agent_site.stage(base / "py"),
         }
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         python = next(
-            (
-                p
-                for p in (sys.executable, "/usr/bin/python3")
-                if _as_agent(p, "--version").returncode == 0
-            ),
+            (p for p in agent_site.interpreters() if _as_agent(p, "--version").returncode == 0),
             None,
         )
         if python is None:

@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import site
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +27,8 @@ import pytest
 from buildmatrix.image.containerd_store import DEFAULT_ADDRESS, DEFAULT_ROOT, Store
 from buildmatrix.image.enginestore import engine_store
 from buildmatrix.image.open import scan_image
-from tests.conftest import REPO, CliRunner
+from tests import agent_site
+from tests.conftest import CliRunner
 from tests.containerd_service import Containerd, containerd  # noqa: F401
 from tests.engine_standin import StandinEngine, StandinImage
 from tests.images import Image, write_docker_archive, write_platform_layout
@@ -216,6 +215,7 @@ def containerd_of(engine: StandinEngine) -> Containerd:
     )
 
 
+@pytest.mark.other_user
 def test_unreadable_store_falls_back_to_the_save_stream(
     engine: StandinEngine, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -234,28 +234,34 @@ def test_unreadable_store_falls_back_to_the_save_stream(
     monkeypatch.delenv("CONTAINERD_ROOT")
     if not all(shutil.which(t) for t in ("unshare", "setpriv")):
         pytest.skip("unshare and setpriv (util-linux) are needed for the non-root run")
-    cache = engine.socket.parent / "cache"
-    cache.mkdir(mode=0o777)
-    cache.chmod(0o777)
-    env = {
-        **os.environ,
-        "XDG_CACHE_HOME": str(cache),
-        "HOME": str(cache),
-        "PYTHONPATH": os.pathsep.join([str(REPO), *site.getsitepackages()]),
-    }
-    user = ["setpriv", "--reuid", AGENT_USER, "--regid", AGENT_USER, "--clear-groups"]
-    args = (f"docker-daemon:{tag}", "--json")
-    for python in (sys.executable, "/usr/bin/python3"):
-        agent = subprocess.run(
-            [*user, "--inh-caps=-all", python, "-m", "buildmatrix", "check", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-            timeout=120,
-        )
-        if "Permission denied" not in agent.stderr or "python" not in agent.stderr:
-            break
+    # open to the agent user wherever the checkout, its .venv and the basetemp lie
+    base = Path(tempfile.mkdtemp(prefix="bm-agent-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        cache = base / "cache"
+        cache.mkdir(mode=0o777)
+        cache.chmod(0o777)
+        env = {
+            **os.environ,
+            "XDG_CACHE_HOME": str(cache),
+            "HOME": str(cache),
+            "PYTHONPATH": agent_site.stage(base / "py"),
+        }
+        user = ["setpriv", "--reuid", AGENT_USER, "--regid", AGENT_USER, "--clear-groups"]
+        args = (f"docker-daemon:{tag}", "--json")
+        for python in agent_site.interpreters():
+            agent = subprocess.run(
+                [*user, "--inh-caps=-all", python, "-m", "buildmatrix", "check", *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+                timeout=120,
+            )
+            if "Permission denied" not in agent.stderr or "python" not in agent.stderr:
+                break
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     assert agent.returncode == 0, agent.stderr
     said = json.loads(agent.stdout)
     assert portable(said) == portable(doc)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from buildmatrix.binary.decompress import FLAG_LZ4, FLAG_ZSTD, MAX_UNCOMPRESSED, decompress_payload
+from buildmatrix.binary.decompress import FLAG_LZ4, FLAG_ZSTD, MAX_IN_MEMORY, decompress_payload
 from buildmatrix.binary.ptx import ptx_target
 from buildmatrix.binary.scan import inspect_source
 from buildmatrix.binary.source import BytesSource, CorruptBinary
@@ -113,7 +113,7 @@ def _compressed(data: bytes, flags: int) -> bytes:
 @given(
     st.sampled_from([FLAG_LZ4, FLAG_ZSTD, FLAG_LZ4 | FLAG_ZSTD, 0]),
     st.binary(max_size=2048),
-    st.one_of(st.integers(-1, 1 << 16), st.sampled_from([MAX_UNCOMPRESSED, 1 << 40])),
+    st.one_of(st.integers(-1, 1 << 16), st.sampled_from([MAX_IN_MEMORY, 1 << 40])),
     st.booleans(),
     st.data(),
 )
@@ -127,7 +127,7 @@ def test_decompressor(flags: int, body: bytes, size: int, wrap: bool, data: st.D
         out = decompress_payload(payload, flags=flags, size=size, name="x")
     except CorruptBinary:
         return
-    assert len(out) == size <= MAX_UNCOMPRESSED
+    assert len(out) == size <= MAX_IN_MEMORY
 
 
 @FUZZ

@@ -38,7 +38,7 @@ def test_an_unknown_feature_gets_sentences(cli: CliRunner) -> None:
 
 def _gt(out: str) -> str:
     lines = out.splitlines()
-    at = next(i for i, x in enumerate(lines) if "nvidia.com/gpu.memory-mb" in x)
+    at = next(i for i, x in enumerate(lines) if "buildmatrix.io/gpu.memory-mb" in x)
     return lines[at + 3].strip()
 
 

@@ -6,13 +6,17 @@ from __future__ import annotations
 import io
 import json
 import os
+import struct
 import tarfile
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.binaries import container, elf_with_section, entry
 from tests.conftest import CliRunner
+from tests.fixtures.build import BIN
 from tests.images import Image, fixture, write_oci_layout
 
 
@@ -177,3 +181,71 @@ def test_archives_nested_deep_are_refused_not_a_traceback(
     r = cli("inspect", str(root), "--json")
     assert r.code == 0, r.err
     assert "sm_80" in r.out
+
+
+# Decompression bombs (buildmatrix.binary.decompress; docs/security.md, "Bounds"): a
+# fatbinary whose one cubin is a Zstandard frame under a header that claims its size.
+_ENTRY_HEADER = struct.Struct("<HHIQI4xHHI8xQ8xQ")  # docs/inspect.md's entry header
+
+
+def _zstd_fatbin(chunks: Iterator[bytes], *, packed: int = 0, claim: int = 0) -> bytes:
+    """A fatbinary of one sm_80 SASS entry: the Zstandard frame of ``chunks``, padded
+    to ``packed`` compressed bytes (the header's +16) where more, claiming ``claim``
+    uncompressed bytes (+56; default: what the frame holds)."""
+    import zstandard
+
+    out = io.BytesIO()
+    size = 0
+    with zstandard.ZstdCompressor(level=1).stream_writer(out, closefd=False) as writer:
+        for chunk in chunks:
+            writer.write(chunk)
+            size += len(chunk)
+    frame = out.getvalue()
+    payload = frame.ljust(packed, b"\0")
+    payload += b"\0" * (-len(payload) % 8)
+    head = _ENTRY_HEADER.pack(
+        2, 0x101, 64, len(payload), max(packed, len(frame)), 0, 0, 80, 0x8011, claim or size
+    )
+    return container(head + payload)
+
+
+def _zeros(total: int) -> Iterator[bytes]:
+    block = b"\0" * (16 << 20)
+    for at in range(0, total, len(block)):
+        yield block[: total - at]
+
+
+@pytest.mark.parametrize("claim", [0, 1 << 40])  # what it holds (1 GiB), and 1 TiB
+def test_a_decompression_bomb_is_refused_within_bounded_memory(
+    cli: CliRunner, tmp_path: Path, claim: int
+) -> None:
+    """A 1 GiB frame of zeros in a few kilobytes: past the 1024:1 ratio bound, refused
+    (exit 2) before anything is decompressed, whatever size the header claims."""
+    path = tmp_path / "bomb.fatbin"
+    path.write_bytes(_zstd_fatbin(_zeros(1 << 30), claim=claim))
+    assert path.stat().st_size < 1 << 20
+    tracemalloc.start()
+    result = cli("check", str(path), "--sm", "8.0")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert result.code == 2, result.out
+    assert "decompression bomb" in result.err and "bomb.fatbin" in result.err
+    assert peak < 16 << 20
+
+
+def test_a_cubin_past_the_memory_budget_is_read_as_a_stream(cli: CliRunner, tmp_path: Path) -> None:
+    """An sm_80 cubin followed by zeros to 300 MiB (past the 256 MiB an entry may take
+    in memory; its compressed bytes padded to 1:1000, within the ratio bound): read
+    from the frame as asked, never held, and judged by its own ELF header."""
+    cubin = (BIN / "kernels_sm80.cubin").read_bytes()
+    size = 300 << 20
+    path = tmp_path / "big.fatbin"
+    path.write_bytes(_zstd_fatbin(iter([cubin, *_zeros(size - len(cubin))]), packed=size // 1000))
+    tracemalloc.start()
+    passed = cli("check", str(path), "--sm", "8.0", "--json")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert passed.code == 0, passed.out + passed.err
+    assert peak < 64 << 20
+    failed = cli("check", str(path), "--sm", "9.0", "--json")
+    assert failed.code == 1, failed.out

@@ -113,3 +113,19 @@ def test_repository_and_image_and_json(cli: CliRunner, fleet: Fleet, tmp_path: P
     assert obj["spec"]["repository"] == "registry.example.com/nvidia"
     assert obj["spec"]["image"] == "driver-signed"
     validate(obj, _schema())
+
+
+def test_the_toleration_follows_the_taint_key(cli: CliRunner, fleet: Fleet) -> None:
+    """--taint-key: each NVIDIADriver tolerates that admission taint (docs/kubernetes.md,
+    Day 2), valid against the CRD; a key the API server would refuse is exit 2."""
+    key = "startup-taint.cluster-autoscaler.kubernetes.io/buildmatrix-unverified"
+    objects = _objects(cli, fleet, "--driver=training-hopper=580.82.07", "--taint-key", key)
+    for obj in objects:
+        validate(obj, _schema())
+        assert obj["spec"]["tolerations"] == [
+            {"key": key, "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    r = cli("k8s", "drivers", "--pools", str(fleet.pools), "--driver=training-hopper=580.82.07",
+            "--taint-key", "only/one/slash")  # fmt: skip
+    assert r.code == 2
+    assert "not a taint key the API server accepts" in r.err

@@ -245,6 +245,8 @@ def _baseline_refuses(pod: dict[str, Any]) -> list[str]:
         ("--runtime-class",),
         ("--registry-secret", "pull"),
         ("--mode", "nfd", "--containerd"),
+        ("--device-request", "volume-mounts"),
+        ("--device-request", "cdi-annotation"),
     ],
     ids=lambda a: " ".join(a) or "default",
 )

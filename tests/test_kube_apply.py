@@ -239,13 +239,16 @@ GFD_LABELS = {
 }
 # The keys buildmatrix writes beside GFD's (docs/smoke.md, the label table).
 BUILDMATRIX_KEYS = {
-    "nvidia.com/gpu.compute-capability",
+    "buildmatrix.io/gpu.compute-capability",
+    "buildmatrix.io/gpu.memory-mb",
+    "nvidia.com/gpu.compute-capability",  # the seed's names, written for the transition
     "nvidia.com/gpu.memory-mb",
     "buildmatrix.io/smoke",
     "buildmatrix.io/driver-floor",
     "buildmatrix.io/driver.major",
     "buildmatrix.io/driver.minor",
     "buildmatrix.io/driver.revision",
+    "buildmatrix.io/driver.version",
     "gpu-pool",
 }
 
@@ -275,6 +278,7 @@ def test_gfds_keys_are_untouched_on_pass_and_fail_where_gfd_labels(
         assert doc["applied"]["gfd_keys"] == "left to GPU Feature Discovery"
         assert not set(doc["labels"]) & set(GFD_LABELS)  # the report says what was written
     assert labels["buildmatrix.io/smoke"] == "passed"
+    assert labels["buildmatrix.io/gpu.compute-capability"] == "9.0"
     assert labels["nvidia.com/gpu.compute-capability"] == "9.0"
 
 
@@ -816,18 +820,18 @@ def test_the_daemonsets_command_checks_the_pools_images_with_the_secret(
     assert node["metadata"]["labels"]["verified.buildmatrix.io/train"] == "true"
     assert f"load-test {pool_images['fits']} on NVIDIA H100 80GB HBM3 (9.0)" in proc.stdout
     assert any(ln.startswith("load ") for ln in (tmp_path / "cuda.log").read_text().splitlines())
-    # the Secret now holds a wrong password: the image cannot be read, the node is
-    # tainted again (exit 3: the registry refused)
+    # the Secret now holds a wrong password (credentials expired): the image cannot be
+    # read (exit 3: the registry refused), a source outage that keeps the admitted node
+    # admitted within --source-grace, the report saying so (tests/test_day2.py)
     objects["Secret/regcred"] = registry_secret(auth_registry, name="regcred", password="nope")
     proc = round_("refused")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     node = _node(standin)
-    assert ADMISSION in node["spec"]["taints"]
-    assert node["metadata"]["labels"]["buildmatrix.io/smoke"] == "failed"
-    assert (
-        f"registry {auth_registry.host} refused access"
-        in node["metadata"]["annotations"][REPORT_ANNOTATION]
-    )
+    assert node["spec"]["taints"] == [GPU_TAINT]
+    assert node["metadata"]["labels"]["buildmatrix.io/smoke"] == "passed"
+    report = node["metadata"]["annotations"][REPORT_ANNOTATION]
+    assert report.startswith("kept admitted until ")
+    assert f"registry {auth_registry.host} refused access" in report
     # an sm_80-only image in the pool: read with good credentials, it fails the node
     objects = _render(cli, tmp_path, [pool_images["sm80"]]) | {
         "Secret/regcred": registry_secret(auth_registry, name="regcred")

@@ -84,9 +84,11 @@ def test_fixture_table(name: str, profiles: ProfileSet, pools: Pools) -> None:
     assert labels["buildmatrix.io/smoke"] == "passed"
     assert labels["nvidia.com/gpu.count"] == str(len(snap.gpus))
     gpu = snap.gpus[0]
-    assert labels["nvidia.com/gpu.compute-capability"] == str(gpu.cc)
+    assert labels["buildmatrix.io/gpu.compute-capability"] == str(gpu.cc)
+    assert labels["nvidia.com/gpu.compute-capability"] == str(gpu.cc)  # the seed's name
     assert labels["nvidia.com/gpu.compute.major"] == str(gpu.cc.major)
     assert labels["nvidia.com/gpu.memory"] == str(gpu.memory_total_mib)
+    assert labels["buildmatrix.io/gpu.memory-mb"] == str(gpu.memory_total_mib)
     assert labels["nvidia.com/gpu.memory-mb"] == str(gpu.memory_total_mib)
     assert labels["nvidia.com/cuda.driver-version.full"] == str(snap.driver)
     for key, value in labels.items():
@@ -306,6 +308,9 @@ def test_driver_labels_keep_leading_zeros_and_two_part_versions(profiles: Profil
         "5",
     ]
     assert labels2["buildmatrix.io/driver.revision"] == "0"
+    # and one ordinal, the key affinity's driver terms read (tests/test_labelkeys.py)
+    assert labels["buildmatrix.io/driver.version"] == "535104005"
+    assert labels2["buildmatrix.io/driver.version"] == "570026000"
 
 
 def test_label_values_are_sanitised() -> None:

@@ -90,3 +90,63 @@ def test_smoke_without_nvml_has_the_documented_keys(cli: CliRunner) -> None:
     assert doc["node"] is None and doc["load_test"] == []
     full = cli("smoke", "--snapshot", NODE, "--format", "json").json()
     assert set(doc) <= set(full)
+
+
+POOLS = str(REPO / "examples" / "pools.yaml")
+AFFINE = str(REPO / "tests" / "fixtures" / "bin" / "libsass_ptx.so")
+# Every command that prints JSON, with arguments that make it print some, and what its
+# JSON is (README, "Output"): a document of buildmatrix's own ("version": 1), or
+# Kubernetes objects as kubectl reads them (one object, or a v1 List of several), or
+# affinity's Pod-spec field. A new command that prints JSON must be placed here.
+JSON_OUTPUTS: dict[tuple[str, ...], tuple[list[str], str]] = {
+    ("profiles",): ([], "document"),
+    ("profiles", "show"): (["9.0"], "document"),
+    ("matrix",): ([], "document"),
+    ("inspect",): ([LIB], "document"),
+    ("check",): ([LIB, "--family", "hopper", "--no-cache"], "document"),
+    ("smoke",): (["--snapshot", NODE], "document"),
+    ("labels",): (["--snapshot", NODE], "document"),
+    ("drivers",): (["--pools", POOLS], "document"),
+    ("affinity",): ([AFFINE], "pod-spec field"),
+    ("k8s", "manifests"): ([], "kubernetes"),
+    ("k8s", "drivers"): (["--pools", POOLS, "--driver", "training-hopper=580.65.06"], "kubernetes"),
+    ("k8s", "nodepools"): (
+        ["--pools", POOLS, "--driver", "training-hopper=580.65.06", "--provisioner", "karpenter"],
+        "kubernetes",
+    ),
+}
+
+
+def _prints_json(path: tuple[str, ...]) -> bool:
+    command = _command(path)
+    fmt = _option(command, "--format")
+    has_json = fmt is not None and isinstance(fmt.type, click.Choice) and "json" in fmt.type.choices
+    return has_json or _option(command, "--json") is not None
+
+
+def test_every_command_that_prints_json_is_placed() -> None:
+    speaking = {p for p in _commands(root) if _prints_json(p)}
+    assert speaking == set(JSON_OUTPUTS), "place the command in JSON_OUTPUTS"
+
+
+@pytest.mark.parametrize("path", sorted(JSON_OUTPUTS), ids=" ".join)
+def test_every_json_output_is_what_the_readme_says(
+    cli: CliRunner, path: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    args, kind = JSON_OUTPUTS[path]
+    r = cli(*path, *args, "--format", "json")
+    assert r.code in (0, 1), r.err  # 1: a check that failed still prints its JSON
+    doc = json.loads(r.out)  # one JSON document, nothing after it
+    assert isinstance(doc, dict)
+    if kind == "document":
+        assert doc["version"] == 1
+    elif kind == "kubernetes":
+        assert "version" not in doc and doc["apiVersion"] and doc["kind"]
+        if doc["kind"] == "List":
+            assert doc["apiVersion"] == "v1"
+            assert all(item["apiVersion"] and item["kind"] for item in doc["items"])
+    else:
+        assert set(doc) == {"affinity"}
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"buildmatrix {' '.join(path)}" in readme

@@ -15,6 +15,7 @@ import pytest
 
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.scan import inspect_file, scan_tree
+from tests import agent_site
 from tests.binaries import container, elf_with_section, entry
 from tests.conftest import REPO, CliRunner, validate
 from tests.fixtures.build import BIN, FIXTURES, Fixture, expected
@@ -203,41 +204,47 @@ def test_a_stripped_library_cannot_hide_a_failure(cli: CliRunner, tmp_path: Path
     assert "libold.so: sm_80 SASS runs only on compute capability 8.x, not 9.0" in result.out
 
 
-def _as_unprivileged(argv: list[str]) -> list[str]:
-    """argv run as nobody when the tests run as root (root reads a mode-000 folder,
-    so the case could not happen); skips where that is impossible."""
+def _as_unprivileged(args: list[str], base: Path) -> tuple[list[str], dict[str, str]]:
+    """``python -m buildmatrix ARGS`` as nobody when the tests run as root (root reads
+    a mode-000 folder, so the case could not happen), with the package copied under
+    ``base`` where nobody can read it wherever the checkout lies; skips where that is
+    impossible."""
     if os.geteuid() != 0:
-        return argv
+        return [sys.executable, "-m", "buildmatrix", *args], dict(os.environ)
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         pytest.skip("setpriv (util-linux) is needed to run as a non-root user")
     prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
-    probe = [*prefix, sys.executable, "-c", "import buildmatrix"]
-    if subprocess.run(probe, check=False, capture_output=True, cwd="/").returncode != 0:
-        pytest.skip("the interpreter or the checkout is not readable by user nobody")
-    return [*prefix, *argv]
+    env = {**os.environ, "PYTHONPATH": agent_site.stage(base), "HOME": "/nonexistent"}
+    env["XDG_CACHE_HOME"] = str(base / "cache")
+    (base / "cache").mkdir(mode=0o777)
+    (base / "cache").chmod(0o777)
+    for python in agent_site.interpreters():
+        probe = [*prefix, python, "-c", "import buildmatrix"]
+        if subprocess.run(probe, check=False, capture_output=True, cwd="/", env=env).returncode:
+            continue
+        return [*prefix, python, "-m", "buildmatrix", *args], env
+    pytest.skip("no Python interpreter here that user nobody may run")
 
 
+@pytest.mark.other_user
 def test_a_folder_that_cannot_be_listed_fails_closed() -> None:
     """dir: on a tree with a mode-000 folder, as a non-root user: the folder is a
     problem (exit 1), not silently skipped, and --ignore names it explicitly."""
     top = Path(tempfile.mkdtemp(prefix="bm-unlisted-"))  # not under the 0700 tmp_path
     try:
         top.chmod(0o755)
-        (top / "usr/lib").mkdir(parents=True)
-        (top / "opt/secret").mkdir(parents=True)
-        (top / "usr/lib/libsass_ptx.so").write_bytes((BIN / "libsass_ptx.so").read_bytes())
-        (top / "opt/secret/libsass_sm80.so").write_bytes((BIN / "libsass_sm80.so").read_bytes())
-        (top / "opt/secret").chmod(0)
+        tree = top / "tree"
+        (tree / "usr/lib").mkdir(parents=True)
+        (tree / "opt/secret").mkdir(parents=True)
+        (tree / "usr/lib/libsass_ptx.so").write_bytes((BIN / "libsass_ptx.so").read_bytes())
+        (tree / "opt/secret/libsass_sm80.so").write_bytes((BIN / "libsass_sm80.so").read_bytes())
+        (tree / "opt/secret").chmod(0)
+        argv, env = _as_unprivileged(["check", f"dir:{tree}", "--json", "--sm", "9.0"], top / "py")
 
         def check(*extra: str) -> subprocess.CompletedProcess[str]:
-            argv = [sys.executable, "-m", "buildmatrix", "check", f"dir:{top}", "--json"]
             return subprocess.run(
-                _as_unprivileged([*argv, "--sm", "9.0", *extra]),
-                check=False,
-                capture_output=True,
-                text=True,
-                cwd=REPO,
+                [*argv, *extra], check=False, capture_output=True, text=True, cwd="/", env=env
             )
 
         failed = check()
@@ -247,5 +254,5 @@ def test_a_folder_that_cannot_be_listed_fails_closed() -> None:
         passed = check("--ignore", "opt/secret")
         assert passed.returncode == 0, passed.stdout
     finally:
-        (top / "opt/secret").chmod(0o755)
+        (top / "tree/opt/secret").chmod(0o755)
         shutil.rmtree(top)

@@ -1,14 +1,31 @@
 """Standalone CUDA ELF objects (``.cubin``): the SM they were built for.
 
-``e_flags`` layouts (LLVM ``llvm/include/llvm/BinaryFormat/ELF.h``, ``EF_CUDA_*``):
+``e_flags`` has two layouts (LLVM ``llvm/include/llvm/BinaryFormat/ELF.h``,
+``EF_CUDA_*``; ``llvm/lib/Object/ELFObjectFile.cpp``, ``getNVPTXCPUName``):
 
-- ABI version < 8: SM in the low byte, arch-specific ``a`` at bit 11 (0x800);
-- ABI version 8 (CUDA 12.8+ ptxas): SM in bits 8..15, ``a`` at bit 3 (0x8).
+- the old one (``EI_OSABI`` 0x33, ``EI_ABIVERSION`` 7: every cubin of CUDA 12.x up
+  to sm_90, and of older releases): SM in the low byte (``EF_CUDA_SM``), the PTX SM
+  it was compiled from in bits 16..23 (``EF_CUDA_VIRTUAL_SM``), texture mode and
+  addressing flags in bits 8..10, and ``EF_CUDA_ACCELERATORS_V1`` (0x800) at bit 11;
+- the new one (``EI_OSABI`` 0x41, ``EI_ABIVERSION`` 8: CUDA 12.8+ for sm_100 and
+  later, CUDA 13 for every SM): SM in bits 8..15 (``EF_CUDA_SM_MASK``),
+  ``EF_CUDA_ACCELERATORS`` (0x8) at bit 3.
 
-nvcc 13.0 leaves bit 3 clear for ``sm_90a``/``sm_100a`` cubins and records the
-``a`` instead as attribute 9 (value 1) in ``.nv.compat``, which is what cuobjdump
-reports; both are read. A family-specific ``sm_100f`` cubin is byte-identical to
-``sm_100`` (the ``f`` exists only at the fatbinary level), so it reads as ``sm_100``.
+cuobjdump (13.5, tried on every SM and flag: tests/test_cubin_flags.py) picks the
+layout by ``EI_OSABI`` alone and names a cubin ``a`` only from sm_90 on, the first SM
+with an arch-specific variant: below it the accelerator bit means nothing (LLVM too
+reads it for ``EF_CUDA_SM90`` alone in the old layout). cuBLAS 12.8's hand-written
+sm_50 ``sgemm`` objects carry 0x800 (e_flags 0x3c0d32) and are plain sm_50, as
+cuobjdump lists them. In the new layout nvcc 13 leaves bit 3 clear and writes the
+``a`` as attribute 9 (value 1) of the ``.nv.compat`` section instead; cuobjdump
+reads that attribute for a cubin of CUDA 13 or later (``.note.nv.cuinfo``) and the
+bit for an older one (CUDA 12.8's sm_100a cubins have the bit and no attribute).
+Both are read here and either makes the cubin ``a``: the two agree on every cubin
+NVIDIA's wheels hold (tests/test_nvidia_cubins.py), and where a hand-made header
+sets one alone the narrower reading is kept, never a false pass. The old layout has
+no such attribute (cuobjdump ignores it there). A family-specific ``sm_100f`` cubin
+is byte-identical to ``sm_100`` (the ``f`` exists only at the fatbinary level), so
+it reads as ``sm_100``.
 
 What a fatbinary's SASS entry holds is read here too (:func:`cubin_facts`): its
 kernels and the release that wrote it, and its arch held to the entry header's.
@@ -25,8 +42,15 @@ from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
 from buildmatrix.binary.elf import SHF_EXECINSTR, ElfInfo, is_elf, read_elf
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
 
-_EF_ACCEL_V1 = 0x800
-_EF_ACCEL_V2 = 0x8
+_EF_ACCEL_V1 = 0x800  # EF_CUDA_ACCELERATORS_V1, old layout
+_EF_ACCEL_V2 = 0x8  # EF_CUDA_ACCELERATORS, new layout
+# EI_OSABI of each layout (LLVM ELF.h: ELFOSABI_CUDA 51, ELFOSABI_CUDA_V2 65) and the
+# ABI version that goes with it (ELFABIVERSION_CUDA_V1 7, ELFABIVERSION_CUDA_V2 8).
+_OSABI_V2 = 0x41
+_ABI_V2 = 8
+# The first SM with an arch-specific (``a``) variant: below it cuobjdump ignores the
+# accelerator bits of either layout.
+_FIRST_ARCH_SPECIFIC = 90
 _COMPAT_ARCH_SPECIFIC = 9  # .nv.compat attribute observed for sm_XYa cubins
 _MAX_COMPAT = 1 << 16
 SHT_SYMTAB = 2
@@ -39,6 +63,7 @@ _MAX_SYMTAB = 64 << 20
 
 
 def _compat_arch_specific(src: ByteSource, info: ElfInfo) -> bool:
+    """Whether attribute 9 of ``.nv.compat`` says arch-specific (value 1)."""
     section = info.section(".nv.compat")
     if section is None or section.size == 0 or section.size > _MAX_COMPAT:
         return False
@@ -56,16 +81,26 @@ def _compat_arch_specific(src: ByteSource, info: ElfInfo) -> bool:
 
 
 def cubin_arch(src: ByteSource, info: ElfInfo) -> Arch:
-    """The SASS arch of a standalone cubin (``info.machine == EM_CUDA``)."""
-    if info.abi_version >= 8:
-        number = (info.flags >> 8) & 0xFF
-        specific = bool(info.flags & _EF_ACCEL_V2)
-    else:
-        number = info.flags & 0xFF
-        specific = bool(info.flags & _EF_ACCEL_V1)
+    """The SASS arch of a standalone cubin (``info.machine == EM_CUDA``), as
+    cuobjdump names it (see the module's docstring). A cubin whose ABI version is
+    not its ``EI_OSABI``'s is refused: LLVM picks the layout by the one, cuobjdump by
+    the other, and no CUDA release writes such a header."""
+    new_layout = info.osabi == _OSABI_V2
+    if new_layout != (info.abi_version >= _ABI_V2):
+        raise CorruptBinary(
+            f"{src.name}: CUDA ELF with EI_OSABI {info.osabi:#x} and ABI version "
+            f"{info.abi_version}: its e_flags {info.flags:#x} read as two different "
+            "layouts, so the cubin is refused rather than judged by either. Rebuild it "
+            "with nvcc."
+        )
+    number = (info.flags >> 8) & 0xFF if new_layout else info.flags & 0xFF
     if number < 10:
         raise CorruptBinary(f"{src.name}: CUDA ELF with e_flags {info.flags:#x} names no SM.")
-    specific = specific or _compat_arch_specific(src, info)
+    specific = False
+    if number >= _FIRST_ARCH_SPECIFIC and new_layout:
+        specific = bool(info.flags & _EF_ACCEL_V2) or _compat_arch_specific(src, info)
+    elif number >= _FIRST_ARCH_SPECIFIC:
+        specific = bool(info.flags & _EF_ACCEL_V1)
     suffix = Suffix.ARCH if specific else Suffix.NONE
     return Arch(ComputeCapability.from_number(number), CodeKind.SASS, suffix)
 

@@ -16,9 +16,23 @@ that follows is padded to 8 bytes after them) and ``+56 u64`` the uncompressed s
 Established with nvcc 13.0 on this project's fixtures: every mode decompresses to
 the very bytes of the uncompressed build's cubin (tests/test_decompress.py).
 
-The uncompressed size bounds the output: a size past :data:`MAX_UNCOMPRESSED` is
-refused before anything is allocated, and a payload that would decompress to more
-or fewer bytes than its header says is corrupt.
+Two bounds keep a decompression bomb out, neither a size real libraries reach
+(docs/security.md, "Bounds", gives the measurements and the commands):
+
+- **ratio**: an entry may not claim more uncompressed bytes than :data:`MAX_RATIO`
+  times its compressed ones. A raw LZ4 block cannot hold more than 255:1 (the
+  format: a match grows by at most 255 bytes per input byte); for Zstandard the
+  bound is 1024:1, five times the largest ratio in NVIDIA's wheels and torch (207:1,
+  an sm_120 cubin of torch 2.14.1's libtorch_cuda.so). A claim past it is refused
+  before anything is allocated; a payload that decompresses to more or fewer bytes
+  than its header says is corrupt.
+- **memory**: an entry is decompressed whole in memory only up to
+  :data:`MAX_IN_MEMORY` (256 MiB, twice the largest entry measured: NCCL 2.32.3's
+  sm_100 cubin, 134,372,904 bytes, an LZ4 block). A larger Zstandard frame is read
+  through :class:`ZstdStream`: each read decodes it again from its start and keeps
+  only the bytes asked for, within its window (8 MiB in nvcc's frames, at most
+  :data:`_MAX_WINDOW`). A raw LZ4 block past the budget is refused: the format
+  cannot be decoded in parts, so its whole output would have to be held.
 """
 
 from __future__ import annotations
@@ -26,41 +40,71 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from buildmatrix.binary.source import ByteSource, CorruptBinary
+from buildmatrix.binary.source import ByteSource, BytesSource, CorruptBinary, read_exact
 
 FLAG_LZ4 = 0x2000
 FLAG_ZSTD = 0x8000
 COMPRESSION_FLAGS = FLAG_LZ4 | FLAG_ZSTD
 
-# ZLUDA's bound for one module (MAX_MODULE_DECOMPRESSION_BOUND, dark_api/src/fatbin.rs),
-# and the in-memory bound of a candidate file (docs/check.md, memory bound). The largest
-# cubin in the libraries of the tests (torch 2.14.1, cuBLAS 13, cuDNN 9) is far below it.
-MAX_UNCOMPRESSED = 64 << 20
-# Zstandard's window bounds the decoder's own memory (its default limit is 128 MiB);
-# no frame of an entry of at most MAX_UNCOMPRESSED bytes needs a larger one.
+# Uncompressed bytes per compressed byte an entry may claim (module docstring): LZ4's
+# own limit, and for Zstandard five times the largest measured (207:1, torch 2.14.1).
+MAX_RATIO = {FLAG_LZ4: 255, FLAG_ZSTD: 1024}
+_RATIO_SLACK = 64  # a tiny block's fixed overhead
+# The most of one entry held decompressed in memory: twice the largest entry of
+# NVIDIA's wheels and torch (NCCL 2.32.3's sm_100 cubin, 134,372,904 bytes); the
+# admission DaemonSet's container has 512 MiB (docs/security.md, "Bounds").
+MAX_IN_MEMORY = 256 << 20
+# Zstandard's window bounds the streaming decoder's own memory (its default limit,
+# 128 MiB); nvcc's frames use 8 MiB.
 _MAX_WINDOW = 1 << 27
-_LZ4_MAX_RATIO = 255
-_LZ4_SLACK = 64
+_SKIP_CHUNK = 1 << 20
+_METHODS = {FLAG_LZ4: "LZ4", FLAG_ZSTD: "Zstandard"}
 
 
-def decompress_payload(data: bytes, *, flags: int, size: int, name: str) -> bytes:
-    """The ``size`` uncompressed bytes of a compressed entry payload ``data``.
-
-    ``name`` names the entry in messages. Raises :class:`CorruptBinary` for a size
-    past the bound, an unknown or doubled compression flag, and any payload that does
-    not decompress to exactly ``size`` bytes.
-    """
+def checked_method(flags: int, *, size: int, packed: int, name: str) -> int:
+    """The compression method of ``flags`` (:data:`FLAG_LZ4` or :data:`FLAG_ZSTD`),
+    once ``size`` uncompressed bytes from ``packed`` compressed ones are within the
+    ratio bound; refused (:class:`CorruptBinary`) before anything is allocated."""
     method = flags & COMPRESSION_FLAGS
     if method not in (FLAG_LZ4, FLAG_ZSTD):
         raise CorruptBinary(
             f"{name}: compression flags {method:#x} name no known method "
             f"(0x2000 LZ4, 0x8000 Zstandard)."
         )
-    if not 0 < size <= MAX_UNCOMPRESSED:
+    if size <= 0:
+        raise CorruptBinary(f"{name}: claims {size} bytes uncompressed.")
+    if size > MAX_RATIO[method] * packed + _RATIO_SLACK:
         raise CorruptBinary(
-            f"{name}: claims {size} bytes uncompressed; buildmatrix decompresses at most "
-            f"{MAX_UNCOMPRESSED >> 20} MiB per entry, so it refuses this one."
+            f"{name}: claims {size} bytes uncompressed from {packed} compressed bytes, "
+            f"more than {_METHODS[method]} may at {MAX_RATIO[method]}:1 (real CUDA "
+            "libraries stay below 210:1), so buildmatrix refuses it as a decompression "
+            "bomb."
         )
+    return method
+
+
+def _held_whole(method: int, size: int, name: str) -> None:
+    """Refuse an entry too large to decompress whole in memory."""
+    if size > MAX_IN_MEMORY:
+        how = (
+            "an LZ4 block can only be decoded whole" if method == FLAG_LZ4 else "it is asked whole"
+        )
+        raise CorruptBinary(
+            f"{name}: claims {size} bytes uncompressed; {how}, and buildmatrix holds at "
+            f"most {MAX_IN_MEMORY >> 20} MiB of one entry in memory (twice the largest "
+            "entry of NVIDIA's libraries), so it refuses this one."
+        )
+
+
+def decompress_payload(data: bytes, *, flags: int, size: int, name: str) -> bytes:
+    """The ``size`` uncompressed bytes of a compressed entry payload ``data``.
+
+    ``name`` names the entry in messages. Raises :class:`CorruptBinary` for a claim
+    past the ratio bound or the memory budget, an unknown or doubled compression
+    flag, and any payload that does not decompress to exactly ``size`` bytes.
+    """
+    method = checked_method(flags, size=size, packed=len(data), name=name)
+    _held_whole(method, size, name)
     out = _lz4(data, size, name) if method == FLAG_LZ4 else _zstd(data, size, name)
     if len(out) != size:
         raise CorruptBinary(
@@ -72,16 +116,9 @@ def decompress_payload(data: bytes, *, flags: int, size: int, name: str) -> byte
 def _lz4(data: bytes, size: int, name: str) -> bytes:
     import lz4.block
 
-    # The block format (lz4 doc/lz4_Block_format.md) grows a match by at most 255 bytes
-    # per input byte, so a block cannot hold more: the output buffer, allocated whole
-    # before decoding, is sized only for what the input can make.
-    if size > _LZ4_MAX_RATIO * len(data) + _LZ4_SLACK:
-        raise CorruptBinary(
-            f"{name}: claims {size} bytes uncompressed from a {len(data)}-byte LZ4 block, "
-            "more than such a block can hold."
-        )
     try:
-        # uncompressed_size is the output buffer: LZ4_decompress_safe never writes past it.
+        # uncompressed_size is the output buffer: LZ4_decompress_safe never writes past
+        # it, and the ratio bound sized it only for what the block can make.
         out: bytes = lz4.block.decompress(data, uncompressed_size=size)
     except lz4.block.LZ4BlockError as exc:
         raise CorruptBinary(f"{name}: not a valid LZ4 block ({exc}).") from None
@@ -127,6 +164,84 @@ class _Reader(io.RawIOBase):
         return len(data)
 
 
+def _frame_reader(src: ByteSource, at: int, packed: int) -> Any:
+    """A streaming reader of the Zstandard frame of ``packed`` bytes at ``at``."""
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW)
+    return dctx.stream_reader(
+        io.BufferedReader(_Reader(src, at, packed), 16384),
+        read_size=16384,
+        read_across_frames=False,
+    )
+
+
+class ZstdStream:
+    """The ``size`` bytes a Zstandard frame of ``packed`` bytes at ``at`` in ``src``
+    decompresses to, as a source that never holds them: each read decodes the frame
+    again from its start, discards what comes before the offset and keeps what was
+    asked for. For an entry past :data:`MAX_IN_MEMORY`: a cubin's ELF header, section
+    table, symbol table and notes are a handful of reads (buildmatrix.binary.cubin)."""
+
+    def __init__(self, src: ByteSource, at: int, packed: int, *, size: int, name: str) -> None:
+        self._src, self._at, self._packed = src, at, packed
+        self._size, self._name = size, name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        import zstandard
+
+        size = max(0, min(size, self._size - offset))
+        if offset < 0 or size == 0:
+            return b""
+        out = bytearray()
+        try:
+            with _frame_reader(self._src, self._at, self._packed) as reader:
+                skip = offset
+                while skip and (chunk := reader.read(min(skip, _SKIP_CHUNK))):
+                    skip -= len(chunk)
+                while not skip and len(out) < size and (chunk := reader.read(size - len(out))):
+                    out += chunk
+        except zstandard.ZstdError as exc:
+            raise CorruptBinary(f"{self._name}: not a valid Zstandard frame ({exc}).") from None
+        if len(out) != size:
+            raise CorruptBinary(
+                f"{self._name}: decompresses to fewer bytes than its header says "
+                f"({self._size}): it ends before offset {offset + size:#x}."
+            )
+        return bytes(out)
+
+
+def decompressed_source(
+    src: ByteSource,
+    at: int,
+    packed: int,
+    *,
+    flags: int,
+    size: int,
+    name: str,
+    budget: int = MAX_IN_MEMORY,
+) -> ByteSource:
+    """The ``size`` bytes the compressed payload of ``packed`` bytes at ``at`` in
+    ``src`` decompresses to, as a source: a Zstandard frame in memory up to ``budget``
+    bytes and a :class:`ZstdStream` past it; an LZ4 block always in memory, refused
+    past :data:`MAX_IN_MEMORY`. Bounded by the ratio before anything is read."""
+    method = checked_method(flags, size=size, packed=packed, name=name)
+    if size <= budget or method == FLAG_LZ4:
+        data = read_exact(src, at, packed, what="compressed fatbin entry")
+        return BytesSource(decompress_payload(data, flags=flags, size=size, name=name), name=name)
+    if at < 0 or at + packed > src.size:
+        raise CorruptBinary(f"{name}: its {packed} compressed bytes run past the file's end.")
+    return ZstdStream(src, at, packed, size=size, name=name)
+
+
 def decompress_head(
     src: ByteSource, at: int, packed: int, *, flags: int, size: int, limit: int, name: str
 ) -> bytes:
@@ -135,9 +250,7 @@ def decompress_head(
     head, for its directives. A Zstandard frame is decoded only that far (streaming);
     a raw LZ4 block is decoded whole, which its C decoder does faster than a reader
     that stops could (cuFFT 12's 8,131 PTX texts: 389 MiB in 0.6 s of CPU)."""
-    method = flags & COMPRESSION_FLAGS
-    if method not in (FLAG_LZ4, FLAG_ZSTD) or not 0 < size <= MAX_UNCOMPRESSED:
-        return decompress_payload(b"", flags=flags, size=size, name=name)  # its refusal
+    method = checked_method(flags, size=size, packed=packed, name=name)
     if at + packed > src.size:
         raise CorruptBinary(f"{name}: its {packed} compressed bytes run past the file's end.")
     want = min(limit, size)
@@ -148,13 +261,8 @@ def decompress_head(
 
     chunks: list[bytes] = []
     have = 0
-    dctx = zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW)
     try:
-        with dctx.stream_reader(
-            io.BufferedReader(_Reader(src, at, packed), 16384),
-            read_size=16384,
-            read_across_frames=False,
-        ) as reader:
+        with _frame_reader(src, at, packed) as reader:
             while have < want and (chunk := reader.read(want - have)):
                 chunks.append(chunk)
                 have += len(chunk)

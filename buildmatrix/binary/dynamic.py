@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import struct
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from buildmatrix.binary.elf import ET_DYN, ET_EXEC
-from buildmatrix.binary.report import FileReport
+from buildmatrix.binary.elf import EM_CUDA, ET_DYN, ET_EXEC
+from buildmatrix.binary.report import FileReport, Links
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
 
-PT_LOAD, PT_DYNAMIC = 1, 2
+PT_LOAD, PT_DYNAMIC, PT_INTERP = 1, 2, 3
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME = 0, 1, 5, 10, 14
 DT_RPATH, DT_RUNPATH = 15, 29
 DT_DEPAUDIT, DT_AUDIT = 0x6FFFFEFB, 0x6FFFFEFC
@@ -60,6 +60,10 @@ _MAX_STRTAB = 1 << 22
 # libcuda.so.1 itself: a DT_NEEDED of it, or an entry point that loads by name (the
 # substring also finds __libc_dlopen_mode and versioned names).
 _ASKS = (b"libcuda", b"dlopen", b"dlmopen", b"dlsym", b"dlvsym")
+# A dynamic string table is searched for an extension module's init function in
+# pieces of this size (a C++ library's runs to tens of megabytes).
+_PIECE = 1 << 20
+_MAX_NEEDED = 4096  # DT_NEEDED entries kept per file; a linker writes a few dozen
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,27 +78,37 @@ class DsoInfo:
     machine: str = ""
     search: tuple[str, ...] = ()  # DT_RPATH and DT_RUNPATH strings (UNREAD: unended)
     libcuda_search: tuple[str, ...] = ()  # those the loader may search for libcuda.so.1
+    # How the file is loaded (Links); empty for a file the loader does not load.
+    links: Links = field(default_factory=Links)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchPaths:
     """An ELF file of an image with ``DT_RPATH`` or ``DT_RUNPATH`` (``search``: the
-    strings as written, ``$ORIGIN`` unexpanded), and its device code, if any."""
+    strings as written, ``$ORIGIN`` unexpanded, () where it has none), or one without
+    device code that loads others (``links``: how it is loaded, for
+    buildmatrix.optional), and its device code, if any (which carries its links)."""
 
     path: str
     search: tuple[str, ...]
     code: FileReport | None = None
+    links: Links | None = None
 
 
-def read_dso(src: ByteSource) -> DsoInfo:
-    """What ldconfig reads from ``src`` (an ELF file)."""
+def read_dso(src: ByteSource, *, name: str = "") -> DsoInfo:
+    """What ldconfig reads from ``src`` (an ELF file), and how it is loaded
+    (:class:`Links`; ``name``: the file's name, for the extension module's
+    init function)."""
     try:
-        return _read(src)
+        info = _read(src, name=name)
     except CorruptBinary as exc:
-        return DsoInfo(unknown=str(exc))
+        return DsoInfo(unknown=str(exc), links=Links(unread=str(exc)))
+    if info.unknown is not None and info.links.unread is None:
+        return replace(info, links=replace(info.links, unread=info.unknown))
+    return info
 
 
-def _read(src: ByteSource) -> DsoInfo:
+def _read(src: ByteSource, *, name: str) -> DsoInfo:
     ident = read_exact(src, 0, 16, what="ELF identification")
     bits = {1: 32, 2: 64}.get(ident[4])
     if bits is None or ident[5] not in (1, 2):
@@ -110,40 +124,54 @@ def _read(src: ByteSource) -> DsoInfo:
     machine = f"ELF{bits} {'LSB' if order == '<' else 'MSB'} machine {e_machine}"
     if order == ">":
         return DsoInfo(unknown="a big-endian ELF file", machine=machine)
+    if e_machine == EM_CUDA:  # a cubin: device code the driver loads, no host program
+        return DsoInfo(skip="it is a cubin (device code, EM_CUDA)", machine=machine)
     if e_type not in (ET_DYN, ET_EXEC):
         return DsoInfo(skip=f"it is not a shared object (ELF type {e_type})", machine=machine)
     try:
-        info = _dynamic(src, order=order, bits=bits, phoff=phoff, phnum=phnum, machine=machine)
-    except CorruptBinary:
+        info = _dynamic(
+            src, order=order, bits=bits, phoff=phoff, phnum=phnum, machine=machine, name=name
+        )
+    except CorruptBinary as exc:
         if e_type != ET_EXEC:
             raise
-        info = DsoInfo()
+        info = DsoInfo(links=Links(program=True, unread=str(exc)))
     if e_type == ET_EXEC:  # ldconfig skips a program; its loader reads its search paths
         why = f"it is not a shared object (ELF type {e_type})"
         return DsoInfo(
-            skip=why, machine=machine, search=info.search, libcuda_search=info.libcuda_search
+            skip=why,
+            machine=machine,
+            search=info.search,
+            libcuda_search=info.libcuda_search,
+            links=replace(info.links, program=True),
         )
     return info
 
 
 def _dynamic(
-    src: ByteSource, *, order: str, bits: int, phoff: int, phnum: int, machine: str
+    src: ByteSource, *, order: str, bits: int, phoff: int, phnum: int, machine: str, name: str
 ) -> DsoInfo:
     phdr = struct.Struct(order + ("IIIIIIII" if bits == 32 else "IIQQQQQQ"))
     if phnum > _MAX_PHNUM:  # ldconfig steps by sizeof(Phdr), whatever e_phentsize says
-        return DsoInfo(unknown="its program header table is malformed", machine=machine)
+        why = "its program header table is malformed"
+        return DsoInfo(unknown=why, machine=machine, links=Links(unread=why))
     table = read_exact(src, phoff, phnum * phdr.size, what="ELF program header table")
-    loads, dynamic = _segments(table, phdr, bits=bits, phnum=phnum)
-    if dynamic[1] == 0:
-        return DsoInfo(skip="it has no dynamic segment", machine=machine)
+    loads, dynamic, interp = _segments(table, phdr, bits=bits, phnum=phnum)
+    if dynamic[1] == 0:  # linked statically: it loads no other file
+        return DsoInfo(
+            skip="it has no dynamic segment", machine=machine, links=Links(program=interp)
+        )
     dyn = struct.Struct(order + ("iI" if bits == 32 else "qQ"))
     entries = _dynamic_entries(src, dynamic[0], dyn)
     if entries is None:
-        return DsoInfo(unknown="its dynamic section has no end in reach", machine=machine)
+        why = "its dynamic section has no end in reach"
+        return DsoInfo(unknown=why, machine=machine, links=Links(program=interp, unread=why))
     strtab = next((val for tag, val in entries if tag == DT_STRTAB), None)
-    if strtab is None:
-        return DsoInfo(skip="its dynamic section has no DT_STRTAB", machine=machine)
+    if strtab is None:  # then no DT_NEEDED either: its names are offsets into that table
+        why = "its dynamic section has no DT_STRTAB"
+        return DsoInfo(skip=why, machine=machine, links=Links(program=interp))
     base = next((vaddr - off for off, vaddr, size in loads if 0 <= strtab - vaddr < size), 0)
+    links = _links(src, entries, strtab - base, program=interp, name=name)
     # Interned: the many files of an image that share a search path share its string.
     tagged = [
         (tag, sys.intern(_string(src, strtab - base + val) or UNREAD))
@@ -155,16 +183,62 @@ def _dynamic(
     kept = tuple(s for tag, s in tagged if tag == DT_RPATH or asks)
     if any(tag in (DT_AUDIT, DT_DEPAUDIT) for tag, _val in entries):
         kept = (*kept, AUDIT)
-    found = DsoInfo(machine=machine, search=search, libcuda_search=kept)
+    found = DsoInfo(machine=machine, search=search, libcuda_search=kept, links=links)
     sonames = [val for tag, val in entries if tag == DT_SONAME]
     if len(sonames) > 1:
         return replace(found, unknown="it has several DT_SONAME entries")
     if not sonames:
         return found
-    name = _string(src, strtab - base + sonames[0])
-    if name is None:
+    soname = _string(src, strtab - base + sonames[0])
+    if soname is None:
         return replace(found, unknown="its DT_SONAME string does not end in the file")
-    return replace(found, soname=name)
+    return replace(found, soname=soname, links=replace(links, soname=soname))
+
+
+def _links(
+    src: ByteSource, entries: list[tuple[int, int]], at: int, *, program: bool, name: str
+) -> Links:
+    """The file's :class:`Links` but its SONAME: its DT_NEEDED strings (table at file
+    offset ``at``) and whether it exports the init function of the extension module
+    ``name`` would be (``PyInit_`` and the name up to its first dot, Python's
+    ``importlib.machinery.EXTENSION_SUFFIXES`` all end in ``.so``)."""
+    needed: list[str] = []
+    unread = None
+    for tag, val in entries:
+        if tag != DT_NEEDED:
+            continue
+        if len(needed) >= _MAX_NEEDED:
+            unread = f"it has over {_MAX_NEEDED} DT_NEEDED entries"
+            break
+        text = _string(src, at + val)
+        if text is None:
+            unread = "a DT_NEEDED string does not end in the file"
+            continue
+        needed.append(sys.intern(text.rpartition("/")[2]))
+    base = name.rpartition("/")[2]
+    module = False
+    if base.endswith(".so") and base.partition(".")[0]:
+        size = next((val for tag, val in entries if tag == DT_STRSZ), None)
+        symbol = b"PyInit_" + base.partition(".")[0].encode("utf-8", "surrogateescape") + b"\0"
+        # A table that cannot be read whole may hold the symbol: taken as a module
+        # (judged, never left out).
+        module = size is None or not 0 <= at <= src.size - size or _holds(src, at, size, symbol)
+    return Links(
+        needed=tuple(dict.fromkeys(needed)), program=program, python_module=module, unread=unread
+    )
+
+
+def _holds(src: ByteSource, at: int, size: int, word: bytes) -> bool:
+    """Whether the ``size`` bytes at ``at`` hold ``word`` (read in pieces)."""
+    end, overlap = at + size, len(word) - 1
+    while at < end:
+        piece = read_exact(src, at, min(_PIECE, end - at), what="dynamic string table")
+        if word in piece:
+            return True
+        at += max(len(piece) - overlap, 1)
+        if at + overlap >= end:
+            return False
+    return False
 
 
 def _asks(src: ByteSource, entries: list[tuple[int, int]], at: int) -> bool:
@@ -190,11 +264,13 @@ def _string(src: ByteSource, start: int) -> str | None:
 
 def _segments(
     table: bytes, phdr: struct.Struct, *, bits: int, phnum: int
-) -> tuple[list[tuple[int, int, int]], tuple[int, int]]:
+) -> tuple[list[tuple[int, int, int]], tuple[int, int], bool]:
     """(offset, vaddr, filesz) of each PT_LOAD and (offset, filesz) of the last
-    PT_DYNAMIC ((0, 0) if none) in the program header table ``table``."""
+    PT_DYNAMIC ((0, 0) if none) in the program header table ``table``, and whether
+    it has a PT_INTERP."""
     loads: list[tuple[int, int, int]] = []
     dynamic = (0, 0)
+    interp = False
     for i in range(phnum):
         v = phdr.unpack_from(table, i * phdr.size)
         p_type, p_offset, p_vaddr, p_filesz = (
@@ -204,7 +280,8 @@ def _segments(
             dynamic = (p_offset, p_filesz)
         elif p_type == PT_LOAD:
             loads.append((p_offset, p_vaddr, p_filesz))
-    return loads, dynamic
+        interp = interp or p_type == PT_INTERP
+    return loads, dynamic, interp
 
 
 def _dynamic_entries(src: ByteSource, at: int, dyn: struct.Struct) -> list[tuple[int, int]] | None:

@@ -68,6 +68,7 @@ class ElfInfo:
     elf_type: int
     machine: int
     abi_version: int
+    osabi: int
     flags: int
     sections: tuple[Section, ...]
 
@@ -115,7 +116,12 @@ def read_elf(src: ByteSource) -> ElfInfo:
     ) = ehdr.unpack(read_exact(src, 16, ehdr.size, what="ELF header"))
     if shoff == 0:
         return ElfInfo(
-            elf_type=e_type, machine=machine, abi_version=ident[8], flags=flags, sections=()
+            elf_type=e_type,
+            machine=machine,
+            abi_version=ident[8],
+            osabi=ident[7],
+            flags=flags,
+            sections=(),
         )
     raw, shstrndx = _section_headers(
         src,
@@ -130,6 +136,7 @@ def read_elf(src: ByteSource) -> ElfInfo:
         elf_type=e_type,
         machine=machine,
         abi_version=ident[8],
+        osabi=ident[7],
         flags=flags,
         sections=_named_sections(src, raw, shstrndx),
     )

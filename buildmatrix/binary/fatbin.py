@@ -27,7 +27,12 @@ from packaging.version import Version
 
 from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
 from buildmatrix.binary.cubin import cubin_facts
-from buildmatrix.binary.decompress import COMPRESSION_FLAGS, decompress_head, decompress_payload
+from buildmatrix.binary.decompress import (
+    COMPRESSION_FLAGS,
+    decompress_head,
+    decompress_payload,
+    decompressed_source,
+)
 from buildmatrix.binary.ptx import PTX_HEAD, checked_ptx_entry, directives_settled
 from buildmatrix.binary.source import (
     ByteSource,
@@ -357,12 +362,23 @@ def _compressed_ptx(
     return checked_ptx_entry(text, header=arch, isa=isa, name=where)
 
 
-def decompressed_cubin(src: ByteSource, entry: FatbinEntry, *, name: str) -> BytesSource:
+def decompressed_cubin(src: ByteSource, entry: FatbinEntry, *, name: str) -> ByteSource:
     """The cubin of the compressed SASS entry ``entry`` of ``src``: its header read
     again for the compressed size (+16) and the uncompressed size (+56), the payload
-    decompressed (buildmatrix.binary.decompress) within those bounds."""
-    where, data = _payload(src, entry, name=name, what="cubin")
-    return BytesSource(data, name=where)
+    decompressed (buildmatrix.binary.decompress) within those bounds: held in memory,
+    or past the memory budget read from the Zstandard frame as it is asked for."""
+    raw = read_exact(src, entry.offset, _ENTRY.size, what="fatbin entry header")
+    _, _, ehsize, payload, packed, _, _, _, flags, unc = _ENTRY.unpack(raw)
+    at = entry.offset + ehsize
+    where = f"{name} ({entry.arch_name} cubin at {at:#x})"
+    if not entry.compressed:
+        return BytesSource(read_exact(src, at, payload, what="fatbin cubin entry"), name=where)
+    if not 0 < packed <= payload:
+        raise CorruptBinary(
+            f"{where}: compressed entry claims {packed} compressed bytes in a "
+            f"{payload}-byte payload."
+        )
+    return decompressed_source(src, at, packed, flags=flags, size=unc, name=where)
 
 
 def ptx_text(src: ByteSource, entry: FatbinEntry, *, name: str) -> bytes:

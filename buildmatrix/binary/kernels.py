@@ -33,6 +33,12 @@ them, and nowhere else (docs/check.md, "Per translation unit"):
   one file may hold cubins of two releases (cuBLAS 13.1.1.3: one cubin of CUDA 12.7
   among those of 13.0), and a file of CUDA 12.x cubins is read whole.
 
+- **whether the file defines any kernel**, where a cubin read above defines none and
+  none defines one: the rest of its compressed cubins (smallest first) and its PTX
+  texts are read until one defines a kernel or cannot be read. A file none of whose code defines a
+  kernel launches nothing (buildmatrix.binary.report.FileReport.kernel_less); one
+  kernel anywhere ends the search (a real library's first read cubin has kernels).
+
 Each cubin or PTX text read is marked on its entry (``kernels``, ``toolkit``). A unit none of
 whose cubins was read has unknown kernels (``Unit.kernels_known``), which the rule
 never exempts on names; a unit is taken for a link stub only when every one of its
@@ -197,7 +203,27 @@ def read_compressed(src: ByteSource, entries: list[FatbinEntry]) -> list[FatbinE
         out[i] = _read(src, out[i])
         toolkit = out[i].toolkit
         seen = max(seen, toolkit.major if toolkit is not None else 0)
+    if any(e.kernels == () for e in out) and not any(e.kernels for e in out):
+        _read_until_a_kernel(src, out)
     return out
+
+
+def _read_until_a_kernel(src: ByteSource, out: list[FatbinEntry]) -> None:
+    """Read ``out``'s unread PTX texts and compressed cubins (in place, PTX and the
+    smallest first) until one defines a kernel or cannot be read (kernels None):
+    what proves, where nothing does, that the file defines no kernel at all."""
+    unread = sorted(
+        (i for i, e in enumerate(out) if e.kernels is None and e.kind is not EntryKind.LTOIR),
+        key=lambda i: (out[i].kind is EntryKind.SASS, out[i].size),
+    )
+    for i in unread:
+        e = out[i]
+        if e.kind is EntryKind.PTX:
+            out[i] = _read_ptx(src, e)
+        elif e.compressed:
+            out[i] = _read(src, e)
+        if out[i].kernels != ():
+            return
 
 
 def _read_ptx(src: ByteSource, entry: FatbinEntry) -> FatbinEntry:

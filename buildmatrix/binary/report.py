@@ -28,6 +28,25 @@ if TYPE_CHECKING:
     from packaging.version import Version
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Links:
+    """How an ELF file is loaded, as the dynamic loader and Python's importer see it
+    (read by buildmatrix.binary.dynamic): its ``DT_SONAME`` and ``DT_NEEDED`` names
+    (glibc ``elf/dl-load.c`` ``_dl_map_object_deps`` maps every DT_NEEDED of an
+    object it loads), whether it is a program (``ET_EXEC``, or ``ET_DYN`` with a
+    ``PT_INTERP``: the kernel runs it through that interpreter), and whether it is a
+    Python extension module (its name ends in ``.so`` and it exports
+    ``PyInit_<name>``: CPython's ``Python/importdl.c``
+    ``_PyImport_LoadDynamicModuleWithSpec`` looks that symbol up). ``unread``: why
+    its DT_NEEDED entries could not be read (they may then name any library)."""
+
+    soname: str | None = None
+    needed: tuple[str, ...] = ()
+    program: bool = False
+    python_module: bool = False
+    unread: str | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class FileReport:
     """The device code of one file. ``path`` is relative to the scanned root."""
@@ -38,6 +57,9 @@ class FileReport:
     # Where the file's bytes were kept when the scan was asked to keep them (the load
     # test hands them to the driver); not part of the report.
     stored: str | None = field(default=None, compare=False)
+    # How an image's ELF file is loaded (None: not read, as for a file given alone);
+    # not part of the report either.
+    links: Links | None = field(default=None, compare=False)
 
     def _archs(self, kind: EntryKind) -> list[str]:
         archs: set[Arch] = {e.arch for e in self.entries if e.kind is kind}
@@ -55,6 +77,18 @@ class FileReport:
     def toolkit(self) -> Version | None:
         """The newest CUDA release that wrote the file's cubins, where their notes say."""
         return max((e.toolkit for e in self.entries if e.toolkit is not None), default=None)
+
+    @cached_property
+    def kernel_less(self) -> bool:
+        """Whether the file's device code provably defines no kernel: it holds loadable
+        code (cubins, PTX texts), every piece of it was read (buildmatrix.binary.kernels
+        reads them all where none read first defines one), and no cubin has an entry
+        symbol (cuobjdump's ENTRY) nor any PTX text an ``.entry``. Nothing in such a
+        file can be launched (libcufftw's lone sm_52 cubin, sgl-kernel's
+        ``spatial_ops``), so no GPU can fail for it: check lists it and judges the
+        image as if it held no device code (buildmatrix.check.run_check)."""
+        loadable = [e for e in self.entries if e.kind is not EntryKind.LTOIR]
+        return bool(loadable) and all(e.kernels == () for e in loadable)
 
     def code_targets(self) -> list[CodeTarget]:
         """Loadable code only (SASS and PTX; LTO IR needs a device link first)."""

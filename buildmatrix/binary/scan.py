@@ -170,7 +170,9 @@ def inspect_image_file(
     put in the compat folder under that name) is also read for its note
     (buildmatrix.forward: which one the toolkit uses is known on the final view).
     A loader configuration file is kept as text (buildmatrix.binary.ldconf_file), and
-    an ELF file's ``DT_RPATH``/``DT_RUNPATH`` (buildmatrix.binary.dynamic)."""
+    an ELF file's ``DT_RPATH``/``DT_RUNPATH`` and how it is loaded: its SONAME,
+    DT_NEEDED names, whether it is a program or a Python extension module
+    (buildmatrix.binary.dynamic.Links)."""
     if is_conf(path):
         return read_conf(src, path)
     if len(head) < 4:
@@ -180,7 +182,7 @@ def inspect_image_file(
         return code
     # ldconfig takes libcuda.so.1 by SONAME (buildmatrix.ldconfig): a file named
     # libcuda.so* or whose DT_SONAME is one is recorded whatever else its name is.
-    dso = read_dso(src)
+    dso = read_dso(src, name=path)
     if (
         named_compat_driver(head, path)
         or path.rpartition("/")[2].startswith(LIBCUDA)
@@ -191,6 +193,13 @@ def inspect_image_file(
         return replace(
             lib, soname=dso.soname, ld_skip=dso.skip, ld_unknown=dso.unknown, machine=dso.machine
         )
+    # How it is loaded matters where it holds device code or loads other files
+    # (buildmatrix.optional: which files always load).
+    links = dso.links
+    if code is not None:
+        code = replace(code, links=links)
+    elif links.needed or links.program or links.python_module or links.unread:
+        return SearchPaths(path=path, search=dso.libcuda_search, links=links)
     if dso.libcuda_search:
         return SearchPaths(path=path, search=dso.libcuda_search, code=code)
     return code

@@ -21,6 +21,7 @@ from buildmatrix.cli.generate_cmd import generate, matrix
 from buildmatrix.cli.inspect_cmd import inspect
 from buildmatrix.cli.k8s_cmd import k8s
 from buildmatrix.cli.node_cmd import labels, smoke
+from buildmatrix.cli.nodepools_cmd import nodepools
 from buildmatrix.cli.profiles_cmd import profiles
 from buildmatrix.errors import BuildmatrixError
 
@@ -81,6 +82,7 @@ cli.add_command(affinity)
 cli.add_command(k8s)
 cli.add_command(drivers)
 k8s.add_command(k8s_drivers, "drivers")
+k8s.add_command(nodepools, "nodepools")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,7 @@ import click
 
 from buildmatrix import PROFILES_ENV
 from buildmatrix.errors import InputError
-from buildmatrix.labelkeys import GfdKeys
+from buildmatrix.labelkeys import TAINT_KEY, GfdKeys
 
 if TYPE_CHECKING:
     from buildmatrix.image.containerd_store import Store
@@ -282,6 +282,38 @@ def node_option(func: F) -> F:
     return decorator(func)
 
 
+def _taint_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A taint key as the API server validates one (kubernetes pkg/apis/core/validation
+    ``validateNodeTaints``: ``ValidateLabelName``, apimachinery ``IsQualifiedName``)."""
+    from buildmatrix.k8s_nodes import label_key_problem
+
+    problem = label_key_problem(value)
+    if problem is not None:
+        raise click.BadParameter(
+            f"'{value}' is not a taint key the API server accepts: it {problem} (a "
+            "qualified name such as example.com/gpu-unverified, or under cluster-autoscaler's "
+            "prefix startup-taint.cluster-autoscaler.kubernetes.io/NAME).",
+            ctx=ctx,
+            param=param,
+        )
+    return value
+
+
+def taint_key_option(func: F) -> F:
+    """``--taint-key KEY``: the admission taint's key (docs/kubernetes.md, Day 2)."""
+    decorator = click.option(
+        "--taint-key",
+        default=TAINT_KEY,
+        show_default=True,
+        metavar="KEY",
+        callback=_taint_key,
+        help="The admission taint's key (effect NoSchedule). Managed cluster autoscalers "
+        "(GKE, AKS) take no --startup-taint flag: there use a key under "
+        "startup-taint.cluster-autoscaler.kubernetes.io/.",
+    )
+    return decorator(func)
+
+
 def no_gfd_keys_option(func: F) -> F:
     """``--no-gfd-keys`` and ``--gfd-keys auto|always|never`` (labelkeys.GfdKeys)."""
     func = click.option(
@@ -311,6 +343,30 @@ def gfd_mode(no_gfd_keys: bool, gfd_keys: str | None) -> GfdKeys:
     return GfdKeys(gfd_keys) if gfd_keys else GfdKeys.AUTO
 
 
+def given(option: str) -> bool:
+    """Whether the user gave the current command's parameter ``option`` (its Python
+    name), on the command line or in its environment variable, rather than its default."""
+    from click.core import ParameterSource
+
+    source = click.get_current_context().get_parameter_source(option)
+    return source is not None and source is not ParameterSource.DEFAULT
+
+
+def flag(option: str) -> str:
+    """The current command's long flag for the parameter named ``option``."""
+    for param in click.get_current_context().command.params:
+        if param.name == option:
+            return max(param.opts, key=len)
+    raise KeyError(option)
+
+
+def refuse_together(first: str, second: str, why: str) -> None:
+    """Options that make no sense together are refused, naming both (``first`` and
+    ``second`` as the user wrote them: flags, or a flag with its value), never one
+    silently ignored."""
+    raise InputError(f"{first} and {second} cannot be used together: {why}")
+
+
 def load(profiles_dir: str | None) -> ProfileSet:
     # the loader only here: --version, --help and inspect start without it
     from buildmatrix.cuda import load_cuda_facts
@@ -330,11 +386,15 @@ def echo_json(payload: dict[str, Any]) -> None:
     Indented for a terminal; compact otherwise, which lets ``json`` use its C
     encoder (indenting 20,000 fatbin entries in pure Python takes ~1 s).
     """
-    doc = {"version": JSON_VERSION, **payload}
+    click.echo(json_text({"version": JSON_VERSION, **payload}))
+
+
+def json_text(doc: Any) -> str:
+    """Every command's JSON, documents and Kubernetes objects alike: indented for a
+    terminal, compact otherwise (README, "Output")."""
     if sys.stdout.isatty():
-        click.echo(json.dumps(doc, indent=2))
-    else:
-        click.echo(json.dumps(doc, separators=(",", ":")))
+        return json.dumps(doc, indent=2)
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -373,7 +433,8 @@ MANIFEST_FORMATS = click.Choice(["yaml", "json"])
 
 
 def dump_manifests(obj: Any, fmt: str) -> str:
-    """One manifest, or a list of them as a multi-document stream, in YAML or JSON."""
+    """One manifest, or a list of them: a multi-document stream in YAML, a v1 List in
+    JSON."""
     import yaml
 
     class Plain(yaml.SafeDumper):
@@ -381,7 +442,11 @@ def dump_manifests(obj: Any, fmt: str) -> str:
             return True  # no &anchors: kubectl reads them, people and diffs less well
 
     if fmt == "json":
-        return json.dumps(obj, indent=2) + "\n"
+        # several objects are one v1 List, as kubectl prints and applies them (a bare
+        # JSON array is no Kubernetes object)
+        if isinstance(obj, list):
+            obj = {"apiVersion": "v1", "kind": "List", "items": obj}
+        return json_text(obj) + "\n"
     if isinstance(obj, list):
         return yaml.dump_all(obj, Dumper=Plain, sort_keys=False)
     return yaml.dump(obj, Dumper=Plain, sort_keys=False)

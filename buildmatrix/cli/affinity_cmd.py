@@ -48,7 +48,7 @@ def _memory(_ctx: click.Context, param: click.Parameter, value: str | None) -> i
     "--min-memory",
     metavar="MIB",
     callback=_memory,
-    help="GPU memory the job needs: MiB (nvidia.com/gpu.memory-mb, the smallest GPU's), an "
+    help="GPU memory the job needs: MiB (buildmatrix.io/gpu.memory-mb, the smallest GPU's), an "
     "integer, or with a unit: 70GiB, 80GB, 40960MiB.",
 )
 @click.option("--require-sass", is_flag=True, help="Leave out GPUs that run the image only by JIT.")
@@ -78,9 +78,9 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
 
     The image's device code is checked against every arch profile at every driver
     version where check's answer can change; the GPUs that run it and have every
-    --require'd feature give nvidia.com/gpu.compute-capability In [...], the drivers
-    they run it on give terms over buildmatrix.io/driver.major/minor/revision, and
-    --min-memory adds nvidia.com/gpu.memory-mb Gt. On every node smoke admitted, the
+    --require'd feature give buildmatrix.io/gpu.compute-capability In [...], the drivers
+    they run it on give a Gt (and Lt) on buildmatrix.io/driver.version, and
+    --min-memory adds buildmatrix.io/gpu.memory-mb Gt. On every node smoke admitted, the
     affinity matches iff check --snapshot passes the image there (docs/kubernetes.md).
     Exit 1 when no GPU qualifies.
     """

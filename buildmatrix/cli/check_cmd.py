@@ -43,7 +43,15 @@ def _markdown(result: CheckResult) -> str:
         if result.driver is None:
             driver = "not checked"
         lines.append(f"| {t.target.name} | {t.sm} | {t.verdict.value} | {driver} |")
+    if _asks_where(result):
+        lines += ["", _where(result).replace("runs on  ", "Runs on ")]
     lines += ["", f"{len(result.files)} file(s) with device code."]
+    skipped = {s.path for t in result.targets for s in t.skipped}
+    if skipped:
+        lines.append(
+            f"{len(skipped)} optional file(s) skipped where they have no code "
+            "(`--format json` lists them with their reasons; `--strict` counts them)."
+        )
     if result.problems:
         lines += ["", "Problems:", ""] + [f"- {p}" for p in result.problems]
     if result.warnings:
@@ -58,7 +66,8 @@ def _markdown(result: CheckResult) -> str:
     "families",
     multiple=True,
     metavar="F",
-    help="Target GPU family from the profiles (repeatable).",
+    help="Target GPU family from the profiles (repeatable); 'all': every profile, each "
+    "of which must pass.",
 )
 @click.option(
     "--sm",
@@ -87,7 +96,8 @@ def _markdown(result: CheckResult) -> str:
 @click.option(
     "--strict",
     is_flag=True,
-    help="Count every fatbinary container (translation unit), specialised ones too.",
+    help="Count every file and every fatbinary container (translation unit): optional "
+    "files and specialised code too.",
 )
 @click.option(
     "--platform",
@@ -155,8 +165,11 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     REF: docker-daemon:NAME[:TAG], docker://HOST/NAME[:TAG|@DIGEST], oci:PATH[:TAG],
     docker-archive:PATH, dir:PATH, an existing path, or a bare NAME[:TAG] (the local
     engine if it has it, else the registry). Without --family/--sm each image's
-    io.buildmatrix.family label sets its targets. Several REFs are checked in one
-    run, sharing the layers they share (the layer cache). Exit 0 all pass, 1 any fails.
+    io.buildmatrix.family label sets its targets; without the label every profile is
+    judged, to say where the image runs: it passes if it runs on at least one
+    profile's GPU, and fails only where it runs on none. Several REFs are checked in
+    one run, sharing the layers they share (the layer cache). Exit 0 all pass, 1 any
+    fails.
     """
     from buildmatrix.check import Options, validate_targets
     from buildmatrix.cuda import load_cuda_facts, parse_driver_version
@@ -323,6 +336,8 @@ def _print_result(result: CheckResult, *, verbose: bool) -> None:
         for t in result.targets
     ]
     click.echo("\n" + table(["TARGET", "SM", "VERDICT", "DRIVER"], rows))
+    if _asks_where(result):
+        click.echo("\n" + _where(result))
     notes = sorted({s for t in result.targets for s in t.specialised})
     if notes and verbose:
         click.echo("\nspecialised code, not counted (--strict counts it):")
@@ -333,6 +348,7 @@ def _print_result(result: CheckResult, *, verbose: bool) -> None:
             f"\nspecialised code: {len(notes)} container(s) not counted (--strict counts "
             "them; -v lists them)"
         )
+    _print_skipped(result, verbose=verbose)
     for warning in result.warnings:
         click.echo(f"\nWARNING: {warning}")
     if result.passed:
@@ -342,6 +358,53 @@ def _print_result(result: CheckResult, *, verbose: bool) -> None:
     targets = [(t.target.name, t.sm, str(t.target.cc)) for t in result.targets]
     for problem in result.problems if verbose else group_by_cause(result.problems, targets):
         click.echo(f"  - {problem}")
+
+
+def _asks_where(result: CheckResult) -> bool:
+    """Whether every profile was judged to say where the image runs (no target given)."""
+    from buildmatrix.check import EVERY_PROFILE
+
+    return result.declared["source"] == EVERY_PROFILE
+
+
+def _where(result: CheckResult) -> str:
+    """The answer of a check over every profile: the SMs the image runs on, and not."""
+    runs = {t.sm for t in result.runs_on}
+    sms = list(dict.fromkeys(t.sm for t in result.targets))
+    yes, no = [s for s in sms if s in runs], [s for s in sms if s not in runs]
+    if not yes:
+        return f"runs on  no profile's GPU (none of {len(sms)} profiles)"
+    return f"runs on  {', '.join(yes)} ({len(yes)} of {len(sms)} profiles)" + (
+        f"; not on {', '.join(no)}" if no else ""
+    )
+
+
+def _print_skipped(result: CheckResult, *, verbose: bool) -> None:
+    """The optional files left out per target (buildmatrix.optional), grouped: the
+    targets that skip the same files by the same rule share a line, with a count and
+    a few of them (-v: every one with its reason; the JSON lists all)."""
+    shared: dict[tuple[str, frozenset[str]], list[str]] = {}
+    for t in result.targets:
+        by_rule: dict[str, set[str]] = {}
+        for s in t.skipped:
+            by_rule.setdefault(str(s.rule), set()).add(s.path)
+        for rule, paths in by_rule.items():
+            shared.setdefault((rule, frozenset(paths)), []).append(t.sm)
+    if not shared:
+        return
+    click.echo("\nskipped  optional files without code for the GPU (--strict counts them):")
+    for (rule, group), sms in shared.items():
+        names = sorted(group)
+        more = f" and {len(names) - 3} more" if len(names) > 3 and not verbose else ""
+        shown = names if verbose else names[:3]
+        click.echo(
+            f"  {', '.join(dict.fromkeys(sms))}: {len(names)} file(s), {rule}: "
+            + ", ".join(shown)
+            + more
+        )
+    if verbose:
+        for line in sorted({f"{s.path}: {s.reason}" for t in result.targets for s in t.skipped}):
+            click.echo(f"  - {line}")
 
 
 def _print_about(result: CheckResult) -> None:
@@ -357,7 +420,10 @@ def _print_about(result: CheckResult) -> None:
         click.echo(f"index    {result.image.index_digest}")
     declared = result.declared
     click.echo(
-        f"targets  from {declared['source']}"
+        "targets  every profile (no target given and no io.buildmatrix.family label: "
+        "where does the image run?)"
+        if _asks_where(result)
+        else f"targets  from {declared['source']}"
         + (f" (io.buildmatrix.family={declared['family']})" if declared["family"] else "")
     )
     click.echo(

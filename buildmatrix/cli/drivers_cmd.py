@@ -12,10 +12,12 @@ from buildmatrix.cli._common import (
     ByteProgress,
     Command,
     F,
+    dump_manifests,
     echo_json,
     load,
     platform_option,
     profiles_option,
+    taint_key_option,
 )
 from buildmatrix.errors import EnvironmentUnavailable, InputError, did_you_mean
 
@@ -150,6 +152,7 @@ def policies(
             proposed=proposals.get(name),
             profiles=profiles,
             facts=facts,
+            current=pools.spec(name).driver,
         )
         for name, pool_models_of in models.items()
     ]
@@ -210,6 +213,7 @@ def drivers(  # noqa: PLR0917 - one parameter per option, as click passes them
 )
 @click.option("--image", default="driver", show_default=True, help="Driver image (spec.image).")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml")
+@taint_key_option
 @platform_option
 @profiles_option
 def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -219,6 +223,7 @@ def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes th
     repository: str,
     image: str,
     fmt: str,
+    taint_key: str,
     platform: str,
     profiles_dir: str | None,
 ) -> int:
@@ -227,9 +232,6 @@ def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes th
     Each selects the pool's nodes by the gpu-pool label; a version below the pool's
     floor (buildmatrix drivers) is refused, exit 2.
     """
-    import json
-
-    import yaml
 
     from buildmatrix.k8s_drivers import DriverImage, nvidia_drivers
 
@@ -240,9 +242,6 @@ def k8s_drivers(  # noqa: PLR0917 - one parameter per option, as click passes th
             "none was given: pass --driver POOL=VERSION (repeatable) or --drivers-file FILE."
         )
     found = policies(pools_file, proposed, platform=platform, profiles_dir=profiles_dir)
-    objects = nvidia_drivers(found, DriverImage(repository=repository, image=image))
-    if fmt == "json":
-        click.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
-    else:
-        click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+    objects = nvidia_drivers(found, DriverImage(repository=repository, image=image), taint_key)
+    click.echo(dump_manifests(objects, fmt), nl=False)
     return 0

@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from buildmatrix.cli._common import JSON_VERSION, Command, echo_error, load, profiles_option
+from buildmatrix.cli._common import (
+    JSON_VERSION,
+    Command,
+    echo_error,
+    json_text,
+    load,
+    profiles_option,
+)
 from buildmatrix.errors import InputError
 
 
@@ -106,6 +113,8 @@ def _left_out(dropped: list[Any]) -> str:
 
 
 def _explain(matrix: Any) -> None:
+    for line in matrix.platforms_built:
+        click.echo(f"platform  {line}", err=True)
     if not matrix.dropped:
         click.echo("nothing left out", err=True)
     for d in matrix.dropped:
@@ -360,12 +369,9 @@ def matrix(  # noqa: PLR0917 - one parameter per option, as click passes them
             "dropped": [{"image": d.image, "what": d.what, "reason": d.reason} for d in m.dropped],
             "merges": merged,
         }
+    # github and merge: one line for $GITHUB_OUTPUT; json and bake as every JSON is
     click.echo(
-        json.dumps(
-            doc,
-            indent=2 if fmt == "json" else None,
-            separators=None if fmt == "json" else (",", ":"),
-        )
+        json_text(doc) if fmt in ("json", "bake") else json.dumps(doc, separators=(",", ":"))
     )
     return 0
 

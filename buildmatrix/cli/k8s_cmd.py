@@ -12,11 +12,29 @@ from buildmatrix.cli._common import (
     MAX_TIMEOUT,
     Group,
     dump_manifests,
+    flag,
+    given,
     load,
     profiles_option,
+    refuse_together,
+    taint_key_option,
 )
 from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import GfdKeys
+
+IMAGE_REPOSITORY = "ghcr.io/buildmatrix/buildmatrix"
+
+
+def default_image() -> str:
+    """The tool image of this package's own version, as the release workflow tags it
+    (``IMAGE:VERSION``): the agent patches Nodes, so what it runs is pinned, never a
+    tag that moves (``latest``) under a DaemonSet that holds node rights. A development
+    build's local version (``+g1a2b3c``) is no valid tag: its ``+`` becomes ``-``
+    (a tag that no release has; docs/kubernetes.md says to pass --image then)."""
+    from buildmatrix import installed_version
+
+    return f"{IMAGE_REPOSITORY}:{installed_version().replace('+', '-')}"
+
 
 if TYPE_CHECKING:
     from buildmatrix.node.pools import Pools
@@ -32,10 +50,11 @@ def k8s() -> None:
 @click.option(
     "--image",
     "tool_image",
-    default="ghcr.io/buildmatrix/buildmatrix:latest",
-    show_default=True,
+    default=default_image,
+    show_default=f"{IMAGE_REPOSITORY}:<this buildmatrix's version>",
     metavar="IMAGE",
-    help="The buildmatrix image the admission DaemonSet runs.",
+    help="The buildmatrix image the admission DaemonSet runs. Default: this package's own "
+    "version, never a moving tag (the agent has rights on nodes).",
 )
 @click.option(
     "--pools",
@@ -140,9 +159,29 @@ def k8s() -> None:
     help="The cluster has MIG GPUs: smoke labels them with this GPU Feature Discovery "
     "strategy and may monitor MIG (root, CAP_SYS_ADMIN; docs/smoke.md, MIG).",
 )
+@taint_key_option
+@click.option(
+    "--source-grace",
+    type=click.IntRange(min=0, max=30 * 86400),
+    metavar="SECONDS",
+    help="smoke --source-grace: how long an admitted node stays admitted while a pool "
+    "image's source cannot be read (default: smoke's, 86400).",
+)
+@click.option(
+    "--device-request",
+    type=click.Choice(["envvar", "volume-mounts", "cdi-annotation"]),
+    default="envvar",
+    show_default=True,
+    help="How the DaemonSet asks the NVIDIA container toolkit for the driver: "
+    "NVIDIA_VISIBLE_DEVICES; volume-mounts (/dev/null at "
+    "/var/run/nvidia-container-devices/all) where the toolkit sets "
+    "accept-nvidia-visible-devices-envvar-when-unprivileged=false and "
+    "accept-nvidia-visible-devices-as-volume-mounts=true; or the CDI annotation "
+    "(cdi.k8s.io/…: nvidia.com/gpu=all) where the runtime resolves CDI devices.",
+)
 @click.option("--format", "fmt", type=MANIFEST_FORMATS, default="yaml", show_default=True)
 @profiles_option
-# Over 60 lines only by its signature: one parameter per option (21 of them).
+# Over 60 lines only by its signature: one parameter per option (24 of them).
 def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     tool_image: str,
     pools: Path | None,
@@ -162,6 +201,9 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
     kubernetes_version: str,
     no_node_policy: bool,
     mig_strategy: str | None,
+    taint_key: str,
+    source_grace: int | None,
+    device_request: str,
     fmt: str,
     profiles_dir: str | None,
 ) -> int:
@@ -179,9 +221,10 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
             "--gpu-operator-values and --nfd-values print the values of two different "
             "charts: give one (the GPU Operator's values already cover its bundled NFD)."
         )
+    _refuse_meaningless(operator_values=operator_values, nfd_values=nfd_values, mode=mode)
     if operator_values or nfd_values:
         chart = "gpu-operator" if operator_values else "nfd"
-        click.echo(_values(chart, fmt, nfd_taints=mode == "nfd"), nl=False)
+        click.echo(_values(chart, fmt, nfd_taints=mode == "nfd", taint_key=taint_key), nl=False)
         return 0
     terms = tuple(parse_selector(s) for s in node_selectors)
     profiles = load(profiles_dir)
@@ -205,6 +248,9 @@ def manifests(  # noqa: PLR0917 - one parameter per option, as click passes them
         mode=mode,
         mig_strategy=mig_strategy,
         containerd=containerd,
+        taint_key=taint_key,
+        source_grace=source_grace,
+        device_request=device_request,
     )
     from buildmatrix.cuda import load_cuda_facts
 
@@ -263,14 +309,46 @@ def _every_pool_has_images(pool_map: Pools) -> None:
         )
 
 
-def _values(chart: str, fmt: str, *, nfd_taints: bool) -> str:
+# What the Helm values depend on: the rest shapes only the manifests, which
+# --gpu-operator-values and --nfd-values do not print.
+_VALUES_OPTIONS = frozenset(
+    {"operator_values", "nfd_values", "mode", "fmt", "profiles_dir", "taint_key"}
+)
+
+
+def _refuse_meaningless(*, operator_values: bool, nfd_values: bool, mode: str) -> None:
+    """Refuse options the chosen output ignores, naming both (docs/kubernetes.md)."""
+    if operator_values or nfd_values:
+        chart = flag("operator_values" if operator_values else "nfd_values")
+        for param in click.get_current_context().command.params:
+            if param.name and param.name not in _VALUES_OPTIONS and given(param.name):
+                refuse_together(
+                    chart,
+                    flag(param.name),
+                    f"{chart} prints only the chart's Helm values, which "
+                    f"{flag(param.name)} does not change; render the manifests in a "
+                    "second command.",
+                )
+    if mode == "nfd":
+        for name, why in (
+            ("no_node_policy", "in nfd mode the agent has no Kubernetes API rights, so "
+             "there is no node policy to leave out"),
+            ("kubernetes_version", "it only decides whether the node policy can be "
+             "rendered, and nfd mode renders none (the agent has no API rights)"),
+        ):  # fmt: skip
+            if given(name):
+                refuse_together("--mode nfd", flag(name), why + ".")
+
+
+def _values(chart: str, fmt: str, *, nfd_taints: bool, taint_key: str) -> str:
     from buildmatrix import k8s_values
 
     if chart == "gpu-operator":
-        data = k8s_values.gpu_operator_values(nfd_taints=nfd_taints)
-        note = k8s_values.GPU_OPERATOR_NOTE
+        data = k8s_values.gpu_operator_values(nfd_taints=nfd_taints, taint_key=taint_key)
+        note = k8s_values.GPU_OPERATOR_NOTE.format(taint_key=taint_key)
     else:
-        data, note = k8s_values.nfd_values(nfd_taints=nfd_taints), k8s_values.NFD_NOTE
+        data = k8s_values.nfd_values(nfd_taints=nfd_taints, taint_key=taint_key)
+        note = k8s_values.NFD_NOTE.format(taint_key=taint_key)
     if nfd_taints:
         note += k8s_values.NFD_TAINTS_NOTE
     if fmt == "json":

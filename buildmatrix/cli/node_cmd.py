@@ -27,13 +27,19 @@ from buildmatrix.cli._common import (
     pools_option,
     profiles_option,
     table,
+    taint_key_option,
     timeout_option,
 )
+from buildmatrix.errors import InputError
 from buildmatrix.labelkeys import writes_gfd_keys
+from buildmatrix.node.hold import SOURCE_GRACE
+
+MAX_GRACE = 30 * 86400  # --source-grace: at most 30 days
 
 if TYPE_CHECKING:
     from buildmatrix.node.admit import Admission
     from buildmatrix.node.pools import Pools
+    from buildmatrix.node.repair import Repair
     from buildmatrix.profiles import ProfileSet
 
 
@@ -77,6 +83,8 @@ def _smoke_json(admission: Admission) -> dict[str, Any]:
     }
     if admission.applied is not None:
         doc["applied"] = admission.applied.to_json()
+    if admission.held is not None:
+        doc["held"] = admission.held
     return doc
 
 
@@ -111,7 +119,10 @@ def _print_admission(admission: Admission) -> None:
     click.echo("\nlabels")
     for key, value in admission.labels.items():
         click.echo(f"  {key}={value}")
-    click.echo("\nPASS" if admission.passed else "\nFAIL: the node is not admitted")
+    if admission.held is not None and admission.applied is None:
+        click.echo(f"\nFAIL: {admission.held}")
+    else:
+        click.echo("\nPASS" if admission.passed else "\nFAIL: the node is not admitted")
     if admission.applied is not None:
         click.echo(f"applied  {admission.applied.describe()}")
 
@@ -159,7 +170,7 @@ def _print_admission(admission: Admission) -> None:
     "apply_to_node",
     is_flag=True,
     help="Write the verdict onto the Node through the Kubernetes API: labels and the "
-    "admission taint buildmatrix.io/unverified (removed on pass, kept on fail).",
+    "admission taint (--taint-key; removed on pass, kept on fail).",
 )
 @click.option(
     "--kubeconfig",
@@ -182,6 +193,37 @@ def _print_admission(admission: Admission) -> None:
     "the verdict goes (--apply, --nfd-file); exit 1. What the DaemonSet runs after a "
     "round was killed.",
 )
+@click.option(
+    "--replace-after",
+    type=click.IntRange(min=60),
+    metavar="SECONDS",
+    envvar="BUILDMATRIX_REPLACE_AFTER",
+    help="With --apply on a Karpenter node that has failed since it joined: once it is "
+    "this old, delete its NodeClaim so that Karpenter replaces it (docs/kubernetes.md, "
+    "'A failing new node').",
+)
+@click.option(
+    "--driver-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="The driver version this container's NVIDIA libraries came with: the first "
+    "round writes it; a round that finds another driver (or NVML's "
+    "LIB_RM_VERSION_MISMATCH) marks the node failed and writes 'changed' to FILE, on "
+    "which the DaemonSet's loop ends its container so that it restarts with the new "
+    "driver's libraries.",
+)
+@click.option(
+    "--source-grace",
+    type=click.FloatRange(min=0, max=MAX_GRACE),
+    default=SOURCE_GRACE,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long a node admitted before (the Node with --apply, the feature file with "
+    "--nfd-file) stays admitted while the only failure is an image source that cannot "
+    "be read (a registry down, credentials expired); counted from the first such round, "
+    "kept in the annotation buildmatrix.io/smoke-unavailable-since. 0: fail at once.",
+)
+@taint_key_option
 @click.option(
     "--prefer-containerd",
     is_flag=True,
@@ -214,6 +256,10 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     kubeconfig: Path | None,
     deadline: float | None,
     mark_failed: str | None,
+    replace_after: int | None,
+    driver_file: Path | None,
+    source_grace: float,
+    taint_key: str,
     prefer_containerd: bool,
     node: str | None,
     platform: str,
@@ -230,6 +276,10 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     from buildmatrix.cuda import load_cuda_facts
     from buildmatrix.node.admit import AdmitOptions, admit
 
+    if replace_after is not None and not apply_to_node:
+        raise InputError(
+            "--replace-after acts on the Node object: it needs --apply (and --node NAME)."
+        )
     options = AdmitOptions(
         images=images,
         snapshot=snapshot,
@@ -249,6 +299,9 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         platform=platform if _given("platform") else None,
         deadline=deadline,
         mark_failed=mark_failed,
+        driver_file=driver_file,
+        source_grace=source_grace,
+        taint_key=taint_key,
     )
     profiles = load(profiles_dir)
     admission = admit(
@@ -259,11 +312,35 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         containerd=containerd_store(),
         overdue=_overdue,
     )
+    repair = _repair(admission, replace_after, kubeconfig)
     if as_json:
-        echo_json(_smoke_json(admission))
+        doc = _smoke_json(admission)
+        if repair is not None:
+            doc["repair"] = {"action": repair.action.value, "why": repair.why}
+        echo_json(doc)
     else:
         _print_admission(admission)
+        if repair is not None:
+            click.echo(f"repair   {repair.action.value}: {repair.why}")
     return admission.exit_code
+
+
+def _repair(admission: Admission, after: int | None, kubeconfig: Path | None) -> Repair | None:
+    """--replace-after: what becomes of a node that failed (node/repair.py), where the
+    verdict went onto the Node."""
+    if after is None or admission.passed or admission.applied is None or not admission.node:
+        return None
+    from datetime import timedelta
+
+    from buildmatrix.node.nodeclaims import replace_phantom
+    from buildmatrix.node.repair import NVML_UNAVAILABLE
+
+    failed = [c.name for c in admission.checks if not c.ok]
+    if admission.unavailable is not None:  # no driver: not this node's own fault
+        failed = [NVML_UNAVAILABLE]
+    return replace_phantom(
+        admission.node, failed, after=timedelta(seconds=after), kubeconfig=kubeconfig
+    )
 
 
 def _overdue(message: str, code: int) -> None:

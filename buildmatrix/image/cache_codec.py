@@ -22,7 +22,7 @@ from buildmatrix.arch import Arch, parse_arch
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
 from buildmatrix.binary.ldconf_file import ConfFile
-from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.report import FileReport, Links, ScanProblem
 from buildmatrix.errors import BuildmatrixError
 from buildmatrix.forward import CompatLibrary
 from buildmatrix.image.tree import WHITED_OUT, Dir, Entry, Inode, LayerSummary, Leaf
@@ -84,6 +84,7 @@ def _dump_result(result: Any) -> Any:
                 "path": result.path,
                 "format": result.format,
                 "entries": [_dump_fatbin_entry(e) for e in result.entries],
+                "links": _dump_links(result.links),
             }
         }
     if isinstance(result, ScanProblem):
@@ -96,6 +97,7 @@ def _dump_result(result: Any) -> Any:
             "path": result.path,
             "search": list(result.search),
             "code": _dump_result(result.code),
+            "links": _dump_links(result.links),
         }
         return {"search": doc}
     assert isinstance(result, CompatLibrary)
@@ -116,6 +118,30 @@ def _dump_result(result: Any) -> Any:
             "machine": result.machine,
         }
     }
+
+
+def _dump_links(links: Links | None) -> dict[str, Any] | None:
+    if links is None:
+        return None
+    return {
+        "soname": links.soname,
+        "needed": list(links.needed),
+        "program": links.program,
+        "python_module": links.python_module,
+        "unread": links.unread,
+    }
+
+
+def _load_links(doc: dict[str, Any] | None) -> Links | None:
+    if doc is None:
+        return None
+    return Links(
+        soname=None if doc["soname"] is None else str(doc["soname"]),
+        needed=tuple(sys.intern(str(n)) for n in doc["needed"]),
+        program=bool(doc["program"]),
+        python_module=bool(doc["python_module"]),
+        unread=None if doc["unread"] is None else str(doc["unread"]),
+    )
 
 
 def _dump_fatbin_entry(e: FatbinEntry) -> dict[str, Any]:
@@ -154,7 +180,8 @@ def _load_result(doc: Any) -> Any:
     if "report" in doc:
         r = doc["report"]
         entries = tuple(_load_fatbin_entry(e) for e in r["entries"])
-        return FileReport(path=r["path"], format=r["format"], entries=entries)
+        links = _load_links(r["links"])
+        return FileReport(path=r["path"], format=r["format"], entries=entries, links=links)
     if "problem" in doc:
         return ScanProblem(path=doc["problem"]["path"], message=doc["problem"]["message"])
     if "conf" in doc:
@@ -165,7 +192,8 @@ def _load_result(doc: Any) -> Any:
         f, code = doc["search"], _load_result(doc["search"]["code"])
         search = tuple(sys.intern(str(s)) for s in f["search"])
         report = code if isinstance(code, FileReport) else None
-        return SearchPaths(path=str(f["path"]), search=search, code=report)
+        links = _load_links(f["links"])
+        return SearchPaths(path=str(f["path"]), search=search, code=report, links=links)
     c = doc["compat"]
     code = _load_result(c["code"])
     return CompatLibrary(

@@ -7,11 +7,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
-from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.report import FileReport, Links, ScanProblem
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
 from buildmatrix.image.blobs import VerifyingReader
 from buildmatrix.image.digests import cpus, inline
@@ -147,6 +148,7 @@ def finish(
     compat_libraries: dict[str, CompatLibrary] = {}
     confs: dict[str, ConfFile] = {}  # the loader's configuration (ldconf_file)
     searches: dict[str, tuple[str, ...]] = {}  # DT_RPATH/DT_RUNPATH (binary.dynamic)
+    links: dict[str, Links] = {}  # how each ELF file is loaded (binary.report.Links)
     for path, node in tree.files():
         paths.append(path)
         result = node.result
@@ -156,18 +158,26 @@ def finish(
             regular.append(path)
         if isinstance(result, FileReport):
             files.append(_at(result, path))
+            if result.links is not None:
+                links[path] = result.links
         elif isinstance(result, CompatLibrary):
             compat_libraries[path] = replace(result, path=path)
         elif isinstance(result, ConfFile):
             confs[path] = replace(result, path=path)
         elif isinstance(result, SearchPaths):
-            searches[path] = result.search
+            if result.search:
+                searches[path] = result.search
+            if result.links is not None:
+                links[path] = result.links
             if result.code is not None:
                 files.append(_at(result.code, path))
+                if result.code.links is not None:
+                    links[path] = result.code.links
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
             unreadable.append(path)
-    compat = find_compat(
+    lookup = partial(
+        find_compat,
         compat_libraries,
         regular,
         symlinks,
@@ -179,8 +189,8 @@ def finish(
         ld_audit=config.env.get("LD_AUDIT", ""),
         platform=config.platform,
         confs=confs,
-        searches=searches,
     )
+    compat = lookup(searches=searches)
     for path in compat_code(compat, compat_libraries):
         code = compat_libraries[path].code
         if code is not None:
@@ -196,6 +206,9 @@ def finish(
         layers=len(layers),
         symlinks=symlinks,
         compat=compat,
+        searches=searches,
+        compat_lookup=lookup,
+        links=links,
     )
 
 

@@ -10,7 +10,7 @@ from typing import IO, Any
 
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
-from buildmatrix.binary.report import FileReport, ScanProblem
+from buildmatrix.binary.report import FileReport, Links, ScanProblem
 from buildmatrix.binary.scan import inspect_file, scan_tree
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
@@ -68,6 +68,7 @@ def scan_oci_layout(
     else:
         chosen = manifests
     if len(chosen) != 1:
+        _refuse_twice_named(chosen, given=ref.given, index=layout / "index.json")
         tags = sorted({(m.get("annotations") or {}).get(REF_NAME, "") for m in manifests} - {""})
         what = f"no image tagged '{ref.tag}'" if ref.tag else f"{len(chosen)} images"
         raise InputError(
@@ -111,6 +112,21 @@ def scan_oci_layout(
     return replace(image, index_digest=index_digest) if index_digest else image
 
 
+def _refuse_twice_named(chosen: list[Any], *, given: str, index: Path) -> None:
+    """Several images of index.json under one ``ref.name``: a name is given twice, and
+    naming it picks none (the OCI image-spec's annotation names one image; skopeo and
+    containerd replace the entry of a name they write again)."""
+    names = [(m.get("annotations") or {}).get(REF_NAME) for m in chosen]
+    twice = sorted({n for n in names if n and names.count(n) > 1})
+    if twice:
+        raise InputError(
+            f"'{given}': {index} gives the name '{twice[0]}' ({REF_NAME}) to "
+            f"{names.count(twice[0])} images, so the name does not say which one to judge. "
+            "A layout names each image once: remove or rename the extra entries of "
+            "index.json (or write the layout again with skopeo copy)."
+        )
+
+
 @dataclass(kw_only=True)
 class _FolderWalk:
     """What the scan's one walk over a root folder finds on its way."""
@@ -120,6 +136,7 @@ class _FolderWalk:
     libraries: dict[str, CompatLibrary] = field(default_factory=dict)
     confs: dict[str, ConfFile] = field(default_factory=dict)
     searches: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    loading: dict[str, Links] = field(default_factory=dict)  # binary.report.Links
     unreadable: list[str] = field(default_factory=list)
     regular: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
@@ -152,13 +169,17 @@ def _walk_folder(path: Path, *, keep: bool) -> _FolderWalk:
         elif isinstance(result, ConfFile):
             found.confs[result.path] = result
         elif isinstance(result, SearchPaths):
-            found.searches[result.path] = result.search
+            if result.search:
+                found.searches[result.path] = result.search
+            if result.links is not None:
+                found.loading[result.path] = result.links
             if result.code is not None:
                 stored = str(path / result.path) if keep else None
                 found.files.append(replace(result.code, stored=stored))
         else:
             stored = str(path / result.path) if keep else None
             found.files.append(replace(result, stored=stored))
+    found.loading.update((f.path, f.links) for f in found.files if f.links is not None)
     return found
 
 
@@ -173,13 +194,16 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
     if path.is_dir():
         found = _walk_folder(path, keep=keep)
         paths = sorted(found.regular + found.links)
+        loading: dict[str, Links] | None = found.loading
     else:
         found = _FolderWalk()
+        loading = None  # one file given: judged whatever loads it
         report = inspect_file(path, display=path.name)
         if report is not None:
             found.files.append(replace(report, stored=str(path) if keep else None))
         paths = [f.path for f in found.files]
-    compat = find_compat(
+    lookup = partial(
+        find_compat,
         found.libraries,
         sorted(found.regular),
         found.symlinks,
@@ -187,8 +211,8 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         entries=paths,
         folders=found.folders,
         confs=found.confs,
-        searches=found.searches,
     )
+    compat = lookup(searches=found.searches)
     files = found.files
     for lib_path in compat_code(compat, found.libraries):
         code = found.libraries[lib_path].code
@@ -205,4 +229,7 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         layers=0,
         symlinks=found.symlinks,
         compat=compat,
+        searches=found.searches,
+        compat_lookup=lookup,
+        links=loading,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,21 @@ def scan_image(
     ``containerd`` says where ``containerd:`` REFs are read (default: from $CONTAINERD_*).
     """
     ref = parse_ref(text)
+    image = _scan(ref, platform=platform, progress=progress, keep=keep, containerd=containerd)
+    if ref.plain:  # a path that holds an image: say how it was read (the read line)
+        what = "an OCI layout" if ref.transport is Transport.OCI else "a docker save archive"
+        image = replace(image, read_from=f"{ref.transport.value}:{ref.path} ({what})")
+    return image
+
+
+def _scan(
+    ref: ImageRef,
+    *,
+    platform: str,
+    progress: Progress | None,
+    keep: Path | None,
+    containerd: Store | None,
+) -> ScannedImage:
     match ref.transport:
         case Transport.DIR:
             from buildmatrix.image.local import scan_directory

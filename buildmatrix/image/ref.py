@@ -1,7 +1,8 @@
 """Image references in skopeo's transport syntax (docs/check.md, the reference table).
 
 ``docker-daemon:NAME[:TAG]``, ``docker://HOST/NAME[:TAG|@DIGEST]``,
-``oci:PATH[:TAG]``, ``docker-archive:PATH``, ``dir:PATH``, a plain existing path,
+``oci:PATH[:TAG]``, ``docker-archive:PATH``, ``dir:PATH``, a plain existing path
+(files, or the OCI layout or docker save archive it holds: buildmatrix.image.pathkind),
 ``containerd:NAME[:TAG|@DIGEST]`` (containerd's stores on this machine),
 or a bare ``NAME[:TAG]`` (the local engine if it has it, else the registry).
 """
@@ -37,6 +38,9 @@ class ImageRef:
     repository: str = ""
     tag: str = ""
     digest: str = ""
+    # A plain path whose transport was read from what it holds (image.pathkind): an
+    # OCI layout folder or a docker save archive, judged as the image, saying so.
+    plain: bool = False
 
     @property
     def reference(self) -> str:
@@ -139,8 +143,14 @@ def parse_ref(text: str) -> ImageRef:
     if text.startswith("dir:"):
         return ImageRef(transport=Transport.DIR, given=given, path=Path(text.removeprefix("dir:")))
     if _exists(text):
-        return ImageRef(transport=Transport.DIR, given=given, path=Path(text))
+        return _plain_path(text)
     prefix, sep, rest = text.partition(":")
+    if prefix == "oci-archive" and sep:
+        raise InputError(
+            f"'{given}': the 'oci-archive:' transport is not supported. Extract the archive "
+            f"(mkdir DIR && tar -xf {rest} -C DIR) and pass oci:DIR, or convert it: skopeo "
+            f"copy {text} docker-archive:OUT.tar."
+        )
     if sep and (prefix in _UNSUPPORTED or rest.startswith(("/", "./", "../"))):
         known = ", ".join(f"{t.value}:" for t in Transport if t is not Transport.BARE)
         what = (
@@ -152,6 +162,22 @@ def parse_ref(text: str) -> ImageRef:
             f"'{given}': {what}. Use one of {known} or a bare NAME[:TAG]; a path must exist."
         )
     return parse_name(text, given=given, transport=Transport.BARE)
+
+
+def _plain_path(text: str) -> ImageRef:
+    """An existing path without a transport: files to judge, or the image it holds
+    (an OCI layout folder, a docker save archive; image.pathkind)."""
+    from buildmatrix.image.pathkind import PathKind, path_kind
+
+    kind = path_kind(Path(text), given=text)
+    transport = {
+        PathKind.FILES: Transport.DIR,
+        PathKind.OCI_LAYOUT: Transport.OCI,
+        PathKind.DOCKER_ARCHIVE: Transport.ARCHIVE,
+    }[kind]
+    return ImageRef(
+        transport=transport, given=text, path=Path(text), plain=kind is not PathKind.FILES
+    )
 
 
 def _exists(text: str) -> bool:

@@ -4,14 +4,14 @@ device code (:class:`ScannedImage`), and the layer blobs a source reads (:class:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
-from buildmatrix.binary.report import FileReport
+from buildmatrix.binary.report import FileReport, Links
 from buildmatrix.forward import CompatSetup
 
 
@@ -85,6 +85,16 @@ class ScannedImage:
     # The digest of the index the REF named, the entry above was picked from; None
     # where the REF named a single manifest or the source keeps no index.
     index_digest: str | None = None
+    # Each ELF file's DT_RPATH/DT_RUNPATH (binary.dynamic), and the compat lookup
+    # (forward.find_compat) over this final view given other search paths: check
+    # --ignore looks again without an ignored file's, which is never loaded and so
+    # asks for no libcuda.so.1 (buildmatrix.check).
+    searches: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    compat_lookup: Callable[..., CompatSetup | None] | None = field(default=None, compare=False)
+    # How each ELF file of the final view that holds device code or loads other
+    # files is loaded (buildmatrix.binary.report.Links), by path; None where the
+    # source did not read it (one file given alone): every file then counts.
+    links: dict[str, Links] | None = None
 
     def paths_found(self, pattern: re.Pattern[str]) -> tuple[re.Match[str], ...]:
         """``pattern.search`` of each path of the final view, the hits in path order.

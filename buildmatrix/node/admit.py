@@ -22,14 +22,17 @@ from buildmatrix.cuda import CudaFacts
 from buildmatrix.errors import EnvironmentUnavailable, InputError
 from buildmatrix.image.containerd_store import Store
 from buildmatrix.image.ref import parse_ref
-from buildmatrix.labelkeys import GFD_KEYS, GfdKeys, is_mig_key, writes_gfd_keys
+from buildmatrix.labelkeys import GFD_KEYS, TAINT_KEY, GfdKeys, is_mig_key, writes_gfd_keys
+from buildmatrix.node import driver_change
 from buildmatrix.node.apply import Applied, NodeApi
 from buildmatrix.node.checks import NodeOptions, NodeReport, evaluate
 from buildmatrix.node.gpu_models import Model
+from buildmatrix.node.hold import SOURCE_GRACE, Transient
 from buildmatrix.node.labels import VerifiedImage, node_labels
 from buildmatrix.node.node_snapshot import read_snapshot
 from buildmatrix.node.poolimages import ImagePlan, nothing_to_load, plan_images, require_images
 from buildmatrix.node.pools import Pools
+from buildmatrix.node.probe import DriverMismatch
 from buildmatrix.node.results import LoadResult, NodeCheck
 from buildmatrix.node.verdict_place import FAILED, Deadline, Overdue, Place
 from buildmatrix.profiles import ProfileSet
@@ -62,6 +65,10 @@ class AdmitOptions:
     deadline: float | None = None  # --deadline: seconds the round may take (Deadline)
     # --mark-failed: read nothing, write only the failure mark with this reason
     mark_failed: str | None = None
+    # --driver-file: the driver this container's libraries belong to (driver_change.py)
+    driver_file: Path | None = None
+    taint_key: str = TAINT_KEY  # --taint-key: the admission taint's key
+    source_grace: float = SOURCE_GRACE  # --source-grace (node/hold.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +86,9 @@ class Admission:
     snapshot: Snapshot | None = None
     models: tuple[Model, ...] = ()
     plan: ImagePlan = field(default_factory=lambda: ImagePlan(pool=None, given=(), from_pool=()))
+    # Why the verdict was not written as the round says (node/hold.py): a pass held
+    # mid-upgrade, an admitted node kept admitted (on the Node or in the NFD file).
+    held: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -149,7 +159,16 @@ def _round(
     except EnvironmentUnavailable as exc:
         if deadline is not None:
             deadline.claim()
-        return _failed(place, NodeCheck(name="nvml", ok=False, message=str(exc)), exc.exit_code)
+        check = NodeCheck(name="nvml", ok=False, message=str(exc))
+        if isinstance(exc, DriverMismatch) and options.driver_file is not None:
+            check = driver_change.changed(options.driver_file, driver_change.MISMATCH)
+        return _failed(place, check, exc.exit_code)
+    if options.driver_file is not None and options.snapshot is None:
+        changed = driver_change.compare(options.driver_file, str(snap.driver))
+        if changed is not None:
+            if deadline is not None:
+                deadline.claim()
+            return _failed(place, changed, EnvironmentUnavailable.exit_code)
     plan = plan_images(options.images, snapshot=snap, profiles=profiles, pools=pools)
     outcomes = (
         _check_images(
@@ -172,7 +191,28 @@ def _round(
     )
     if deadline is not None:
         deadline.claim()
-    return _conclude(place, snap, report, labels, plan=plan, outcomes=outcomes, empty=empty)
+    transient = _transient(report, outcomes, grace=options.source_grace)
+    return _conclude(
+        place, snap, report, labels, plan=plan, outcomes=outcomes, empty=empty, transient=transient
+    )
+
+
+def _transient(
+    report: NodeReport, outcomes: list[ImageOutcome], *, grace: float
+) -> Transient | None:
+    """Whether every failed check says nothing about the node (node/hold.py): an image
+    whose source is unavailable (exit 3: a registry down or refusing its credentials),
+    or a load test that found the GPUs busy with other work."""
+    failed = [c for c in report.checks if not c.ok]
+    unavailable = {
+        f"image {o.ref}": str(o.error)
+        for o in outcomes
+        if o.error is not None and o.error.exit_code == EnvironmentUnavailable.exit_code
+    }
+    if not failed or not all(c.name in unavailable or c.busy for c in failed):
+        return None
+    why = "; ".join(f"{c.name}: {c.message}" for c in failed)
+    return Transient(why=why, grace=grace if any(c.name in unavailable for c in failed) else None)
 
 
 def _check_images(
@@ -244,21 +284,30 @@ def _conclude(
     plan: ImagePlan,
     outcomes: list[ImageOutcome],
     empty: NodeCheck | None,
+    transient: Transient | None = None,
 ) -> Admission:
     """The verdict written where asked (NFD file, Node object), and the admission."""
     failures = [f"{c.name}: {c.message}" for c in report.checks if not c.ok]
-    applied = place.write(passed=report.passed, labels=labels, failures=failures)
+    applied, nfd_held = place.write_verdict(
+        passed=report.passed, labels=labels, failures=failures, transient=transient
+    )
     if applied is not None and not applied.gfd_keys:  # GFD labels the node: its keys
         labels = {k: v for k, v in labels.items() if k not in GFD_KEYS and not is_mig_key(k)}
     codes = [o.error.exit_code for o in outcomes if o.error is not None]
     bad_input = [InputError.exit_code] if empty is not None else []
+    checks = report.checks
+    if report.passed and applied is not None and applied.held is not None:
+        # a pass the Node does not get (mid-upgrade, node/hold.py): not admitted
+        checks = (*checks, NodeCheck(name="driver-upgrade", ok=False, message=applied.held))
+        labels = dict(FAILED)
     return Admission(
         node=place.node or snap.hostname,
-        checks=report.checks,
+        checks=checks,
         labels=labels,
         loads=tuple(x for o in outcomes for x in o.loads),
         applied=applied,
-        exit_code=0 if report.passed else max([1, *codes, *bad_input]),
+        held=applied.held if applied is not None and applied.held is not None else nfd_held,
+        exit_code=0 if all(c.ok for c in checks) else max([1, *codes, *bad_input]),
         snapshot=snap,
         models=report.models,
         plan=plan,
@@ -313,7 +362,13 @@ def _mark_failed(options: AdmitOptions) -> Admission:
 def _place(options: AdmitOptions) -> Place:
     """Where the verdict goes; the API client made first (:func:`_node_api`)."""
     api = _node_api(options.node, options.kubeconfig) if options.apply else None
-    return Place(api=api, node=options.node, nfd_file=options.nfd_file, gfd_keys=options.gfd_keys)
+    return Place(
+        api=api,
+        node=options.node,
+        nfd_file=options.nfd_file,
+        gfd_keys=options.gfd_keys,
+        taint_key=options.taint_key,
+    )
 
 
 def _node_api(node: str | None, kubeconfig: Path | None) -> NodeApi:

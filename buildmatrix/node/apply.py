@@ -5,7 +5,7 @@ credentials (the DaemonSet's ServiceAccount) or a kubeconfig:
 
 - on pass: the labels are set, buildmatrix-owned labels an earlier run left (a pool
   that changed) are removed, and the admission taint
-  ``buildmatrix.io/unverified:NoSchedule`` is removed;
+  ``buildmatrix.io/unverified:NoSchedule`` (or ``--taint-key``'s) is removed;
 - on fail: the taint is kept (or added), the labels become ``buildmatrix.io/smoke=
   failed`` alone, and the annotation ``buildmatrix.io/smoke-report`` says why;
 - nothing else is touched: not other taints, not other controllers' labels
@@ -18,7 +18,8 @@ Labels and annotations are map keys, merged one by one by a strategic merge patc
 drop a taint another controller added in between: the patch carries the
 ``metadata.resourceVersion`` it was computed from, the API server refuses it with 409
 Conflict if the node changed, and the change is recomputed from a fresh read, a few
-times at most (as Kubernetes' own taint helpers do: ``PatchNodeTaints``).
+times at most (as Kubernetes' own taint helpers do: ``PatchNodeTaints``). The patch
+itself is computed in node/patch.py.
 """
 
 from __future__ import annotations
@@ -26,126 +27,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.labelkeys import (
-    POOL,
-    REPORT_ANNOTATION,
-    TAINT_EFFECT,
-    TAINT_KEY,
-    GfdKeys,
-    owned,
-    writes_gfd_keys,
-)
+from buildmatrix.labelkeys import TAINT_KEY, GfdKeys
+from buildmatrix.node.hold import Transient
+from buildmatrix.node.patch import MAX_REPORT, Applied, plan, report_text
 
-MAX_REPORT = 4096  # bytes of the annotation; an object's annotations share 256 KiB
+__all__ = ["MAX_REPORT", "Applied", "Conflict", "NodeApi", "apply", "plan", "report_text"]
 MAX_ATTEMPTS = 5
 SMP = "application/strategic-merge-patch+json"
 _TIMEOUT = 15  # seconds per request
-
-
-@dataclass(frozen=True, kw_only=True)
-class Applied:
-    node: str
-    labels_set: tuple[str, ...]
-    labels_removed: tuple[str, ...]
-    taint: str  # removed | kept | added | absent
-    attempts: int
-    gfd_keys: bool  # whether buildmatrix wrote GFD's keys (else they are GFD's)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "labels_set": list(self.labels_set),
-            "labels_removed": list(self.labels_removed),
-            "taint": self.taint,
-            "attempts": self.attempts,
-            "gfd_keys": "written" if self.gfd_keys else "left to GPU Feature Discovery",
-        }
-
-    def describe(self) -> str:
-        return (
-            f"node {self.node}: {len(self.labels_set)} label(s) set, "
-            f"{len(self.labels_removed)} removed, admission taint {self.taint}"
-        )
-
-
-def report_text(failures: Sequence[str]) -> str:
-    """The failed checks, one per line, cut to MAX_REPORT bytes."""
-    text = "\n".join(failures)
-    data = text.encode("utf-8")
-    if len(data) <= MAX_REPORT:
-        return text
-    return data[: MAX_REPORT - 3].decode("utf-8", "ignore") + "..."
-
-
-def plan(
-    node: Mapping[str, Any],
-    *,
-    passed: bool,
-    labels: Mapping[str, str],
-    report: str,
-    gfd_keys: GfdKeys,
-) -> tuple[dict[str, Any], Applied]:
-    """The strategic merge patch that brings ``node`` to the verdict (pure).
-
-    Only labels buildmatrix owns (labelkeys.owned) are set or removed; GFD's keys are
-    left out of both where GFD labels the node (``gfd_keys``: labelkeys.GfdKeys).
-
-    A failed verdict leaves the pool label (``gpu-pool``) as the node has it: the
-    taint alone keeps workloads off, while the label also selects the pool's own
-    DaemonSets (the GPU Operator's driver of the pool's ``NVIDIADriver``: ``k8s
-    drivers``), whose Pods the DaemonSet controller deletes from a node it no longer
-    selects. Removing it on a failed round (a registry outage fails the whole pool at
-    once) would unload the driver the next round needs to pass."""
-    meta = node.get("metadata") or {}
-    current: dict[str, str] = dict(meta.get("labels") or {})
-    taints: list[dict[str, Any]] = list((node.get("spec") or {}).get("taints") or [])
-    ours_gfd = writes_gfd_keys(gfd_keys, current)
-    # one predicate for what is written and what is removed
-    wanted = {k: v for k, v in labels.items() if owned(k, gfd_keys=ours_gfd)}
-    label_patch: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
-    removed = sorted(
-        k
-        for k in current
-        if owned(k, gfd_keys=ours_gfd) and k not in wanted and (passed or k != POOL)
-    )
-    label_patch.update(dict.fromkeys(removed))
-    ours = [t for t in taints if t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT]
-    if passed:
-        new_taints = [t for t in taints if t not in ours]
-        taint = "removed" if ours else "absent"
-    elif ours:
-        new_taints, taint = taints, "kept"
-    else:
-        new_taints, taint = [*taints, {"key": TAINT_KEY, "effect": TAINT_EFFECT}], "added"
-    annotations = dict((meta.get("annotations") or {}).items())
-    metadata: dict[str, Any] = {}
-    if label_patch:
-        metadata["labels"] = label_patch
-    if passed and REPORT_ANNOTATION in annotations:
-        metadata["annotations"] = {REPORT_ANNOTATION: None}
-    elif not passed and annotations.get(REPORT_ANNOTATION) != report:
-        metadata["annotations"] = {REPORT_ANNOTATION: report}
-    body: dict[str, Any] = {}
-    if new_taints != taints:
-        # the precondition that makes replacing the list safe against a concurrent write
-        metadata["resourceVersion"] = meta.get("resourceVersion")
-        body["spec"] = {"taints": new_taints}
-    if metadata:
-        body["metadata"] = metadata
-    applied = Applied(
-        node=str(meta.get("name", "")),
-        labels_set=tuple(sorted(k for k, v in label_patch.items() if v is not None)),
-        labels_removed=tuple(removed),
-        taint=taint,
-        attempts=0,
-        gfd_keys=ours_gfd,
-    )
-    return body, applied
 
 
 class NodeApi:
@@ -350,12 +243,22 @@ def apply(
     labels: Mapping[str, str],
     failures: Sequence[str],
     gfd_keys: GfdKeys,
+    taint_key: str = TAINT_KEY,
+    transient: Transient | None = None,
 ) -> Applied:
     """Bring the Node to the verdict; retried on 409 Conflict, MAX_ATTEMPTS at most."""
     report = report_text(failures)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         node = api.get(name)
-        body, applied = plan(node, passed=passed, labels=labels, report=report, gfd_keys=gfd_keys)
+        body, applied = plan(
+            node,
+            passed=passed,
+            labels=labels,
+            report=report,
+            gfd_keys=gfd_keys,
+            taint_key=taint_key,
+            transient=transient,
+        )
         if body:
             try:
                 api.patch(name, body)
@@ -368,6 +271,7 @@ def apply(
             taint=applied.taint,
             attempts=attempt,
             gfd_keys=applied.gfd_keys,
+            held=applied.held,
         )
     raise EnvironmentUnavailable(
         f"node {name!r} changed under every one of {MAX_ATTEMPTS} attempts to update it "

@@ -28,10 +28,11 @@ from buildmatrix.node.hardware_checks import (
     check_profiles,
     check_uniform,
 )
+from buildmatrix.node.pool_promise import check_pool_promise
 from buildmatrix.node.pools import Pools
 from buildmatrix.node.results import LoadResult, NodeCheck
 from buildmatrix.profiles import ProfileSet
-from buildmatrix.snapshot import Snapshot
+from buildmatrix.snapshot import Gpu, Snapshot
 
 if TYPE_CHECKING:  # check's results are judged here, check itself is not run
     from buildmatrix.check import CheckResult
@@ -79,8 +80,31 @@ def check_image(result: CheckResult) -> NodeCheck:
     return NodeCheck(name=name, ok=False, message="; ".join(result.problems))
 
 
-def check_load(result: LoadResult) -> NodeCheck:
+def busy_with_others(result: LoadResult, gpus: Sequence[Gpu]) -> str | None:
+    """Why NVML shows the model's GPUs busy with other work where the driver refused
+    the load test on every one of them (None: NVML shows nothing that explains it, and
+    the refusal is the node's fault). The GPUs of the model (``result.model`` is
+    ``NAME (CC)``) run CUDA processes (nvmlDeviceGetComputeRunningProcesses) that hold
+    them in exclusive-process mode or fill their memory (nvmlDeviceGetComputeMode)."""
+    if not result.busy:
+        return None
+    mine = [g for g in gpus if result.model == f"{g.name} ({g.cc})"]
+    running = [g for g in mine if g.compute_processes]
+    if not mine or len(running) < len(mine):
+        return None  # a GPU without others' processes refused: not busy, broken
+    modes = sorted({g.compute_mode or "unknown" for g in running})
+    count = sum(g.compute_processes or 0 for g in running)
+    return (
+        f"every {result.model} runs others' CUDA work ({count} process(es); compute mode "
+        f"{', '.join(modes)}): {result.error}"
+    )
+
+
+def check_load(result: LoadResult, gpus: Sequence[Gpu] = ()) -> NodeCheck:
     name = f"load-test {result.image} on {result.model}"
+    busy = busy_with_others(result, gpus)
+    if busy is not None:
+        return NodeCheck(name=name, ok=False, message=busy, busy=True)
     if result.error is not None:
         return NodeCheck(name=name, ok=False, message=result.error)
     if result.failures:
@@ -131,12 +155,14 @@ def evaluate(
         ]
         if any(g.mig_mode for g in snapshot.gpus):
             checks.append(check_mig(snapshot.gpus, options.mig_strategy))
+        if (promise := check_pool_promise(snapshot, models, labelled, options.pools)) is not None:
+            checks.append(promise)
     checks += [check_image(r) for r in images]
     checks += [
         NodeCheck(name=f"image {ref}", ok=False, message=f"cannot be checked: {why}")
         for ref, why in unreadable
     ]
-    checks += [check_load(r) for r in loads]
+    checks += [check_load(r, snapshot.gpus) for r in loads]
     return NodeReport(
         checks=tuple(checks),
         models=models,

@@ -2,8 +2,10 @@
 
 Pure. Layer 1/2 are GFD's own keys, so buildmatrix's labels and GFD's agree where
 both run (NVIDIA/k8s-device-plugin ``internal/lm/resource.go`` and ``nvml.go``);
-the seed's ``gpu.compute-capability`` and ``gpu.memory-mb`` sit beside them; layer
-3 is the pool (``gpu-pool``); ``buildmatrix.io/*`` say what smoke found.
+``buildmatrix.io/gpu.compute-capability``, ``gpu.memory-mb`` and ``driver.version``
+are what ``affinity`` selects on (the seed's ``nvidia.com/`` names of the first two
+are written beside them for the transition: labelkeys ``LEGACY``); layer 3 is the
+pool (``gpu-pool``); the other ``buildmatrix.io/*`` say what smoke found.
 
 Fail closed: a node that failed gets ``buildmatrix.io/smoke=failed`` and nothing
 else, so no selector on family, pool or verified image can match it.
@@ -32,8 +34,10 @@ from buildmatrix.labelkeys import (
     DRIVER_MAJOR,
     DRIVER_MINOR,
     DRIVER_REVISION,
+    DRIVER_VERSION,
     FAMILY,
     GFD_KEYS,
+    LEGACY,
     MEMORY,
     MEMORY_MB,
     MIG_ATTRIBUTE_SUFFIXES,
@@ -45,6 +49,7 @@ from buildmatrix.labelkeys import (
     SEED_KEYS,
     SMOKE,
     VERIFIED_PREFIX,
+    driver_ordinal,
     present_key,
 )
 from buildmatrix.node.checks import NodeReport
@@ -175,9 +180,13 @@ def _driver_labels(snapshot: Snapshot) -> dict[str, str]:
 
 
 def _own_driver_labels(snapshot: Snapshot) -> dict[str, str]:
-    """The driver as the integers affinity's Gt/Lt terms compare (labelkeys)."""
+    """The driver as integers: its three parts, and the one ordinal affinity's Gt/Lt
+    terms compare (labelkeys.driver_ordinal; none for a version no NVIDIA driver has)."""
     major, minor, revision = snapshot.driver.key
-    return {DRIVER_MAJOR: str(major), DRIVER_MINOR: str(minor), DRIVER_REVISION: str(revision)}
+    labels = {DRIVER_MAJOR: str(major), DRIVER_MINOR: str(minor), DRIVER_REVISION: str(revision)}
+    if (ordinal := driver_ordinal(snapshot.driver.key)) is not None:
+        labels[DRIVER_VERSION] = str(ordinal)
+    return labels
 
 
 def _smallest_memory(snapshot: Snapshot) -> int | None:
@@ -223,6 +232,7 @@ def node_labels(
     if memory:
         labels[MEMORY_MB] = str(memory)
     labels |= mig_labels(snapshot, strategy=mig_strategy, gfd_keys=gfd_keys)
+    labels |= {old: labels[new] for new, old in LEGACY.items() if new in labels}
     labels |= _own_driver_labels(snapshot)
     if pools is not None:
         pool = pools.pool_for(product=model.name, family=gfd_family_label(model.cc))

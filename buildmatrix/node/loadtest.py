@@ -34,6 +34,20 @@ _CC_MAJOR, _CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / 
 _MAX_MODULE = 1 << 30  # no real module is near 1 GiB; refuse to buffer more
 
 
+# What the driver answers on a GPU busy with other work (cuda.h): DEVICE_UNAVAILABLE
+# (46) where another process holds a GPU in exclusive-process mode ("Devices are often
+# unavailable due to use of CU_COMPUTEMODE_EXCLUSIVE_PROCESS or
+# CU_COMPUTEMODE_PROHIBITED"; the runtime's cudaErrorDevicesUnavailable, 46, adds
+# "memory constraints on a device that already has active CUDA work"), OUT_OF_MEMORY
+# (2) where others' work fills its memory. Whether the GPU is busy or broken is told
+# by NVML (node/checks.py, check_load): its compute mode and running processes.
+BUSY_ERRORS = ("CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA_ERROR_OUT_OF_MEMORY")
+
+
+class Busy(Exception):
+    """The GPU refused the load test a context or memory (:data:`BUSY_ERRORS`)."""
+
+
 class CudaUnavailable(EnvironmentUnavailable):
     """libcuda cannot be loaded or initialised here (:func:`load_test` reports it as
     the result of each model)."""
@@ -137,7 +151,12 @@ class Driver:
     def load_file(self, device: int, modules: Iterator[Module]) -> FileLoad:
         """Load and unload each module of one file in the device's primary context."""
         ctx = ctypes.c_void_p()
-        self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), device)
+        code = self._lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device)
+        if code != 0:
+            name = self.error_name(code)
+            if name in BUSY_ERRORS:
+                raise Busy(f"cuDevicePrimaryCtxRetain: {name}")
+            raise RuntimeError(f"cuDevicePrimaryCtxRetain: {name}")
         tally = FileLoad()
         try:
             self._call("cuCtxPushCurrent_v2", ctx)
@@ -148,6 +167,8 @@ class Driver:
                     code = self._lib.cuModuleLoadData(ctypes.byref(handle), module.data)
                     took = time.monotonic() - start
                     if code != 0:
+                        if self.error_name(code) == "CUDA_ERROR_OUT_OF_MEMORY":
+                            raise Busy(f"{module.where}: CUDA_ERROR_OUT_OF_MEMORY")
                         tally.failures.append(f"{module.where}: {self.error_name(code)}")
                         continue
                     self._call("cuModuleUnload", handle)
@@ -186,19 +207,27 @@ def load_test(image: str, files: Sequence[FileReport], facts: CudaFacts) -> list
     except (CudaUnavailable, RuntimeError) as exc:
         error = f"the load test cannot run: {exc}"
         return [LoadResult(image=image, model="this node", loaded=0, jit=0, error=error)]
-    first: dict[tuple[str, ComputeCapability], int] = {}
+    by_model: dict[tuple[str, ComputeCapability], list[int]] = {}
     for ordinal, name, cc in devices:
-        first.setdefault((name, cc), ordinal)
+        by_model.setdefault((name, cc), []).append(ordinal)
     results = []
-    for (name, cc), ordinal in first.items():
-        loads: list[tuple[str, FileLoad]] = []
-        stopped: str | None = None
-        try:
-            for report in files:
-                tally = driver.load_file(ordinal, modules_of(report, cc, facts))
-                loads.append((report.path, tally))
-        except (CorruptBinary, RuntimeError) as exc:
-            stopped = f"the load test stopped: {exc}"
+    for (name, cc), ordinals in by_model.items():
+        refused: list[str] = []
+        for ordinal in ordinals:  # the first GPU of the model that is not busy
+            try:
+                loads, stopped = _on_gpu(driver, ordinal, files, cc, facts)
+            except Busy as exc:
+                refused.append(f"GPU {ordinal}: {exc}")
+                continue
+            break
+        else:
+            error = f"the load test found every GPU of this model busy ({'; '.join(refused)})"
+            results.append(
+                LoadResult(
+                    image=image, model=f"{name} ({cc})", loaded=0, jit=0, error=error, busy=True
+                )
+            )
+            continue
         results.append(
             LoadResult(
                 image=image,
@@ -212,3 +241,21 @@ def load_test(image: str, files: Sequence[FileReport], facts: CudaFacts) -> list
             )
         )
     return results
+
+
+def _on_gpu(
+    driver: Driver,
+    ordinal: int,
+    files: Sequence[FileReport],
+    cc: ComputeCapability,
+    facts: CudaFacts,
+) -> tuple[list[tuple[str, FileLoad]], str | None]:
+    """Every file loaded on one GPU: each file's tally, and why the test stopped (None:
+    it ran to the end). Raises :class:`Busy` where the GPU is (another is tried)."""
+    loads: list[tuple[str, FileLoad]] = []
+    try:
+        for report in files:
+            loads.append((report.path, driver.load_file(ordinal, modules_of(report, cc, facts))))
+    except (CorruptBinary, RuntimeError) as exc:
+        return loads, f"the load test stopped: {exc}"
+    return loads, None

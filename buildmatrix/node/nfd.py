@@ -24,18 +24,47 @@ NODEFEATURE_API = "nfd.k8s-sigs.io/v1alpha1"
 NFD_TTL = timedelta(hours=24)  # NFD drops the labels if smoke stops re-running
 
 
-def feature_file(labels: Mapping[str, str], *, now: datetime, ttl: timedelta) -> str:
-    """The file's text: a header, the expiry directive, then ``key=value`` lines."""
+def feature_file(
+    labels: Mapping[str, str],
+    *,
+    now: datetime,
+    ttl: timedelta,
+    notes: Mapping[str, str] | None = None,
+) -> str:
+    """The file's text: a header, the expiry directive, ``notes`` as ``# KEY=VALUE``
+    comments (what smoke keeps between rounds: node/hold.py), then ``key=value``
+    lines."""
     expiry = (now + ttl).strftime("%Y-%m-%dT%H:%M:%SZ")
     lines = [
         "# Written by buildmatrix smoke; rewritten on every run, do not edit.",
         f"# +expiry-time={expiry}",
+        # one line each; never "# +...", which NFD would read as a directive
+        *(f"# {k}={' '.join(v.split())}" for k, v in (notes or {}).items()),
         *(f"{k}={v}" for k, v in sorted(labels.items())),
     ]
     text = "\n".join(lines) + "\n"
     if len(text.encode()) > MAX_FEATURE_FILE:  # pragma: no cover - labels are few and short
         raise InputError(f"feature file would be {len(text)} bytes; NFD reads at most 64 KiB.")
     return text
+
+
+def read_feature_file(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and the ``# KEY=VALUE`` notes of a feature file smoke wrote (both
+    empty where there is none, or it cannot be read: no earlier verdict then)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}, {}
+    labels: dict[str, str] = {}
+    notes: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# ") and not line.startswith("# +") and "=" in line:
+            key, _, value = line[2:].partition("=")
+            notes[key] = value
+        elif line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            labels[key] = value or "true"  # NFD: a key without value is "true"
+    return labels, notes
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -9,6 +9,7 @@ pools:                                     # optional: what each pool's nodes mu
     images: [registry.example.com/ml/train:1.4.0-cu128-hopper]  # smoke checks these
     gpus: 8                                # every node shows 8 GPUs (NVML and PCI bus)
     products: [NVIDIA H100 80GB HBM3]      # optional: the products the pool really has
+    driver: "580.65.06"                    # optional: the driver its nodes run (a promise)
 ```
 
 Validated on load (schema ``pools``): families must be ones the profiles know,
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from buildmatrix import schema
+from buildmatrix.cuda import DriverVersion, parse_driver_version
 from buildmatrix.errors import InputError, did_you_mean
 from buildmatrix.node.values import is_label_value
 from buildmatrix.profiles import ProfileSet
@@ -38,6 +40,9 @@ class PoolSpec:
     # The products the pool's nodes have, where fewer than its rules map to it
     # (``buildmatrix drivers`` holds the pool to these models' floors only).
     products: tuple[str, ...] = ()
+    # The driver every node of the pool runs: what its NodePool template promises
+    # (``k8s nodepools``); smoke fails a node whose driver differs (node/pool_promise.py).
+    driver: DriverVersion | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +109,11 @@ def pools_from_data(data: Any, *, source: str, profiles: ProfileSet) -> Pools:
             images=_image_refs(name, doc.get("images") or (), source=source),
             gpus=doc.get("gpus"),
             products=tuple(doc.get("products") or ()),
+            driver=(
+                parse_driver_version(doc["driver"], what=f"{source}: key 'pools.{name}.driver'")
+                if doc.get("driver") is not None
+                else None
+            ),
         )
         for name, doc in (data.get("pools") or {}).items()
     }

@@ -24,6 +24,17 @@ from buildmatrix.errors import EnvironmentUnavailable
 from buildmatrix.node import mig, pci
 
 
+class DriverMismatch(EnvironmentUnavailable):
+    """``nvmlInit`` answered NVML_ERROR_LIB_RM_VERSION_MISMATCH (18 in nvidia-ml-py's
+    ``pynvml.py``): the libnvidia-ml this process loaded is not the loaded kernel
+    module's version. In a container it means the node's driver changed after the
+    container was created: the NVIDIA container runtime edits a container's spec
+    (the driver's libraries among its mounts) only on ``create``
+    (nvidia-container-toolkit ``internal/oci/runtime_modifier.go``,
+    ``modifyingRuntimeWrapper.Exec``), so only a new container gets the new ones
+    (node/driver_change.py)."""
+
+
 class _Unsupported:
     """NVML answered NOT_SUPPORTED for this field."""
 
@@ -127,7 +138,36 @@ def _gpu(r: _Reader, i: int) -> dict[str, Any] | None:
     _put(gpu, "persistence_mode", persistence, bool)
     brand = r.call("nvmlDeviceGetBrand", lambda: n.nvmlDeviceGetBrand(handle), i)
     _put(gpu, "brand", brand, int)
+    _put_compute_use(r, i, handle, gpu)
     return gpu
+
+
+# nvmlComputeMode_t (nvml.h; NVML_COMPUTEMODE_* in nvidia-ml-py): 0 DEFAULT,
+# 1 EXCLUSIVE_THREAD (deprecated), 2 PROHIBITED, 3 EXCLUSIVE_PROCESS
+COMPUTE_MODES = ("default", "exclusive_thread", "prohibited", "exclusive_process")
+
+
+def _put_compute_use(r: _Reader, i: int, handle: Any, gpu: dict[str, Any]) -> None:
+    """Who else computes on the GPU: its compute mode (nvmlDeviceGetComputeMode) and the
+    processes holding a CUDA context there (nvmlDeviceGetComputeRunningProcesses). What
+    tells a GPU busy with others' work from a broken one when the load test cannot
+    make a context (node/loadtest.py). Recorded only where NVML answers them;
+    NO_PERMISSION is an answer here, not a fault: neither call is a health check."""
+    n = r.nvml
+    quiet = ("NVML_ERROR_NO_PERMISSION",)
+    mode = r.call(
+        "nvmlDeviceGetComputeMode", lambda: n.nvmlDeviceGetComputeMode(handle), i, skip=quiet
+    )
+    if isinstance(mode, int) and 0 <= mode < len(COMPUTE_MODES):
+        gpu["compute_mode"] = COMPUTE_MODES[mode]
+    processes = r.call(
+        "nvmlDeviceGetComputeRunningProcesses",
+        lambda: n.nvmlDeviceGetComputeRunningProcesses(handle),
+        i,
+        skip=quiet,
+    )
+    if isinstance(processes, list):  # left out where NVML does not say
+        gpu["compute_processes"] = len(processes)
 
 
 def _put_memory_health(r: _Reader, i: int, handle: Any, gpu: dict[str, Any]) -> None:
@@ -300,7 +340,9 @@ def probe(hostname: str | None = None, *, sysfs: Path = Path("/sys")) -> dict[st
             "NVML_ERROR_LIB_RM_VERSION_MISMATCH": "libnvidia-ml and the kernel driver differ "
             "in version (a driver upgrade without reboot?)",
         }.get(code, "NVML could not start")
-        raise EnvironmentUnavailable(f"NVML is unavailable ({code}): {hint}.") from None
+        mismatch = code == "NVML_ERROR_LIB_RM_VERSION_MISMATCH"
+        error = DriverMismatch if mismatch else EnvironmentUnavailable
+        raise error(f"NVML is unavailable ({code}): {hint}.") from None
     try:
         reader = _Reader(pynvml)
         driver = reader.call("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)

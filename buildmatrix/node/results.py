@@ -14,6 +14,8 @@ class NodeCheck:
     ok: bool
     message: str
     warning: bool = False  # ok, but worth a look (persistence mode off)
+    # failed only because the GPUs are busy with other work (node/hold.py)
+    busy: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "message": self.message, "warning": self.warning}
@@ -31,3 +33,4 @@ class LoadResult:
     failures: tuple[str, ...] = ()
     files: tuple[str, ...] = ()  # one line per file: how it loaded, or its errors
     error: str | None = None  # the load test could not run (to the end)
+    busy: bool = False  # every GPU of the model refused it a context or memory (loadtest.Busy)

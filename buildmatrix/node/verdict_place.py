@@ -16,15 +16,40 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from buildmatrix.errors import EnvironmentUnavailable
-from buildmatrix.labelkeys import SMOKE, GfdKeys
+from buildmatrix.labelkeys import REPORT_ANNOTATION, SMOKE, TAINT_KEY, GfdKeys
 from buildmatrix.node.apply import Applied, NodeApi, apply
-from buildmatrix.node.nfd import NFD_TTL, feature_file, write_atomically
+from buildmatrix.node.hold import UNAVAILABLE_SINCE, Kept, Transient, admitted, keep_admitted
+from buildmatrix.node.nfd import NFD_TTL, feature_file, read_feature_file, write_atomically
 
 FAILED = {SMOKE: "failed"}  # the failure mark's labels
 
 
-def write_nfd(path: Path, labels: Mapping[str, str]) -> None:
-    write_atomically(path, feature_file(labels, now=datetime.now(UTC), ttl=NFD_TTL))
+def write_nfd(
+    path: Path, labels: Mapping[str, str], notes: Mapping[str, str] | None = None
+) -> None:
+    text = feature_file(labels, now=datetime.now(UTC), ttl=NFD_TTL, notes=notes)
+    write_atomically(path, text)
+
+
+def write_nfd_verdict(
+    path: Path, *, passed: bool, labels: Mapping[str, str], transient: Transient | None
+) -> str | None:
+    """The feature file of a round; where every failure is transient and the file
+    says an earlier round admitted the node, that file's labels again (a fresh
+    expiry), with why and since when as notes (node/hold.py). Returns why it was kept
+    (None: the round's verdict was written)."""
+    if not passed and transient is not None:
+        previous, notes = read_feature_file(path)
+        if admitted(previous, tainted=False):
+            kept = keep_admitted(notes, transient, datetime.now(UTC))
+            if isinstance(kept, Kept):
+                keep = {REPORT_ANNOTATION: kept.report}
+                if kept.since is not None:
+                    keep[UNAVAILABLE_SINCE] = kept.since
+                write_nfd(path, previous, keep)
+                return kept.report
+    write_nfd(path, labels)
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,16 +61,42 @@ class Place:
     node: str | None
     nfd_file: Path | None
     gfd_keys: GfdKeys
+    taint_key: str = TAINT_KEY  # --taint-key
 
     def write(
-        self, *, passed: bool, labels: Mapping[str, str], failures: Sequence[str]
+        self,
+        *,
+        passed: bool,
+        labels: Mapping[str, str],
+        failures: Sequence[str],
+        transient: Transient | None = None,
     ) -> Applied | None:
         """Write the verdict; what changed on the Node, None where it is not written
         there."""
+        applied, _ = self.write_verdict(
+            passed=passed, labels=labels, failures=failures, transient=transient
+        )
+        return applied
+
+    def write_verdict(
+        self,
+        *,
+        passed: bool,
+        labels: Mapping[str, str],
+        failures: Sequence[str],
+        transient: Transient | None = None,
+    ) -> tuple[Applied | None, str | None]:
+        """Write the verdict: what changed on the Node (None where it is not written
+        there), and why the NFD file kept an earlier admission (None: it did not).
+        ``transient``: every failure is one (node/hold.py), which keeps an admitted
+        node admitted, on the Node and in the NFD file alike."""
+        held = None
         if self.nfd_file is not None:
-            write_nfd(self.nfd_file, labels)
+            held = write_nfd_verdict(
+                self.nfd_file, passed=passed, labels=labels, transient=transient
+            )
         if self.api is None or self.node is None:
-            return None
+            return None, held
         return apply(
             self.api,
             self.node,
@@ -53,7 +104,9 @@ class Place:
             labels=labels,
             failures=failures,
             gfd_keys=self.gfd_keys,
-        )
+            taint_key=self.taint_key,
+            transient=transient,
+        ), held
 
     def write_failed(self, failure: str) -> Applied | None:
         """The failure mark: ``buildmatrix.io/smoke=failed``, the taint, ``failure``

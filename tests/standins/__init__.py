@@ -114,6 +114,23 @@ def pci_functions(snapshot: dict[str, Any]) -> list[dict[str, str]]:
     ]
 
 
+# nvmlComputeMode_t values (nvml.h), by the snapshot's names for them
+COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
+
+
+def _compute_use(g: dict[str, Any]) -> dict[str, Any]:
+    """The compute mode and the processes running on a GPU, where the snapshot records
+    them (a recording without them: both calls answer NOT_SUPPORTED, and the probe
+    records neither)."""
+    found: dict[str, Any] = {}
+    if g.get("compute_mode") is not None:
+        found["compute_mode"] = COMPUTE_MODES[g["compute_mode"]]
+    if g.get("compute_processes") is not None:
+        count = g["compute_processes"]
+        found["processes"] = [{"pid": 4000 + i, "used_bytes": 70 * 2**30 + i} for i in range(count)]
+    return found
+
+
 def nvml_scenario(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The stand-in NVML scenario that reports ``snapshot`` (the probe's inverse).
 
@@ -160,6 +177,7 @@ def nvml_scenario(snapshot: dict[str, Any]) -> dict[str, Any]:
                 ],
                 "persistence_mode": value("persistence_mode"),
                 "brand": value("brand"),
+                **_compute_use(g),
             }
         )
     return {

@@ -7,7 +7,8 @@
  *
  *   {"init": "CUDA_SUCCESS",
  *    "devices": [{"name": "NVIDIA H100 80GB HBM3", "cc": [9, 0],
- *                 "load": "CUDA_SUCCESS" | "CUDA_ERROR_NO_BINARY_FOR_GPU" | ...}]}
+ *                 "load": "CUDA_SUCCESS" | "CUDA_ERROR_NO_BINARY_FOR_GPU" | ...,
+ *                 "retain": "CUDA_ERROR_DEVICE_UNAVAILABLE" (optional)}]}
  *
  * It does not run code: cuModuleLoadData checks that it was handed a real module
  * image (a fatbinary container, an ELF cubin or NUL-terminated PTX text; anything
@@ -35,6 +36,7 @@ static const struct { const char *name; int code; } errors[] = {
     {"CUDA_ERROR_OUT_OF_MEMORY", 2},
     {"CUDA_ERROR_NOT_INITIALIZED", 3},
     {"CUDA_ERROR_INSUFFICIENT_DRIVER", 35},
+    {"CUDA_ERROR_DEVICE_UNAVAILABLE", 46},
     {"CUDA_ERROR_NO_DEVICE", 100},
     {"CUDA_ERROR_INVALID_DEVICE", 101},
     {"CUDA_ERROR_INVALID_IMAGE", 200},
@@ -106,8 +108,17 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     return 0;
 }
 
+/* A device's "retain" answer: CUDA_ERROR_DEVICE_UNAVAILABLE where another process
+ * holds an exclusive-process GPU (cuda.h: "Devices are often unavailable due to use of
+ * CU_COMPUTEMODE_EXCLUSIVE_PROCESS or CU_COMPUTEMODE_PROHIBITED"), OUT_OF_MEMORY where
+ * others' work fills its memory. */
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
     if (!device(dev)) return 101;
+    int refused = code_of(jget(device(dev), "retain"));
+    if (refused) {
+        logf_("refused %ld %ld\n", dev, refused);
+        return refused;
+    }
     *ctx = (CUcontext)(uintptr_t)(dev + 1);
     logf_("retain %ld\n", dev, 0);
     return 0;

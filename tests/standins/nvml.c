@@ -381,3 +381,42 @@ nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstan
     info->profileId = (unsigned int)jget(m, "gi_profile_id")->num;
     return 0;
 }
+
+/* ---- who else computes on the GPU (nvml.h, "Device Queries") ---- */
+
+/* nvmlComputeMode_t: 0 DEFAULT, 1 EXCLUSIVE_THREAD, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS */
+nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode) {
+    jval *v;
+    int err = field(device, "compute_mode", &v);
+    if (!err) *mode = (int)v->num;
+    return err;
+}
+
+/* nvmlProcessInfo_t (nvml.h, v2/v3 layout) */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+/* As nvml.h documents it: with *infoCount too small (0 and a NULL array to ask the
+ * size) NVML_ERROR_INSUFFICIENT_SIZE and the count needed; NVML_SUCCESS and 0 when
+ * no process runs. The scenario's "processes": [{"pid", "used_bytes"}]. */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_t *infos) {
+    jval *v;
+    int err = field(device, "processes", &v);
+    if (err) return err;
+    if ((unsigned int)v->len > *infoCount || (!infos && v->len)) {
+        *infoCount = (unsigned int)v->len;
+        return 7; /* NVML_ERROR_INSUFFICIENT_SIZE */
+    }
+    for (int i = 0; i < v->len; i++) {
+        memset(&infos[i], 0, sizeof infos[i]);
+        infos[i].pid = (unsigned int)jget(jat(v, i), "pid")->num;
+        infos[i].usedGpuMemory = (unsigned long long)jget(jat(v, i), "used_bytes")->num;
+        infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFF;
+    }
+    *infoCount = (unsigned int)v->len;
+    return 0;
+}
