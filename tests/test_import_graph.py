@@ -74,6 +74,8 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.check_refs",
             "buildmatrix.target_verdict",
             "buildmatrix.optional",
+            "buildmatrix.container_env",
+            "buildmatrix.toolkit_require",
             "buildmatrix.runtime_sources",
             "buildmatrix.selector",
             "buildmatrix.affinity",
