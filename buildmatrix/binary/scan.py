@@ -17,6 +17,7 @@ from buildmatrix.binary.compat_note import (
     read_compat_library,
 )
 from buildmatrix.binary.dynamic import SearchPaths, read_dso
+from buildmatrix.binary.dynrel import relocation_into
 from buildmatrix.binary.elf import (
     EM_CUDA,
     ET_DYN,
@@ -128,7 +129,10 @@ def inspect_source(
         spans, layout = _registered(src, info, wrappers, rdc, deep=deep)
         held = _held(src, layout, fatbins) if spans and layout is not None else None
         entries: list[FatbinEntry] = []
-        if fatbins and (not spans or (held is not None and held.issuperset(spans))):
+        from_sections = bool(fatbins) and (
+            not spans or (held is not None and held.issuperset(spans))
+        )
+        if from_sections:
             for s in fatbins:
                 base = 1 + max((e.container for e in entries), default=-1)
                 where = f"section {s.name}"
@@ -146,6 +150,9 @@ def inspect_source(
             entries = read_compressed(src, entries)
         if not fatbins and not entries:
             return None
+        if layout is not None:
+            judged = [(s.offset, s.size) for s in fatbins] if from_sections else list(spans)
+            _unrelocated(src, layout, judged + [(e.offset, e.size) for e in entries if e.embedded])
         return FileReport(path=path, format="elf", entries=tuple(entries))
     if head[:4] == FATBIN_MAGIC_BYTES:
         entries = parse_fatbin(src, 0, src.size, where="fatbin file")
@@ -257,6 +264,22 @@ def _held(src: ByteSource, layout: Layout, sections: list[Section]) -> set[tuple
             return None
         held.update(container_spans(src, s.offset, s.size, where=f"section {s.name}"))
     return held
+
+
+def _unrelocated(src: ByteSource, layout: Layout, code: list[tuple[int, int]]) -> None:
+    """Refuse a file in which the dynamic loader rewrites device code: a relocation
+    whose target lies in the bytes judged here (a fatbinary section, a container a
+    wrapper points at, embedded code) changes them before the runtime hands them to
+    the driver (an entry's arch, a cubin's e_flags), so the file's bytes are no
+    account of what runs (docs/security.md, Device code that tries not to be seen)."""
+    found = relocation_into(src, layout, code)
+    if found is not None:
+        raise CorruptBinary(
+            f"{src.name}: a dynamic relocation ({found[1]}) rewrites the device code at "
+            f"address {found[0]:#x} when the file is loaded; the code the driver is given "
+            "is not the code in the file, so the file is refused (docs/security.md, "
+            "Device code that tries not to be seen)."
+        )
 
 
 def _wrapped_entries(src: ByteSource, spans: list[tuple[int, int]]) -> list[FatbinEntry]:
