@@ -24,15 +24,20 @@ CUDA_VERSION_SOURCE = "CUDA_VERSION in the image config"
 
 def runtime_sources(image: ScannedImage) -> list[tuple[Version, str]]:
     """Every sign of the CUDA release the image's code needs, with where it comes from:
-    CUDA_VERSION in the config, each ``libcudart.so.X[.Y]`` it ships, and the release
-    whose ptxas/nvlink wrote each file's cubins (``.note.nv.tkinfo``; a driver must
-    support that major, and it is the only sign of a statically linked runtime)."""
+    CUDA_VERSION in the config, each ``libcudart.so.X[.Y]`` it ships, each file that is
+    or links in a CUDA runtime by its content (buildmatrix.binary.cudart: a runtime
+    renamed as auditwheel renames it, a static runtime), and the release whose
+    ptxas/nvlink wrote each file's cubins (``.note.nv.tkinfo``; a driver must support
+    that major)."""
     found: list[tuple[Version, str]] = []
     m = _CUDA_ENV.match(image.config.env.get("CUDA_VERSION", ""))
     if m:
         found.append((_release(m[1], m[2]), CUDA_VERSION_SOURCE))
     for hit in image.paths_found(_CUDART):
         found.append((_release(hit[1], hit[2] or "0"), hit.string))
+    for r in image.runtimes:
+        if r.release is not None:
+            found.append((r.release, f"{r.path}, a CUDA runtime by {r.how}"))
     for f in image.files:
         if f.toolkit is not None and f.format != "archive":
             found.append((f.toolkit, f"device code of {f.path} (built by CUDA {f.toolkit})"))

@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from buildmatrix.binary.dynrel import relocation_into
+from buildmatrix.binary.elf import read_layout
+from buildmatrix.binary.source import FileSource
 from tests.conftest import CliRunner
 from tests.cuobjdump import find_cuobjdump
 from tests.fixtures.build import BIN
@@ -194,3 +197,34 @@ def test_an_absolute_relocation_hands_the_driver_another_arch(
     assert "sm_80" in listed["file.fatbin"] and "sm_90" in listed["loaded.fatbin"], listed
     refused = cli("check", str(lib), "--sm", "8.0")
     assert refused.code == 2 and "rewrites the device code" in refused.err, refused.err
+
+
+def _readelf_targets(lib: Path) -> set[int]:
+    """Every address a dynamic relocation of ``lib`` writes, as readelf -r prints them
+    (RELA entries with their type, DT_RELR entries decoded to addresses)."""
+    text = _readelf("-rW", str(lib))
+    found = set()
+    for line in text.splitlines():
+        m = re.match(r"^([0-9a-f]{8,16})(?:\s+[0-9a-f]+\s+R_\w+)?\s*(?:\S.*)?$", line)
+        if m and not line.startswith("Relocation"):
+            found.add(int(m[1], 16))
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("relr", [False, True], ids=["rela", "relr"])
+def test_every_relocation_target_is_the_one_readelf_prints(tmp_path: Path, relr: bool) -> None:
+    """Exhaustive over the library: a one-byte span at each address of its writable
+    segment is hit by a relocation exactly where readelf -r lists one (a word written
+    at A also covers A+1..A+7, so each byte's answer is compared with the words)."""
+    lib, _fatbin = _library(tmp_path, relr=relr)
+    targets = _readelf_targets(lib)
+    assert targets, _readelf("-rW", str(lib))
+    with lib.open("rb") as f:
+        src = FileSource(f.fileno(), name=lib.name)
+        layout = read_layout(src)
+        for g in (g for g in layout.segments if g.writable):
+            for addr in range(g.vaddr, g.vaddr + g.filesz):
+                expected = any(t <= addr < t + 8 for t in targets)
+                found = relocation_into(src, layout, [(g.offset + addr - g.vaddr, 1)])
+                assert (found is not None) == expected, (hex(addr), found)

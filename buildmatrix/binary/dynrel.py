@@ -127,6 +127,12 @@ def _dynamic_tags_any(src: ByteSource, layout: Layout, vaddr: int) -> dict[int, 
     raise CorruptBinary(f"{src.name}: the dynamic section has no end in {_MAX_DYNAMIC} bytes.")
 
 
+def dynamic_tags(src: ByteSource, layout: Layout) -> dict[int, int]:
+    """The file's dynamic entries (``PT_DYNAMIC`` to ``DT_NULL``, the last of each tag),
+    of either ELF class and byte order; {} where it has no ``PT_DYNAMIC``."""
+    return {} if layout.dynamic is None else _dynamic_tags_any(src, layout, layout.dynamic)
+
+
 def relocation_into(
     src: ByteSource, layout: Layout, spans: list[tuple[int, int]]
 ) -> tuple[int, str] | None:

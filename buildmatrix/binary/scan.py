@@ -16,6 +16,7 @@ from buildmatrix.binary.compat_note import (
     named_compat_driver,
     read_compat_library,
 )
+from buildmatrix.binary.cudart import CudaRuntime, read_runtime
 from buildmatrix.binary.dynamic import SearchPaths, read_dso
 from buildmatrix.binary.dynrel import relocation_into
 from buildmatrix.binary.elf import (
@@ -170,14 +171,16 @@ def inspect_source(
 
 def inspect_image_file(
     src: ByteSource, *, path: str, head: bytes, deep: bool = True
-) -> FileReport | CompatLibrary | ConfFile | SearchPaths | None:
+) -> FileReport | CompatLibrary | ConfFile | SearchPaths | CudaRuntime | None:
     """A file of an image's filesystem, for its device code. A file the container
     toolkit may take for a CUDA forward-compatibility driver (an ELF file named
     ``libcuda.so.*.*``, or one with the driver's note section, which a hard link may
     put in the compat folder under that name) is also read for its note
     (buildmatrix.forward: which one the toolkit uses is known on the final view).
     A loader configuration file is kept as text (buildmatrix.binary.ldconf_file), and
-    an ELF file's ``DT_RPATH``/``DT_RUNPATH`` (buildmatrix.binary.dynamic)."""
+    an ELF file's ``DT_RPATH``/``DT_RUNPATH`` (buildmatrix.binary.dynamic). An ELF
+    file that is or holds a CUDA runtime (buildmatrix.binary.cudart) is a
+    :class:`CudaRuntime` around what is found otherwise."""
     if is_conf(path):
         return read_conf(src, path)
     if len(head) < 4:
@@ -198,9 +201,15 @@ def inspect_image_file(
         return replace(
             lib, soname=dso.soname, ld_skip=dso.skip, ld_unknown=dso.unknown, machine=dso.machine
         )
+    found: FileReport | SearchPaths | None = code
     if dso.libcuda_search:
-        return SearchPaths(path=path, search=dso.libcuda_search, code=code)
-    return code
+        found = SearchPaths(path=path, search=dso.libcuda_search, code=code)
+    # The CUDA runtime the file is or links in, whatever its name (binary.cudart).
+    # The fatbinary sections are device code, not the runtime's data: not searched.
+    info = read_elf(src)
+    skip = [(s.offset, s.size) for s in info.sections if s.name in FATBIN_SECTIONS]
+    runtime = read_runtime(src, path=path, info=info, skip=skip, inner=found)
+    return runtime if runtime is not None else found
 
 
 def _archive(src: ByteSource, path: str, *, nesting: int) -> FileReport | None:
@@ -316,7 +325,7 @@ def scan_tree(
     on_folder: Callable[[str], None] | None = None,
     compat: bool = False,
     deep: bool = True,
-) -> Iterator[FileReport | CompatLibrary | ConfFile | SearchPaths | ScanProblem]:
+) -> Iterator[FileReport | CompatLibrary | ConfFile | SearchPaths | CudaRuntime | ScanProblem]:
     """Every file with device code under ``root``, plus a problem for each corrupt one
     and each folder that cannot be listed (it may hold device code, so it is never
     skipped); with ``compat`` (an image root), each CUDA forward-compatibility driver
@@ -351,11 +360,11 @@ def scan_tree(
 
 def _scan_file(
     full: str, rel: str, *, compat: bool, deep: bool
-) -> FileReport | CompatLibrary | ConfFile | SearchPaths | ScanProblem | None:
+) -> FileReport | CompatLibrary | ConfFile | SearchPaths | CudaRuntime | ScanProblem | None:
     """What the regular file ``full`` (``rel`` in reports) holds, for
     :func:`scan_tree`: None where it holds no device code, a problem where it cannot
     be opened or read, or is corrupt. Opened without following a link."""
-    result: FileReport | CompatLibrary | ConfFile | SearchPaths | ScanProblem | None
+    result: FileReport | CompatLibrary | ConfFile | SearchPaths | CudaRuntime | ScanProblem | None
     try:
         fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:

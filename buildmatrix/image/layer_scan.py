@@ -9,6 +9,7 @@ from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
+from buildmatrix.binary.cudart import CudaRuntime
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
@@ -147,9 +148,13 @@ def finish(
     compat_libraries: dict[str, CompatLibrary] = {}
     confs: dict[str, ConfFile] = {}  # the loader's configuration (ldconf_file)
     searches: dict[str, tuple[str, ...]] = {}  # DT_RPATH/DT_RUNPATH (binary.dynamic)
+    runtimes: list[CudaRuntime] = []
     for path, node in tree.files():
         paths.append(path)
         result = node.result
+        if isinstance(result, CudaRuntime):
+            runtimes.append(replace(result, path=path, inner=None))
+            result = result.inner
         if node.kind == "symlink":
             symlinks[path] = node.target
         elif node.kind == "file":
@@ -196,6 +201,7 @@ def finish(
         layers=len(layers),
         symlinks=symlinks,
         compat=compat,
+        runtimes=tuple(runtimes),
     )
 
 

@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
+from buildmatrix.binary.cudart import CudaRuntime
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
@@ -121,6 +122,7 @@ class _FolderWalk:
     confs: dict[str, ConfFile] = field(default_factory=dict)
     searches: dict[str, tuple[str, ...]] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)
+    runtimes: list[CudaRuntime] = field(default_factory=list)
     regular: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     symlinks: dict[str, str] = field(default_factory=dict)  # link -> its target
@@ -137,13 +139,18 @@ class _FolderWalk:
 
 def _walk_folder(path: Path, *, keep: bool) -> _FolderWalk:
     found = _FolderWalk()
-    for result in scan_tree(
+    for item in scan_tree(
         path,
         compat=True,
         on_file=found.on_file,
         on_link=found.on_link,
         on_folder=found.folders.append,
     ):
+        if isinstance(item, CudaRuntime):
+            found.runtimes.append(replace(item, inner=None))
+            if item.inner is None:
+                continue
+        result = item.inner if isinstance(item, CudaRuntime) else item
         if isinstance(result, ScanProblem):
             found.problems.append(problem_line(result.path, result.message))
             found.unreadable.append(result.path)
@@ -205,4 +212,5 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         layers=0,
         symlinks=found.symlinks,
         compat=compat,
+        runtimes=tuple(found.runtimes),
     )

@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
+from buildmatrix.binary.cudart import CudaRuntime
 from buildmatrix.binary.report import FileReport
 from buildmatrix.forward import CompatSetup
 
@@ -85,6 +86,9 @@ class ScannedImage:
     # The digest of the index the REF named, the entry above was picked from; None
     # where the REF named a single manifest or the source keeps no index.
     index_digest: str | None = None
+    # The final view's files that are or link in a CUDA runtime, read by content
+    # (buildmatrix.binary.cudart; ``inner`` dropped): a renamed or static runtime.
+    runtimes: tuple[CudaRuntime, ...] = ()
 
     def paths_found(self, pattern: re.Pattern[str]) -> tuple[re.Match[str], ...]:
         """``pattern.search`` of each path of the final view, the hits in path order.
