@@ -297,6 +297,13 @@ def run_check(
     warnings: list[str] = env_warnings
     if jit.narrowed:
         warnings.append(f"{jit.describe()}; every file is judged so")
+    for r in image.runtimes:
+        if r.release is None and driver is not None and not _ignored(r.path, opts.ignore):
+            unread = f"{r.path} holds {r.how}, so driver {driver} is not checked against its floor"
+            if opts.strict:
+                problems.append(f"{unread}; --strict fails it")
+            else:
+                warnings.append(f"{unread}; --strict fails such an image")
     if runtime is None and driver is not None and loaded:
         unknown = (
             "no CUDA runtime found: the CUDA runtime the image needs cannot be determined "

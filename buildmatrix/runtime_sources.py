@@ -26,13 +26,16 @@ def runtime_sources(
     image: ScannedImage, *, ignored: Callable[[str], bool] | None = None
 ) -> list[tuple[Version, str]]:
     """Every sign of the CUDA release the image's code needs, with where it comes from:
-    CUDA_VERSION in the config, each ``libcudart.so.X[.Y]`` it ships, and the release
-    whose ptxas/nvlink wrote each file's cubins (``.note.nv.tkinfo``; a driver must
-    support that major, and it is the only sign of a statically linked runtime).
-    A path ``ignored`` holds (check --ignore: never loaded) is no sign: a package that
-    ships one library per CUDA release (bitsandbytes' libbitsandbytes_cudaXYZ.so)
-    loads only the one its runtime matches; so is an optional file skipped on every
-    target (buildmatrix.optional), which check passes in the same predicate."""
+    CUDA_VERSION in the config, each ``libcudart.so.X[.Y]`` it ships, each file that is
+    or links in a CUDA runtime by its content (buildmatrix.binary.cudart: a runtime
+    renamed as auditwheel renames it, a static runtime), and the release whose
+    ptxas/nvlink wrote each file's cubins (``.note.nv.tkinfo``; a driver must support
+    that major, and it is the only sign of a statically linked runtime without the
+    runtime's own marks). A path ``ignored`` holds (check --ignore: never loaded) is
+    no sign: a package that ships one library per CUDA release (bitsandbytes'
+    libbitsandbytes_cudaXYZ.so) loads only the one its runtime matches; so is an
+    optional file skipped on every target (buildmatrix.optional), which check passes
+    in the same predicate."""
     skip = ignored or (lambda _: False)
     found: list[tuple[Version, str]] = []
     m = _CUDA_ENV.match(image.config.env.get("CUDA_VERSION", ""))
@@ -41,6 +44,9 @@ def runtime_sources(
     for hit in image.paths_found(_CUDART):
         if not skip(hit.string):
             found.append((_release(hit[1], hit[2] or "0"), hit.string))
+    for r in image.runtimes:
+        if r.release is not None and not skip(r.path):
+            found.append((r.release, f"{r.path}, a CUDA runtime by {r.how}"))
     for f in image.files:
         if f.toolkit is not None and f.format != "archive" and not skip(f.path):
             found.append((f.toolkit, f"device code of {f.path} (built by CUDA {f.toolkit})"))

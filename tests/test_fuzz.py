@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from buildmatrix.binary.decompress import FLAG_LZ4, FLAG_ZSTD, MAX_IN_MEMORY, decompress_payload
 from buildmatrix.binary.ptx import ptx_target
-from buildmatrix.binary.scan import inspect_source
+from buildmatrix.binary.scan import inspect_image_file, inspect_source
 from buildmatrix.binary.source import BytesSource, CorruptBinary
 from buildmatrix.errors import BuildmatrixError
 from buildmatrix.image.blobs import check_manifest
@@ -86,6 +86,18 @@ def _inspect(data: bytes, name: str) -> None:
 @given(st.sampled_from(sorted(SEEDS)), st.data())
 def test_binaries(name: str, data: st.DataObject) -> None:
     _inspect(data.draw(mutated(SEEDS[name])), name)
+
+
+@FUZZ
+@given(st.sampled_from(["app_static", "libsass_ptx.so"]), st.data())
+def test_image_files(name: str, data: st.DataObject) -> None:
+    """As an image's file: the CUDA runtime reader (binary.cudart: version definitions,
+    the runtime's message, cudaRuntimeGetVersion's body) and the relocations that may
+    rewrite device code (binary.dynrel.relocation_into) too. app_static links the
+    CUDA 13.0 runtime in."""
+    blob = data.draw(mutated(fixture(name)))
+    with contextlib.suppress(BuildmatrixError):
+        inspect_image_file(BytesSource(blob, name=name), path=name, head=blob[:64])
 
 
 @FUZZ

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from buildmatrix.binary.cudart import CudaRuntime
 from buildmatrix.image.cache import LayerCache, use
 from buildmatrix.image.cache_codec import _dump_dir
 from buildmatrix.image.tree import LayerSummary
@@ -138,6 +139,7 @@ def test_every_kind_of_entry_survives_the_cache(tmp_path: Path) -> None:
     layer = layer_tar(
         {
             "usr/lib/libtwo.so": fixture("libtwo.so"),
+            "usr/bin/app": fixture("app_static"),  # a static CUDA runtime (binary.cudart)
             "usr/lib/broken.so": fixture("libsass_ptx.so")[:3000],
             "usr/local/cuda-13.1/compat/libcuda.so.590.44.01": compat.read_bytes(),
             "usr/local/cuda": Symlink("cuda-13.1"),
@@ -156,7 +158,10 @@ def test_every_kind_of_entry_survives_the_cache(tmp_path: Path) -> None:
     assert _dump_dir(back.root) == _dump_dir(summary.root)
     assert '"whiteout": true' in json.dumps(_dump_dir(back.root))
     assert back.root.children["var"].opaque  # type: ignore[union-attr]
+    app = dict(merge([back]).files())["usr/bin/app"].result
+    assert isinstance(app, CudaRuntime) and str(app.release) == "13.0" and app.inner is not None
     assert [p for p, _ in merge([back]).files()] == [
+        "usr/bin/app",
         "usr/lib/broken.so",
         "usr/lib/hard.so",
         "usr/lib/libtwo.so",

@@ -103,10 +103,15 @@ def test_a_static_runtime_in_a_rootfs_without_cuda_version(
     shutil.copy(BIN / "app_static_compressed", tmp_path / "usr" / "local" / "bin" / "app")
     code, doc = _check(capsys, Path(f"dir:{tmp_path}"), "--sm", "9.0", "--driver", "535.54.03")
     assert code == 1
+    # The runtime linked into the program is read in it (buildmatrix.binary.cudart);
+    # its cubins' toolkit note says the same release.
     assert doc["cuda_runtime"] == {
         "version": "13.0",
-        "source": "device code of usr/local/bin/app (built by CUDA 13.0)",
+        "source": "usr/local/bin/app, a CUDA runtime by the constant its "
+        "cudaRuntimeGetVersion returns",
     }
+    sources = {s["source"]: s["version"] for s in doc["cuda_runtime_sources"]}
+    assert sources["device code of usr/local/bin/app (built by CUDA 13.0)"] == "13.0"
     main(["check", f"dir:{tmp_path}", "--sm", "9.0", "--driver", "535.54.03"])
     out = capsys.readouterr().out
     assert "no CUDA runtime found" not in out and "FAIL" in out

@@ -15,13 +15,21 @@ numbers from the x86-64 and AArch64 psABIs and glibc ``elf/elf.h``).
 Relocations packed as ``DT_RELR`` add the load base to the value in place, which is
 what a base-0 reading of the file already gives. Addresses are load-base 0, as
 :class:`buildmatrix.binary.elf.Layout` maps them.
+
+:func:`relocation_into` answers a second question: does any relocation the loader
+applies land on given bytes of the file (the device code ``check`` judges)? Whatever
+its type, the bytes the driver is handed are then not the file's
+(docs/security.md, "Device code that tries not to be seen").
 """
 
 from __future__ import annotations
 
+import bisect
 import struct
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from buildmatrix.binary.elf import Layout
 from buildmatrix.binary.source import ByteSource, CorruptBinary, read_exact
@@ -36,7 +44,8 @@ _TYPES = {
     EM_PPC64: (22, {38, 20}),  # R_PPC64_RELATIVE; R_PPC64_ADDR64, R_PPC64_GLOB_DAT
 }
 DT_NULL, DT_PLTRELSZ, DT_SYMTAB, DT_RELA, DT_RELASZ, DT_RELAENT = 0, 2, 6, 7, 8, 9
-DT_SYMENT, DT_REL, DT_PLTREL, DT_JMPREL = 11, 17, 20, 23
+DT_SYMENT, DT_REL, DT_RELSZ, DT_RELENT, DT_PLTREL, DT_JMPREL = 11, 17, 18, 19, 20, 23
+DT_RELRSZ, DT_RELR, DT_RELRENT = 35, 36, 37  # gABI 2022 (glibc elf/elf.h)
 STT_GNU_IFUNC = 10
 _RELA = struct.Struct("<QQq")  # r_offset, r_info, r_addend (ELF64)
 _MAX_DYNAMIC = 1 << 16  # linkers write a few dozen entries
@@ -96,6 +105,110 @@ def _dynamic_tags(src: ByteSource, layout: Layout, vaddr: int) -> dict[int, int]
     if end - start <= _MAX_DYNAMIC:
         return tags  # the zeros after the segment's file bytes end it
     raise CorruptBinary(f"{src.name}: the dynamic section has no end in {_MAX_DYNAMIC} bytes.")
+
+
+def _dynamic_tags_any(src: ByteSource, layout: Layout, vaddr: int) -> dict[int, int]:
+    """:func:`_dynamic_tags` for either ELF class and byte order."""
+    if layout.bits == 64 and layout.order == "<":
+        return _dynamic_tags(src, layout, vaddr)
+    entry = struct.Struct(layout.order + ("qQ" if layout.bits == 64 else "iI"))
+    start = _mapped(src, layout, vaddr, entry.size)
+    end = next(
+        g.offset + g.filesz for g in layout.segments if g.vaddr <= vaddr < g.vaddr + g.filesz
+    )
+    raw = read_exact(src, start, min(end - start, _MAX_DYNAMIC), what="dynamic section")
+    tags: dict[int, int] = {}
+    for tag, value in entry.iter_unpack(raw[: len(raw) // entry.size * entry.size]):
+        if tag == DT_NULL:
+            return tags
+        tags[tag] = value
+    if end - start <= _MAX_DYNAMIC:
+        return tags
+    raise CorruptBinary(f"{src.name}: the dynamic section has no end in {_MAX_DYNAMIC} bytes.")
+
+
+def dynamic_tags(src: ByteSource, layout: Layout) -> dict[int, int]:
+    """The file's dynamic entries (``PT_DYNAMIC`` to ``DT_NULL``, the last of each tag),
+    of either ELF class and byte order; {} where it has no ``PT_DYNAMIC``."""
+    return {} if layout.dynamic is None else _dynamic_tags_any(src, layout, layout.dynamic)
+
+
+def relocation_into(
+    src: ByteSource, layout: Layout, spans: list[tuple[int, int]]
+) -> tuple[int, str] | None:
+    """(address, table) of a dynamic relocation the loader applies whose target
+    overlaps one of ``spans`` (file offset, size), or None where none does.
+
+    Every table glibc applies is read (elf/dynamic-link.h ``ELF_DYNAMIC_RELOCATE``):
+    ``DT_REL``/``DT_RELA`` (with their sizes; a table of the other kind than the
+    class's usual one too), ``DT_JMPREL`` (``DT_PLTREL`` says which kind) and
+    ``DT_RELR`` (``ELF_DYNAMIC_DO_RELR``: an even word is an address, an odd one a
+    bitmap of the 63 (31) words after the last). The type does not matter: every type
+    but NONE (0 on each machine) writes a word at ``r_offset``, so a word there is
+    taken as written. An address is compared with the spans through each segment
+    that maps it (a file's bytes may be mapped twice)."""
+    if layout.dynamic is None or not spans:
+        return None
+    word = layout.bits // 8
+    windows: list[tuple[int, int]] = []  # address ranges whose bytes are in a span
+    for g in layout.segments:
+        for at, size in spans:
+            lo, hi = max(at, g.offset), min(at + size, g.offset + g.filesz)
+            if lo < hi:
+                windows.append((g.vaddr + lo - g.offset, g.vaddr + hi - g.offset))
+    if not windows:
+        return None
+    tags = _dynamic_tags_any(src, layout, layout.dynamic)
+    windows.sort()
+    starts = [lo - word for lo, _hi in windows]  # a word written at lo - word + 1 overlaps
+    bottom, top = starts[0], max(hi for _lo, hi in windows)
+
+    def hit(addr: int) -> bool:
+        if not bottom < addr < top:
+            return False
+        # the last window that starts before addr, and the one before it (they are
+        # disjoint: one word may reach back over the gap between two)
+        i = bisect.bisect_left(starts, addr) - 1
+        return any(addr < windows[j][1] for j in (i, i - 1) if j >= 0)
+
+    rel = struct.Struct(layout.order + ("QQ" if word == 8 else "II"))
+    rela = struct.Struct(layout.order + ("QQq" if word == 8 else "IIi"))
+    type_mask = 0xFFFFFFFF if word == 8 else 0xFF
+    tables = [(DT_REL, DT_RELSZ, rel, "DT_REL"), (DT_RELA, DT_RELASZ, rela, "DT_RELA")]
+    plt = rela if tags.get(DT_PLTREL, DT_RELA if word == 8 else DT_REL) == DT_RELA else rel
+    tables.append((DT_JMPREL, DT_PLTRELSZ, plt, "DT_JMPREL"))
+    for where, length, entry, name in tables:
+        if where not in tags or tags.get(length, 0) <= 0:
+            continue
+        offset, size = _mapped(src, layout, tags[where], tags[length]), tags[length]
+        for start in range(offset, offset + size, _CHUNK):
+            window = read_exact(src, start, min(_CHUNK, offset + size - start), what=name)
+            whole = window[: len(window) // entry.size * entry.size]
+            if entry is rela and word == 8 and layout.order == "<":  # the common case, fast
+                near = [i for i, r in enumerate(_r_offsets(whole)) if bottom < r < top]
+                found: Iterator[tuple[Any, ...]] = (
+                    entry.unpack_from(whole, i * entry.size) for i in near
+                )
+            else:
+                found = entry.iter_unpack(whole)
+            for fields in found:
+                if fields[1] & type_mask and hit(fields[0]):
+                    return fields[0], name
+    if DT_RELR in tags and tags.get(DT_RELRSZ, 0) > 0:
+        offset, size = _mapped(src, layout, tags[DT_RELR], tags[DT_RELRSZ]), tags[DT_RELRSZ]
+        raw = read_exact(src, offset, size // word * word, what="DT_RELR")
+        where = 0
+        for (value,) in struct.iter_unpack(layout.order + ("Q" if word == 8 else "I"), raw):
+            if not value & 1:
+                if hit(value):
+                    return value, "DT_RELR"
+                where = value + word
+                continue
+            for bit in range(1, word * 8):
+                if value >> bit & 1 and hit(where + (bit - 1) * word):
+                    return where + (bit - 1) * word, "DT_RELR"
+            where += (word * 8 - 1) * word
+    return None
 
 
 def _mapped(src: ByteSource, layout: Layout, vaddr: int, size: int) -> int:

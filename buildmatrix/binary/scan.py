@@ -16,7 +16,9 @@ from buildmatrix.binary.compat_note import (
     named_compat_driver,
     read_compat_library,
 )
+from buildmatrix.binary.cudart import CudaRuntime, read_runtime
 from buildmatrix.binary.dynamic import SearchPaths, read_dso
+from buildmatrix.binary.dynrel import relocation_into
 from buildmatrix.binary.elf import (
     EM_CUDA,
     ET_DYN,
@@ -128,7 +130,10 @@ def inspect_source(
         spans, layout = _registered(src, info, wrappers, rdc, deep=deep)
         held = _held(src, layout, fatbins) if spans and layout is not None else None
         entries: list[FatbinEntry] = []
-        if fatbins and (not spans or (held is not None and held.issuperset(spans))):
+        from_sections = bool(fatbins) and (
+            not spans or (held is not None and held.issuperset(spans))
+        )
+        if from_sections:
             for s in fatbins:
                 base = 1 + max((e.container for e in entries), default=-1)
                 where = f"section {s.name}"
@@ -146,6 +151,9 @@ def inspect_source(
             entries = read_compressed(src, entries)
         if not fatbins and not entries:
             return None
+        if layout is not None:
+            judged = [(s.offset, s.size) for s in fatbins] if from_sections else list(spans)
+            _unrelocated(src, layout, judged + [(e.offset, e.size) for e in entries if e.embedded])
         return FileReport(path=path, format="elf", entries=tuple(entries))
     if head[:4] == FATBIN_MAGIC_BYTES:
         entries = parse_fatbin(src, 0, src.size, where="fatbin file")
@@ -163,7 +171,7 @@ def inspect_source(
 
 def inspect_image_file(
     src: ByteSource, *, path: str, head: bytes, deep: bool = True
-) -> FileReport | CompatLibrary | ConfFile | SearchPaths | None:
+) -> FileReport | CompatLibrary | ConfFile | SearchPaths | CudaRuntime | None:
     """A file of an image's filesystem, for its device code. A file the container
     toolkit may take for a CUDA forward-compatibility driver (an ELF file named
     ``libcuda.so.*.*``, or one with the driver's note section, which a hard link may
@@ -172,7 +180,9 @@ def inspect_image_file(
     A loader configuration file is kept as text (buildmatrix.binary.ldconf_file), and
     an ELF file's ``DT_RPATH``/``DT_RUNPATH`` and how it is loaded: its SONAME,
     DT_NEEDED names, whether it is a program or a Python extension module
-    (buildmatrix.binary.dynamic.Links)."""
+    (buildmatrix.binary.dynamic.Links). An ELF file that is or holds a CUDA runtime
+    (buildmatrix.binary.cudart) is a :class:`CudaRuntime` around what is found
+    otherwise."""
     if is_conf(path):
         return read_conf(src, path)
     if len(head) < 4:
@@ -198,11 +208,17 @@ def inspect_image_file(
     links = dso.links
     if code is not None:
         code = replace(code, links=links)
-    elif links.needed or links.program or links.python_module or links.unread:
-        return SearchPaths(path=path, search=dso.libcuda_search, links=links)
-    if dso.libcuda_search:
-        return SearchPaths(path=path, search=dso.libcuda_search, code=code)
-    return code
+    found: FileReport | SearchPaths | None = code
+    if code is None and (links.needed or links.program or links.python_module or links.unread):
+        found = SearchPaths(path=path, search=dso.libcuda_search, links=links)
+    elif dso.libcuda_search:
+        found = SearchPaths(path=path, search=dso.libcuda_search, code=code)
+    # The CUDA runtime the file is or links in, whatever its name (binary.cudart).
+    # The fatbinary sections are device code, not the runtime's data: not searched.
+    info = read_elf(src)
+    skip = [(s.offset, s.size) for s in info.sections if s.name in FATBIN_SECTIONS]
+    runtime = read_runtime(src, path=path, info=info, skip=skip, inner=found)
+    return runtime if runtime is not None else found
 
 
 def _archive(src: ByteSource, path: str, *, nesting: int) -> FileReport | None:
@@ -268,6 +284,22 @@ def _held(src: ByteSource, layout: Layout, sections: list[Section]) -> set[tuple
     return held
 
 
+def _unrelocated(src: ByteSource, layout: Layout, code: list[tuple[int, int]]) -> None:
+    """Refuse a file in which the dynamic loader rewrites device code: a relocation
+    whose target lies in the bytes judged here (a fatbinary section, a container a
+    wrapper points at, embedded code) changes them before the runtime hands them to
+    the driver (an entry's arch, a cubin's e_flags), so the file's bytes are no
+    account of what runs (docs/security.md, Device code that tries not to be seen)."""
+    found = relocation_into(src, layout, code)
+    if found is not None:
+        raise CorruptBinary(
+            f"{src.name}: a dynamic relocation ({found[1]}) rewrites the device code at "
+            f"address {found[0]:#x} when the file is loaded; the code the driver is given "
+            "is not the code in the file, so the file is refused (docs/security.md, "
+            "Device code that tries not to be seen)."
+        )
+
+
 def _wrapped_entries(src: ByteSource, spans: list[tuple[int, int]]) -> list[FatbinEntry]:
     entries: list[FatbinEntry] = []
     for index, (offset, size) in enumerate(spans):
@@ -302,7 +334,7 @@ def scan_tree(
     on_folder: Callable[[str], None] | None = None,
     compat: bool = False,
     deep: bool = True,
-) -> Iterator[FileReport | CompatLibrary | ConfFile | SearchPaths | ScanProblem]:
+) -> Iterator[FileReport | CompatLibrary | ConfFile | SearchPaths | CudaRuntime | ScanProblem]:
     """Every file with device code under ``root``, plus a problem for each corrupt one
     and each folder that cannot be listed (it may hold device code, so it is never
     skipped); with ``compat`` (an image root), each CUDA forward-compatibility driver
@@ -337,11 +369,11 @@ def scan_tree(
 
 def _scan_file(
     full: str, rel: str, *, compat: bool, deep: bool
-) -> FileReport | CompatLibrary | ConfFile | SearchPaths | ScanProblem | None:
+) -> FileReport | CompatLibrary | ConfFile | SearchPaths | CudaRuntime | ScanProblem | None:
     """What the regular file ``full`` (``rel`` in reports) holds, for
     :func:`scan_tree`: None where it holds no device code, a problem where it cannot
     be opened or read, or is corrupt. Opened without following a link."""
-    result: FileReport | CompatLibrary | ConfFile | SearchPaths | ScanProblem | None
+    result: FileReport | CompatLibrary | ConfFile | SearchPaths | CudaRuntime | ScanProblem | None
     try:
         fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:

@@ -19,6 +19,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from buildmatrix.arch import Arch, parse_arch
+from buildmatrix.binary.cudart import CudaRuntime
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
 from buildmatrix.binary.ldconf_file import ConfFile
@@ -92,6 +93,16 @@ def _dump_result(result: Any) -> Any:
     if isinstance(result, ConfFile):
         text = base64.b64encode(result.text).decode() if result.text is not None else None
         return {"conf": {"path": result.path, "size": result.size, "text": text}}
+    if isinstance(result, CudaRuntime):
+        release = str(result.release) if result.release is not None else None
+        return {
+            "runtime": {
+                "path": result.path,
+                "release": release,
+                "how": result.how,
+                "inner": _dump_result(result.inner),
+            }
+        }
     if isinstance(result, SearchPaths):
         doc = {
             "path": result.path,
@@ -188,6 +199,11 @@ def _load_result(doc: Any) -> Any:
         f = doc["conf"]
         text = base64.b64decode(f["text"], validate=True) if f["text"] is not None else None
         return ConfFile(path=str(f["path"]), size=int(f["size"]), text=text)
+    if "runtime" in doc:
+        r = doc["runtime"]
+        release = _version(r["release"]) if r["release"] is not None else None
+        inner = _load_result(r["inner"])
+        return CudaRuntime(path=str(r["path"]), release=release, how=str(r["how"]), inner=inner)
     if "search" in doc:
         f, code = doc["search"], _load_result(doc["search"]["code"])
         search = tuple(sys.intern(str(s)) for s in f["search"])

@@ -10,6 +10,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+from buildmatrix.binary.cudart import CudaRuntime
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, Links, ScanProblem
@@ -149,9 +150,13 @@ def finish(
     confs: dict[str, ConfFile] = {}  # the loader's configuration (ldconf_file)
     searches: dict[str, tuple[str, ...]] = {}  # DT_RPATH/DT_RUNPATH (binary.dynamic)
     links: dict[str, Links] = {}  # how each ELF file is loaded (binary.report.Links)
+    runtimes: list[CudaRuntime] = []
     for path, node in tree.files():
         paths.append(path)
         result = node.result
+        if isinstance(result, CudaRuntime):
+            runtimes.append(replace(result, path=path, inner=None))
+            result = result.inner
         if node.kind == "symlink":
             symlinks[path] = node.target
         elif node.kind == "file":
@@ -209,6 +214,7 @@ def finish(
         searches=searches,
         compat_lookup=lookup,
         links=links,
+        runtimes=tuple(runtimes),
     )
 
 

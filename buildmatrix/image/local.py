@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
+from buildmatrix.binary.cudart import CudaRuntime
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, Links, ScanProblem
@@ -138,6 +139,7 @@ class _FolderWalk:
     searches: dict[str, tuple[str, ...]] = field(default_factory=dict)
     loading: dict[str, Links] = field(default_factory=dict)  # binary.report.Links
     unreadable: list[str] = field(default_factory=list)
+    runtimes: list[CudaRuntime] = field(default_factory=list)
     regular: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     symlinks: dict[str, str] = field(default_factory=dict)  # link -> its target
@@ -154,13 +156,18 @@ class _FolderWalk:
 
 def _walk_folder(path: Path, *, keep: bool) -> _FolderWalk:
     found = _FolderWalk()
-    for result in scan_tree(
+    for item in scan_tree(
         path,
         compat=True,
         on_file=found.on_file,
         on_link=found.on_link,
         on_folder=found.folders.append,
     ):
+        if isinstance(item, CudaRuntime):
+            found.runtimes.append(replace(item, inner=None))
+            if item.inner is None:
+                continue
+        result = item.inner if isinstance(item, CudaRuntime) else item
         if isinstance(result, ScanProblem):
             found.problems.append(problem_line(result.path, result.message))
             found.unreadable.append(result.path)
@@ -232,4 +239,5 @@ def scan_directory(ref: ImageRef, *, keep: bool = False) -> ScannedImage:
         searches=found.searches,
         compat_lookup=lookup,
         links=loading,
+        runtimes=tuple(found.runtimes),
     )

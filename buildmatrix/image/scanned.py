@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
+from buildmatrix.binary.cudart import CudaRuntime
 from buildmatrix.binary.report import FileReport, Links
 from buildmatrix.forward import CompatSetup
 
@@ -95,6 +96,9 @@ class ScannedImage:
     # files is loaded (buildmatrix.binary.report.Links), by path; None where the
     # source did not read it (one file given alone): every file then counts.
     links: dict[str, Links] | None = None
+    # The final view's files that are or link in a CUDA runtime, read by content
+    # (buildmatrix.binary.cudart; ``inner`` dropped): a renamed or static runtime.
+    runtimes: tuple[CudaRuntime, ...] = ()
 
     def paths_found(self, pattern: re.Pattern[str]) -> tuple[re.Match[str], ...]:
         """``pattern.search`` of each path of the final view, the hits in path order.

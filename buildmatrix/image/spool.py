@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import IO
 
 from buildmatrix.binary.compat_note import named_compat_driver
+from buildmatrix.binary.cudart import CudaRuntime
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.report import FileReport, ScanProblem
 from buildmatrix.binary.scan import inspect_image_file
@@ -43,6 +44,16 @@ def inspect_member(data: IO[bytes], size: int, path: str, head: bytes, keep: Pat
             spool.flush()
             report = inspect_image_file(FileSource(spool.fileno(), name=path), path=path, head=head)
         if keep is None:
+            return report
+        if isinstance(report, CudaRuntime):  # kept where what it wraps is kept
+            inner = report.inner
+            if isinstance(inner, SearchPaths) and inner.code is not None:
+                return replace(
+                    report, inner=replace(inner, code=replace(inner.code, stored=spool.name))
+                )
+            if isinstance(inner, FileReport):
+                return replace(report, inner=replace(inner, stored=spool.name))
+            Path(spool.name).unlink()
             return report
         if isinstance(report, SearchPaths) and report.code is not None:
             return replace(report, code=replace(report.code, stored=spool.name))

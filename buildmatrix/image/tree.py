@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NoReturn
 
+from buildmatrix.binary.cudart import CudaRuntime
 from buildmatrix.binary.dynamic import SearchPaths
 from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, ScanProblem
@@ -44,7 +45,7 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 
 Kind = Literal["file", "dir", "symlink", "hardlink", "other"]
-Result = FileReport | CompatLibrary | ConfFile | SearchPaths | ScanProblem | None
+Result = FileReport | CompatLibrary | ConfFile | SearchPaths | CudaRuntime | ScanProblem | None
 
 
 @dataclass(frozen=True, slots=True)
