@@ -27,6 +27,7 @@ from buildmatrix.forward import CompatUse
 from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.jit_env import jit_env
+from buildmatrix.loaders import load_gates
 from buildmatrix.optional import EVERY_FILE, Loading, classify, skipped_everywhere
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.runtime_sources import newest_runtime, runtime_note, runtime_sources
@@ -242,6 +243,8 @@ def run_check(
         image.links,
         symlinks=image.symlinks,
         preload=image.config.env.get("LD_PRELOAD", ""),
+        gates=load_gates(),
+        paths=image.paths,
     )
     sources = sources_without()
     runtime = newest_runtime(sources)

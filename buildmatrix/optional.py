@@ -23,7 +23,11 @@ A file is optional only on evidence a reviewer can check in the image itself:
     loads names it (by SONAME, file name or a symlink's name) in DT_NEEDED, and it is
     no program and no Python extension module, so only ``dlopen`` loads it. What
     a file that always loads names in DT_NEEDED always loads too (glibc maps every
-    DT_NEEDED of an object it loads), and so on down.
+    DT_NEEDED of an object it loads), and so on down;
+(e) the package's own loader uses it only on some GPUs: a module named in
+    ``data/loaders.yaml`` (buildmatrix.loaders), for the package versions whose
+    source was read, with the file and function that check the capability first.
+    Outside its range it is skipped; inside, it counts as a file that always loads.
 
 Where it cannot tell, a file counts: a file whose DT_NEEDED could not be read may
 name any library, and an image without any program or Python extension module shows
@@ -36,12 +40,13 @@ from __future__ import annotations
 import posixpath
 import re
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from buildmatrix.arch import ComputeCapability
 from buildmatrix.binary.report import FileReport, Links
+from buildmatrix.loaders import Gate, gate_for
 from buildmatrix.verdict import RANK, FileJudgement, Verdict
 
 DATA_FORMATS = frozenset({"cubin", "fatbin", "ptx"})
@@ -62,6 +67,7 @@ class Rule(StrEnum):
     SIBLING = "one of sibling files the package chooses from"
     DATA = "a cubin/fatbinary/PTX file kept as data, loaded by name per GPU"
     DLOPEN = "a library nothing links at start, loaded by dlopen on demand"
+    LOADER = "the package's loader uses it only on some GPUs"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,13 +94,15 @@ class Loading:
     """An image's files with device code by how they load. A file neither optional
     nor a sibling always loads. ``deps``: for an optional file or a sibling, the
     files with device code loaded with it alone (its DT_NEEDED, down), which it
-    needs to run."""
+    needs to run. ``gates``: the optional files of rule (e), which count on the GPUs
+    their package's loader uses them on."""
 
     optional: Mapping[str, Optional] = field(default_factory=dict)
     groups: tuple[Siblings, ...] = ()
     deps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     holds: Mapping[str, str] = field(default_factory=dict)  # each file's code, by path
+    gates: Mapping[str, Gate] = field(default_factory=dict)
 
     def required(self, path: str) -> bool:
         return path not in self.optional and not any(path in g.members for g in self.groups)
@@ -122,17 +130,31 @@ def classify(
     *,
     symlinks: Mapping[str, str] | None = None,
     preload: str = "",
+    gates: Sequence[Gate] = (),
+    paths: Collection[str] = (),
 ) -> Loading:
     """Each file with device code (static archives are never loaded, and left out)
-    by the rules (a) to (d), from ``links`` (every ELF file of the image that holds
+    by the rules (a) to (e), from ``links`` (every ELF file of the image that holds
     device code or loads others; None: not read, every file counts), the image's
-    ``symlinks`` (a DT_NEEDED name may be a link's) and its ``LD_PRELOAD``."""
+    ``symlinks`` (a DT_NEEDED name may be a link's), its ``LD_PRELOAD``, and for
+    rule (e) the ``gates`` table and every path of the image (``paths``: the
+    package's version lies in them)."""
     if links is None:
         return EVERY_FILE
     code = {f.path: f for f in files if f.format != "archive"}
     optional: dict[str, Optional] = {}
+    gated: dict[str, Gate] = {}
+    notes: list[str] = []
+    for path in code:
+        gate, why_not = gate_for(path, gates, paths) if gates else (None, "")
+        if gate is not None:
+            gated[path] = gate
+        elif why_not:
+            notes.append(why_not)
     for path, f in code.items():
         units = f.code_units
+        if path in gated:
+            continue  # rule (e): the package's own check decides, not the file's code
         if f.format in DATA_FORMATS:
             what = {"cubin": "a cubin", "fatbin": "a fatbinary", "ptx": "a PTX text"}[f.format]
             optional[path] = Optional(
@@ -143,7 +165,7 @@ def classify(
         elif units and all(u.specific for u in units):
             why = "all its device code is arch- or family-specific"
             optional[path] = Optional(path=path, rule=Rule.SPECIFIC, why=why)
-    groups = _siblings([p for p in code if p not in optional])
+    groups = _siblings([p for p in code if p not in optional and p not in gated])
     grouped = {m for g in groups for m in g.members}
     names = _names(links, symlinks or {})
     roots = [
@@ -154,21 +176,23 @@ def classify(
     roots += [p for p in code if p not in links and p not in optional and p not in grouped]
     for word in re.split(r"[:\s]+", preload):
         roots += sorted(names.get(word.rpartition("/")[2], ()))
+    # a gated module is imported on every GPU (its check comes before its kernels):
+    # what it names in DT_NEEDED always loads with it
+    roots += [p for p in gated if p in links and p not in roots]
     required = _closure(roots, links, names)
-    notes: list[str] = []
     unread = sorted(p for p, ln in links.items() if ln.unread)
     if unread:
         notes.append(
             f"{unread[0]}: its DT_NEEDED entries cannot be read ({links[unread[0]].unread}), "
             "so it may load any library: no library is taken for one loaded by dlopen"
         )
-        required |= {p for p in code if p not in optional and p not in grouped}
+        required |= {p for p in code if p not in optional and p not in grouped and p not in gated}
     elif not any(ln.program or ln.python_module for ln in links.values()):
         notes.append(
             "the image holds no program and no Python extension module: what loads its "
             "libraries is not in it, so no library is taken for one loaded by dlopen"
         )
-        required |= {p for p in code if p not in optional and p not in grouped}
+        required |= {p for p in code if p not in optional and p not in grouped and p not in gated}
     # A sibling that a file which always loads names in DT_NEEDED always loads.
     pruned = [tuple(m for m in g.members if m not in required) for g in groups]
     groups = [
@@ -183,7 +207,7 @@ def classify(
             for p in names.get(name, ()):
                 needers.setdefault(p, []).append(n)
     for path in code:
-        if path in required or path in optional or path in grouped:
+        if path in required or path in optional or path in grouped or path in gated:
             continue
         by = sorted(set(needers.get(path, ())))
         why = (
@@ -197,6 +221,13 @@ def classify(
             rule=Rule.DLOPEN,
             why=f"{why}; it is no program and no Python extension module",
         )
+    for path, gate in gated.items():
+        optional[path] = Optional(
+            path=path,
+            rule=Rule.LOADER,
+            why=f"the package's loader uses it only on compute capability {gate.gpus} "
+            f"({gate.cite})",
+        )
     deps = {}
     for path in [*optional, *grouped]:
         reach = _closure([path], links, names) - required - {path}
@@ -206,7 +237,12 @@ def classify(
             deps[path] = tuple(mine)
     holds = {p: _archs(f) for p, f in code.items() if p in optional or p in grouped}
     return Loading(
-        optional=optional, groups=tuple(groups), deps=deps, notes=tuple(notes), holds=holds
+        optional=optional,
+        groups=tuple(groups),
+        deps=deps,
+        notes=tuple(notes),
+        holds=holds,
+        gates=gated,
     )
 
 
@@ -325,7 +361,12 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
         verdicts = [j.verdict, *(judged[d].verdict for d in loading.deps.get(path, ()))]
         return min(verdicts, key=RANK.__getitem__), loading.holds.get(path, "")
 
-    counted = tuple(p for p in judged if loading.required(p))
+    # rule (e): on the GPUs its package's loader uses it on, a gated file counts
+    counted = tuple(
+        p
+        for p in judged
+        if loading.required(p) or (p in loading.gates and loading.gates[p].admits(cc))
+    )
     skipped: list[Skipped] = []
     groups: list[tuple[str, Verdict, str]] = []
     for g in loading.groups:
@@ -355,7 +396,7 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
                 )
     runs: list[tuple[Verdict, str]] = []
     for path, o in loading.optional.items():
-        if path not in judged:
+        if path not in judged or path in counted:
             continue
         verdict, why = effective(path)
         if verdict is not Verdict.NONE:
@@ -381,9 +422,14 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
             lines = [f"{s.path}: " + "; ".join(judged[s.path].reasons) for s in skipped[:5]]
             if len(skipped) > 5:
                 lines.append(f"and {len(skipped) - 5} more without code for {cc}")
+            # What a package compiles at run time from its source (a JIT such as
+            # flashinfer's, flashinfer/jit/cpp_ext.py) lies in no file: whether the
+            # image can compile it there is not in its device code.
             lines.append(
-                "the files that always load hold no device code, and none of the "
-                f"{len(skipped)} optional file(s) runs on {cc}: at least one must"
+                f"none of the image's device code runs on {cc}: the files that always "
+                f"load hold none, and its {len(skipped)} file(s) with device code are all "
+                "optional, for other GPUs; code a package would compile at run time "
+                "(JIT from source) is in no file, so check cannot vouch for it"
             )
             fallback, skipped = (Verdict.NONE, tuple(lines)), []
     return Choice(counted=counted, groups=tuple(groups), skipped=tuple(skipped), fallback=fallback)

@@ -77,10 +77,21 @@ _CUDA_12_8_LIBRARY = (
     "of compute capability 5.0 to 12.0 (Maxwell to Blackwell); their wheels' cuobjdump "
     "lists sm_50 ... sm_120 SASS"
 )
-_FLASHINFER_DATA = (
-    "skipped-only: flashinfer-python compiles its kernels at run time (JIT) and ships "
-    "none; flashinfer-cubin's cubins are data flashinfer loads for Blackwell 10.x "
-    "(cuobjdump: sm_100, sm_100a, sm_103a cubins only)"
+_FLASHINFER_JIT = (
+    "fail: the wheels hold no device code for this GPU: flashinfer-cubin's cubins are "
+    "data flashinfer loads for Blackwell 10.x alone (cuobjdump: sm_100, sm_100a, sm_103a "
+    "cubins only), and flashinfer-python compiles its kernels at run time with nvcc "
+    "(flashinfer-python 0.5.0 flashinfer/jit/cpp_ext.py: get_cuda_path needs CUDA_HOME "
+    "or an nvcc, generate_ninja_build_for_op runs $cuda_home/bin/nvcc; "
+    "docs.flashinfer.ai/installation.html: flashinfer-python compiles kernels on first "
+    "use), which is in no file check reads: it cannot vouch for that code"
+)
+_SGL_FLASH_OPS = (
+    "fail: sgl_kernel/flash_ops.abi3.so (FlashAttention 3: sm_80, sm_86, sm_90a SASS, no "
+    "PTX) has no code for this GPU, and sgl-kernel 0.3.9.post2 does not keep it from "
+    "running there: sgl_kernel/flash_attn.py imports it unconditionally, and while "
+    "flash_attn_varlen_func asks is_fa3_supported (capability major 8 or 9), "
+    "flash_attn_with_kvcache calls its kernels on any GPU"
 )
 
 DOCUMENTED: dict[str, Documented] = {
@@ -105,7 +116,9 @@ DOCUMENTED: dict[str, Documented] = {
         source="facebookresearch/xformers .github/workflows/wheels_build.yml: the "
         'official wheels use TORCH_CUDA_ARCH_LIST="7.5 8.0+PTX 9.0a" (quoted in '
         "vllm-project/vllm PR 20358 and in vLLM's dependency-upgrade notes for "
-        "xformers v0.0.32.post2)",
+        "xformers v0.0.32.post2); flash_attn_3/_C.so, built for 8.0 and 9.0a alone, "
+        "is used from capability 8.0 on (xformers/ops/fmha/flash3.py "
+        "CUDA_MINIMUM_COMPUTE_CAPABILITY, buildmatrix/data/loaders.yaml)",
     ),
     "vllm": Documented(
         archs=("sm_70", "sm_75", "sm_80", "sm_89", "sm_90", "sm_100", "sm_120"),
@@ -114,7 +127,8 @@ DOCUMENTED: dict[str, Documented] = {
         "CMakeLists.txt CUDA_SUPPORTED_ARCHS for CUDA >= 12.8; FlashAttention 2/3 "
         "(vllm_fa_cmake_gpu_arches='80-real;90-real') and FlashMLA (9.0a) are "
         "imported in a try and used only where vLLM's capability test allows "
-        "(vllm/vllm_flash_attn/flash_attn_interface.py, vllm/attention/ops/flashmla.py)",
+        "(vllm/vllm_flash_attn/flash_attn_interface.py _is_fa2_supported and "
+        "_is_fa3_supported, buildmatrix/data/loaders.yaml; vllm/attention/ops/flashmla.py)",
     ),
     "bitsandbytes": Documented(
         archs=("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"),
@@ -129,15 +143,15 @@ DOCUMENTED: dict[str, Documented] = {
         "flashinfer-python JIT-compiles for sm75 to sm120; flashinfer-cubin ships the "
         "prebuilt trtllm-gen/DeepGEMM cubins for Blackwell (sm100a/sm100f/sm103a)",
         truth=dict.fromkeys(
-            ("7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "12.0", "12.1"), _FLASHINFER_DATA
+            ("7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "12.0", "12.1"), _FLASHINFER_JIT
         ),
     ),
     "sgl-kernel": Documented(
         archs=("sm_80", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a"),
         source="sgl-project/sglang sgl-kernel/CMakeLists.txt: SGL_KERNEL_CUDA_FLAGS "
         "gencode sm_80, sm_89, sm_90, sm_90a, and with CUDA >= 12.8 sm_100a and "
-        "sm_120a; flash_ops (FlashAttention 3) is used on Hopper alone "
-        "(sgl_kernel/flash_attn.py checks the capability)",
+        "sm_120a; flash_ops (FlashAttention 3) holds sm_80, sm_86, sm_90a alone",
+        truth=dict.fromkeys(("10.0", "12.0"), _SGL_FLASH_OPS),
     ),
     "cupy": Documented(
         archs=(

@@ -103,6 +103,8 @@ def test_wheel_ships_profiles_and_schemas(tmp_path: Path) -> None:
     assert "buildmatrix/schemas/arch-profile.schema.json" in names
     assert "buildmatrix/data/cuda.yaml" in names
     assert "buildmatrix/data/validated.txt" in names
+    assert "buildmatrix/data/loaders.yaml" in names
+    assert "buildmatrix/schemas/loaders.schema.json" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     env = {k: v for k, v in os.environ.items() if k != "BUILDMATRIX_PROFILES"}

@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.schema",
             "buildmatrix.arch",
             "buildmatrix.cuda",
+            "buildmatrix.loaders",
             "buildmatrix.verdict",
             "buildmatrix.labelkeys",
             "buildmatrix.snapshot",

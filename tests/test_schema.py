@@ -22,12 +22,15 @@ import yaml
 from buildmatrix import schema
 from buildmatrix.cuda import facts_from_text
 from buildmatrix.errors import InputError
+from buildmatrix.loaders import gates_from_data
 from buildmatrix.profile_files import load_profiles
+from buildmatrix.yamlio import load_yaml_text
 from tests.conftest import REPO, SHIPPED_PROFILES
 
 UPDATE = os.environ.get("BUILDMATRIX_UPDATE_GOLDEN") == "1"
 RECORD = REPO / "buildmatrix" / "data" / schema.RECORD
 CUDA_FACTS = REPO / "buildmatrix" / "data" / "cuda.yaml"
+LOADERS = REPO / "buildmatrix" / "data" / "loaders.yaml"
 HEADER = """\
 # SHA-256 digests (buildmatrix/schema.py, text_digest: the schema's name, the schema's
 # text, the file's text) of the data files buildmatrix ships, each validated against its
@@ -39,7 +42,7 @@ HEADER = """\
 
 def _shipped() -> list[tuple[Path, str]]:
     """Every data file buildmatrix ships, with the schema its loader holds it to."""
-    return [(CUDA_FACTS, "cuda-facts")] + [
+    return [(CUDA_FACTS, "cuda-facts"), (LOADERS, "loaders")] + [
         (path, "arch-profile") for path in sorted(SHIPPED_PROFILES.glob("*.yaml"))
     ]
 
@@ -78,6 +81,8 @@ def test_an_edited_shipped_file_is_validated(tmp_path: Path, path: Path, schema_
     with pytest.raises(InputError, match=r"unknown key 'zz_unknown'\. Allowed keys: "):
         if schema_name == "cuda-facts":
             facts_from_text(edited, source="cuda.yaml")
+        elif schema_name == "loaders":
+            gates_from_data(load_yaml_text(edited, source="loaders.yaml"), source="loaders.yaml")
         else:
             folder = tmp_path / "profiles"
             shutil.copytree(SHIPPED_PROFILES, folder)
@@ -85,7 +90,9 @@ def test_an_edited_shipped_file_is_validated(tmp_path: Path, path: Path, schema_
             load_profiles(folder)
 
 
-@pytest.mark.parametrize(("path", "schema_name"), _shipped()[:2], ids=["cuda", "profile"])
+@pytest.mark.parametrize(
+    ("path", "schema_name"), _shipped()[:3], ids=["cuda", "loaders", "profile"]
+)
 def test_a_recorded_digest_vouches_for_its_text_and_schema_only(
     path: Path, schema_name: str
 ) -> None:
@@ -99,14 +106,15 @@ def test_a_recorded_digest_vouches_for_its_text_and_schema_only(
 
 
 def test_a_recorded_text_is_not_validated_again() -> None:
-    """In a fresh process, reading the shipped facts and profiles never imports
+    """In a fresh process, reading the shipped facts, loader gates and profiles never imports
     jsonschema (the time this saves: docs/development.md, "Start-up time"), and a
     user's file (a snapshot) still is validated."""
     code = (
         "import sys\n"
         "from buildmatrix.cuda import load_cuda_facts\n"
         "from buildmatrix.profile_files import default_profiles_dir, load_profiles\n"
-        "load_cuda_facts(); load_profiles(default_profiles_dir())\n"
+        "from buildmatrix.loaders import load_gates\n"
+        "load_cuda_facts(); load_profiles(default_profiles_dir()); load_gates()\n"
         "print('jsonschema' in sys.modules)\n"
         "from pathlib import Path\n"
         "from buildmatrix.snapshot import load_snapshot\n"
