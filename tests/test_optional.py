@@ -265,7 +265,11 @@ def _readelf(path: Path) -> tuple[str | None, list[str], bool]:
     ).stdout
     soname = re.search(r"\(SONAME\)\s+Library soname: \[(.*)\]", dynamic)
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.*)\]", dynamic)
-    program = "EXEC (Executable file)" in dynamic or "INTERP" in dynamic
+    program = (
+        "EXEC (Executable file)" in dynamic
+        or "INTERP" in dynamic
+        or re.search(r"\(FLAGS_1\)\s+Flags:.*\bPIE\b", dynamic) is not None
+    )
     return (soname[1] if soname else None), needed, program
 
 
