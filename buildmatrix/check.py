@@ -29,6 +29,7 @@ from buildmatrix.jit_env import jit_env
 from buildmatrix.optional import EVERY_FILE, Loading, classify, skipped_everywhere
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.runtime_sources import newest_runtime, runtime_note, runtime_sources
+from buildmatrix.sibling_release import by_release
 from buildmatrix.snapshot import Snapshot
 from buildmatrix.target_verdict import Target, TargetResult, judge_target, worst
 
@@ -242,6 +243,8 @@ def run_check(
         symlinks=image.symlinks,
         preload=image.config.env.get("LD_PRELOAD", ""),
     )
+    # a CUDA-tagged sibling is picked by the release the rest of the image shows
+    loading = by_release(loading, lambda members: newest_runtime(sources_without(members)))
     sources = sources_without()
     runtime = newest_runtime(sources)
     choice = compat_choice(image.compat, driver) if driver is not None else None

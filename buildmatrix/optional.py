@@ -16,7 +16,10 @@ A file is optional only on evidence a reviewer can check in the image itself:
     checks the GPU first (CUDA C++ Programming Guide, "Feature Set Compiler Targets");
 (b) it is one of sibling files whose paths differ only by a CUDA tag (``cuda126``,
     ``cu13``) or an arch tag (``sm90``, ``sm_100a``): the package loads one of them,
-    so ONE must run (the group fails where none does; the best counts);
+    so ONE must run (the group fails where none does; the best counts). A CUDA tag
+    is chosen by the CUDA release, not by the GPU: where the image shows its release
+    outside the group (buildmatrix.sibling_release), the member built for it counts,
+    on every GPU;
 (c) it is a standalone cubin, fatbinary or PTX file: data a program hands to the
     driver by name (``cuModuleLoad``), one per GPU, not a file the loader maps;
 (d) it is a shared library that nothing links at start: no ELF file that always
@@ -49,8 +52,9 @@ DATA_FORMATS = frozenset({"cubin", "fatbin", "ptx"})
 # A CUDA tag (cuda126, cuda12x, cu13) or an arch tag (sm90, sm_100a, compute_90a) as a
 # whole word of a path: between separators, never inside a longer name (libcudart,
 # cutlass_sm90_kernel's "sm90" is a word, "libcublas" holds none).
+CUDA_TAG = re.compile(r"(?<![A-Za-z0-9])cu(?:da)?\d{2,3}x?(?![A-Za-z0-9])")
 _TAGS = (
-    ("CUDA", re.compile(r"(?<![A-Za-z0-9])cu(?:da)?\d{2,3}x?(?![A-Za-z0-9])")),
+    ("CUDA", CUDA_TAG),
     ("arch", re.compile(r"(?<![A-Za-z0-9])(?:sm_?|compute_)\d{2,3}[af]?(?![A-Za-z0-9])")),
 )
 
@@ -81,6 +85,9 @@ class Siblings:
     members: tuple[str, ...]
     tag: str
     pattern: str
+    # The members the image's CUDA release picks (None: any may load) and why.
+    loads: tuple[str, ...] | None = None
+    chose: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,9 +337,19 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
     groups: list[tuple[str, Verdict, str]] = []
     for g in loading.groups:
         got = {m: effective(m) for m in g.members}
-        best = max(g.members, key=lambda m: RANK[got[m][0]])
         names = ", ".join(g.members)
+        pool = g.members if g.loads is None else g.loads
+        if not pool:
+            groups.append((g.pattern, Verdict.NONE, f"of the sibling files {names}, {g.chose}"))
+            continue
+        best = max(pool, key=lambda m: RANK[got[m][0]])
         if got[best][0] is Verdict.NONE:
+            if g.loads is not None:
+                why = f"{g.chose}, which has no code for {cc}: " + "; ".join(
+                    f"{m}: {got[m][1]}" for m in pool
+                )
+                groups.append((g.pattern, Verdict.NONE, why))
+                continue
             why = f"none of the sibling files {names} runs on {cc}: " + "; ".join(
                 f"{m}: {got[m][1]}" for m in g.members
             )
@@ -342,15 +359,17 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
         for m in g.members:
             if m != best:
                 state = got[m][1] if got[m][0] is Verdict.NONE else "runs too"
+                why = (
+                    f"it differs from {best}, which runs there, only by its {g.tag} tag, "
+                    "and the package loads one of them"
+                    if g.loads is None
+                    else g.chose
+                )
                 skipped.append(
                     Skipped(
                         path=m,
                         rule=Rule.SIBLING,
-                        reason=(
-                            f"{state} — skipped on {cc} ({Rule.SIBLING}: it differs from "
-                            f"{best}, which runs there, only by its {g.tag} tag, and the "
-                            "package loads one of them)"
-                        ),
+                        reason=f"{state} — skipped on {cc} ({Rule.SIBLING}: {why})",
                     )
                 )
     runs: list[Verdict] = []

@@ -74,6 +74,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.check_refs",
             "buildmatrix.target_verdict",
             "buildmatrix.optional",
+            "buildmatrix.sibling_release",
             "buildmatrix.runtime_sources",
             "buildmatrix.selector",
             "buildmatrix.affinity",

@@ -13,6 +13,7 @@ oracle for what the reader takes from the ELF files.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import shutil
@@ -108,7 +109,11 @@ def _expected(
     counted = [v[k] for k in code if k in required]
     skipped = set()
     if group:
-        best = max(sorted(group), key=lambda k: RANK[v[k]])
+        # The other files' device code shows the CUDA release nvcc wrote it for: of
+        # the cuda12x/cuda13x siblings, the one of that major loads (on every GPU).
+        shown = any(k not in group for k in code)
+        pool = {k for k in group if BY_KEY[k].path.endswith(f"cuda{_nvcc_major()}x.so")}
+        best = max(sorted(pool if shown else group), key=lambda k: RANK[v[k]])
         counted.append(v[best])
         if v[best] != "none":
             skipped |= group - {best}
@@ -120,6 +125,15 @@ def _expected(
         verdict = max(runs, key=RANK.__getitem__) if runs else "none"
         skipped |= {k for k in optional if v[k] == "none"} if runs else set()
     return verdict, strict, skipped
+
+
+@functools.cache
+def _nvcc_major() -> int:
+    """The CUDA release of the nvcc that built the parts (``nvcc --version``)."""
+    out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True)
+    found = re.search(r"release (\d+)\.", out.stdout)
+    assert found, out.stdout
+    return int(found[1])
 
 
 def _keys(toggles: tuple[str, ...]) -> set[str]:
