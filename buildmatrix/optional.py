@@ -373,12 +373,24 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
                     )
                 )
     runs: list[Verdict] = []
+    # An arch-specific file whose own code runs here loads here, and what it names.
+    here = {
+        dep
+        for path, o in loading.optional.items()
+        if o.rule is Rule.SPECIFIC and path in judged and judged[path].verdict is not Verdict.NONE
+        for dep in loading.deps.get(path, ())
+    }
     for path, o in loading.optional.items():
-        if path not in judged:
+        if path not in judged or path in here:
             continue
         verdict, why = effective(path)
         if verdict is not Verdict.NONE:
             runs.append(verdict)
+            continue
+        if o.rule is Rule.SPECIFIC and judged[path].verdict is not Verdict.NONE:
+            # Its own code is for this GPU, so the check that guards it passes here and
+            # it loads, with what it names in DT_NEEDED: that file's failure is real.
+            groups.append((path, Verdict.NONE, f"{why}, and it runs on {cc}, so it loads"))
             continue
         evidence = "" if o.rule is Rule.SPECIFIC else f": {o.why}"
         skipped.append(
