@@ -39,6 +39,8 @@ ALL_FAMILIES = "all"  # --family all: every profile
 # profile is judged, to say where the image runs (runs_on), not to gate it.
 EVERY_PROFILE = "profiles"
 _PROBLEM_PATH = re.compile(r":? ")
+# glibc's loader maps what this file names into every process (elf/rtld.c dl_main).
+_PRELOAD_FILE = re.compile(r"^etc/ld\.so\.preload$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +244,7 @@ def run_check(
         image.links,
         symlinks=image.symlinks,
         preload=image.config.env.get("LD_PRELOAD", ""),
+        preload_file=bool(image.paths_found(_PRELOAD_FILE)),
     )
     # a CUDA-tagged sibling is picked by the release the rest of the image shows
     loading = by_release(loading, lambda members: newest_runtime(sources_without(members)))

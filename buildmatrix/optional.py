@@ -129,11 +129,13 @@ def classify(
     *,
     symlinks: Mapping[str, str] | None = None,
     preload: str = "",
+    preload_file: bool = False,
 ) -> Loading:
     """Each file with device code (static archives are never loaded, and left out)
     by the rules (a) to (d), from ``links`` (every ELF file of the image that holds
     device code or loads others; None: not read, every file counts), the image's
-    ``symlinks`` (a DT_NEEDED name may be a link's) and its ``LD_PRELOAD``."""
+    ``symlinks`` (a DT_NEEDED name may be a link's), its ``LD_PRELOAD`` and whether
+    it holds ``/etc/ld.so.preload`` (``preload_file``; its names are not read)."""
     if links is None:
         return EVERY_FILE
     code = {f.path: f for f in files if f.format != "archive"}
@@ -168,6 +170,13 @@ def classify(
         notes.append(
             f"{unread[0]}: its DT_NEEDED entries cannot be read ({links[unread[0]].unread}), "
             "so it may load any library: no library is taken for one loaded by dlopen"
+        )
+        required |= {p for p in code if p not in optional and p not in grouped}
+    elif preload_file:
+        notes.append(
+            "the image holds /etc/ld.so.preload, whose libraries glibc's loader maps into "
+            "every process (elf/rtld.c dl_main); its names are not read, so no library is "
+            "taken for one loaded by dlopen"
         )
         required |= {p for p in code if p not in optional and p not in grouped}
     elif not any(ln.program or ln.python_module for ln in links.values()):

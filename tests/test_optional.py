@@ -435,3 +435,23 @@ def test_a_file_skipped_everywhere_sets_no_runtime(
     (tmp_path / "img.tar").unlink()
     runs = _archive_check(cli, tmp_path, layer, "8.0", "9.0")
     assert any(fa3 in s for s in sources(runs))
+
+
+def test_an_ld_so_preload_file_turns_rule_d_off(
+    cli: CliRunner, tmp_path: Path, parts: dict[str, Path]
+) -> None:
+    """/etc/ld.so.preload names libraries glibc's loader maps into every process
+    (elf/rtld.c dl_main); its names are not read, so a library nothing names counts
+    (liblazy.so, sm_75 alone, fails 8.0), as under LD_PRELOAD."""
+    layer = {
+        **_layer(parts, "ext", "core", "lazy"),
+        "etc/ld.so.preload": f"/{BY_KEY['lazy'].path}\n".encode(),
+    }
+    doc = _archive_check(cli, tmp_path, layer, "8.0")
+    on = _targets(doc)
+    assert on["8.0"]["verdict"] == "none"
+    assert on["8.0"]["skipped"] == []
+    loading = doc["loading"]
+    assert isinstance(loading, dict)
+    assert loading["optional"] == []
+    assert any("/etc/ld.so.preload" in n for n in loading["notes"])
