@@ -41,6 +41,7 @@ EVERY_PROFILE = "profiles"
 _PROBLEM_PATH = re.compile(r":? ")
 # glibc's loader maps what this file names into every process (elf/rtld.c dl_main).
 _PRELOAD_FILE = re.compile(r"^etc/ld\.so\.preload$")
+_MAJOR_ONLY = re.compile(r"(?:^|/)libcudart\.so\.\d+$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,8 +247,12 @@ def run_check(
         preload=image.config.env.get("LD_PRELOAD", ""),
         preload_file=bool(image.paths_found(_PRELOAD_FILE)),
     )
-    # a CUDA-tagged sibling is picked by the release the rest of the image shows
-    loading = by_release(loading, lambda members: newest_runtime(sources_without(members)))
+    # a CUDA-tagged sibling is picked by the release the rest of the image shows (a
+    # libcudart.so.X, pip's name, shows no minor)
+    loading = by_release(
+        loading,
+        lambda members: [s for s in sources_without(members) if not _MAJOR_ONLY.search(s[1])],
+    )
     sources = sources_without()
     runtime = newest_runtime(sources)
     choice = compat_choice(image.compat, driver) if driver is not None else None

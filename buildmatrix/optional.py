@@ -85,7 +85,8 @@ class Siblings:
     members: tuple[str, ...]
     tag: str
     pattern: str
-    # The members the image's CUDA release picks (None: any may load) and why.
+    # The members the image's CUDA releases pick (None: any may load; the best
+    # counts), of which the worst counts, and why.
     loads: tuple[str, ...] | None = None
     chose: str = ""
 
@@ -351,12 +352,11 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
         if not pool:
             groups.append((g.pattern, Verdict.NONE, f"of the sibling files {names}, {g.chose}"))
             continue
-        best = max(pool, key=lambda m: RANK[got[m][0]])
+        # any member a release the image shows picks may load: the worst counts
+        best = (max if g.loads is None else min)(pool, key=lambda m: RANK[got[m][0]])
         if got[best][0] is Verdict.NONE:
             if g.loads is not None:
-                why = f"{g.chose}, which has no code for {cc}: " + "; ".join(
-                    f"{m}: {got[m][1]}" for m in pool
-                )
+                why = f"{g.chose}; {best} has no code for {cc}: {got[best][1]}"
                 groups.append((g.pattern, Verdict.NONE, why))
                 continue
             why = f"none of the sibling files {names} runs on {cc}: " + "; ".join(

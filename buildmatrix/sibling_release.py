@@ -6,12 +6,13 @@ picks its file by the CUDA release it runs with (bitsandbytes by ``torch.version
 ``cextension.py`` ``get_cuda_bnb_library_path``), the same on every GPU: where the
 image shows its release outside the group, the file built for it counts on every GPU,
 never the best of the group per GPU (a CUDA 12.6 image loads the 12.6 library, with
-no sm_100 code, on a B200 too).
+no sm_100 code, on a B200 too). Where the image shows several releases, any may be
+the one the package runs with, and the worst of their files counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 from packaging.version import Version
@@ -20,38 +21,49 @@ from buildmatrix.optional import CUDA_TAG, Loading, Siblings
 
 
 def by_release(
-    loading: Loading, release: Callable[[Collection[str]], tuple[Version, str] | None]
+    loading: Loading, signs: Callable[[Collection[str]], Sequence[tuple[Version, str]]]
 ) -> Loading:
     """``loading`` with each CUDA-tag group narrowed to the members the image's CUDA
-    release picks: ``release(members)`` is that release and its source, from the
-    image but for those members (None: unknown; the group stays as it is). The
-    member tagged with the release counts; else the newest older one of its major,
-    else the oldest newer one, the order bitsandbytes' ``cextension.py``
-    ``get_cuda_bnb_library_path`` loads by (a library of another major needs another
-    runtime and driver floor: none of them loads, and the group fails)."""
+    release may pick: ``signs(members)`` are the releases the image shows, with their
+    sources, but for those members' own (none: unknown; the group stays as it is).
+    Per release, the member tagged with it; else the newest older one of its major,
+    else the oldest newer one: the order bitsandbytes' ``cextension.py``
+    ``get_cuda_bnb_library_path`` loads by. An image's signs may disagree (a library
+    built by a newer release than the one its package was built for): each one's
+    member may be the one loaded, and the worst of them counts (choose). Signs of a
+    major no member is built for pick none; where no sign picks one, none loads (a
+    library of another major needs another runtime), and the group fails."""
     groups: list[Siblings] = []
     notes = list(loading.notes)
     for g in loading.groups:
         tags = {m: _release_tag(m) for m in g.members}
-        found = release(g.members) if g.tag == "CUDA" else None
-        if found is None or any(t is None for t in tags.values()):
+        found = sorted(set(signs(g.members))) if g.tag == "CUDA" else []
+        if not found or any(t is None for t in tags.values()):
             groups.append(g)
             continue
-        at = (found[0].major, found[0].minor)
-        same = {m: t for m, t in tags.items() if t is not None and t[0] == at[0]}
-        exact = [m for m, t in same.items() if t[1] in (None, at[1])]
-        older = sorted((t[1] or 0, m) for m, t in same.items() if (t[1] or 0) < at[1])
-        newer = sorted((t[1] or 0, m) for m, t in same.items() if (t[1] or 0) > at[1])
-        loads = tuple(exact or [m for _, m in older[-1:]] or [m for _, m in newer[:1]])
-        runtime = f"the image's CUDA release is {at[0]}.{at[1]} ({found[1]})"
-        chose = (
-            f"{runtime}: the package loads {', '.join(loads)}"
-            if loads
-            else f"{runtime}: none of them is built for CUDA {at[0]}"
+        picks = {_pick(tags, (v.major, v.minor)): (v, source) for v, source in found}
+        loads = tuple(sorted(m for m in picks if m is not None))
+        why = "; ".join(
+            f"CUDA {v.major}.{v.minor} ({source}) loads {m or 'none of them'}"
+            for m, (v, source) in sorted(picks.items(), key=lambda x: x[1])
         )
+        chose = f"by the CUDA releases the image shows, the package loads one of them: {why}"
         groups.append(replace(g, loads=loads, chose=chose))
         notes.append(f"{g.pattern}: {chose}")
     return replace(loading, groups=tuple(groups), notes=tuple(notes))
+
+
+def _pick(tags: dict[str, tuple[int, int | None] | None], at: tuple[int, int]) -> str | None:
+    """The member the release ``at`` loads (bitsandbytes' order), or None."""
+    same = {m: t for m, t in tags.items() if t is not None and t[0] == at[0]}
+    exact = sorted(m for m, t in same.items() if t[1] in (None, at[1]))
+    older = sorted((t[1] or 0, m) for m, t in same.items() if (t[1] or 0) < at[1])
+    newer = sorted((t[1] or 0, m) for m, t in same.items() if (t[1] or 0) > at[1])
+    if exact:
+        return exact[0]
+    if older:
+        return older[-1][1]
+    return newer[0][1] if newer else None
 
 
 def _release_tag(path: str) -> tuple[int, int | None] | None:
