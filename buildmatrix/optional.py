@@ -12,8 +12,9 @@ Pure: the image's files with device code and how each ELF file is loaded
 A file is optional only on evidence a reviewer can check in the image itself:
 
 (a) its device code is all arch- or family-specific (``sm_90a``, ``sm_100f``,
-    ``compute_90a``): it runs on one GPU or one family alone, so whatever uses it
-    checks the GPU first (CUDA C++ Programming Guide, "Feature Set Compiler Targets");
+    ``compute_90a``) and it is no program: it runs on one GPU or one family alone,
+    so whatever uses it checks the GPU first (CUDA C++ Programming Guide, "Feature
+    Set Compiler Targets");
 (b) it is one of sibling files whose paths differ only by a CUDA tag (``cuda126``,
     ``cu13``) or an arch tag (``sm90``, ``sm_100a``): the package loads one of them,
     so ONE must run (the group fails where none does; the best counts). A CUDA tag
@@ -150,7 +151,9 @@ def classify(
                 rule=Rule.DATA,
                 why=f"{what} file, no ELF program or library: a program loads it by name",
             )
-        elif units and all(u.specific for u in units):
+        elif units and all(u.specific for u in units) and not _program(links.get(path)):
+            # (a) says what imports or opens the file checks the GPU first; a program
+            # is run as it is, nothing checks the GPU before its own start.
             why = "all its device code is arch- or family-specific"
             optional[path] = Optional(path=path, rule=Rule.SPECIFIC, why=why)
     groups = _siblings([p for p in code if p not in optional])
@@ -229,6 +232,10 @@ def classify(
 
 def _archs(f: FileReport) -> str:
     return ", ".join(dict.fromkeys([*f.sass, *f.ptx])) + " only"
+
+
+def _program(ln: Links | None) -> bool:
+    return ln is not None and ln.program
 
 
 def _needs(o: Optional | None) -> bool:

@@ -105,3 +105,44 @@ def test_what_an_arch_specific_file_loads_counts_where_it_runs(
     assert on["9.0"]["verdict"] == "none"
     assert on["9.0"]["skipped"] == []
     assert any("libdep.so" in r and "so it loads" in r for r in on["9.0"]["reasons"])
+
+
+_MAIN = """__global__ void k(int *p) { *p = 1; }
+int main() { int *d; cudaMalloc(&d, 4); k<<<1, 1>>>(d); return (int)cudaDeviceSynchronize(); }
+"""
+
+
+def test_a_program_of_arch_specific_code_counts(
+    cli: CliRunner, tmp_path: Path, built: dict[str, Path]
+) -> None:
+    """A program built for sm_90a alone is run as it is, on whatever GPU: nothing checks
+    the GPU before it starts, so rule (a) does not make it optional, and on 8.0 the
+    image fails though its extension runs there (readelf: an executable; cuobjdump:
+    sm_90a alone)."""
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump (pip nvidia-cuda-cuobjdump) is needed as the reference")
+    src = tmp_path / "app.cu"
+    src.write_text(_MAIN)
+    program = tmp_path / "app90a"
+    command = ["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(program), str(src)]
+    subprocess.run(command, check=True, capture_output=True)
+    header = subprocess.run(
+        ["readelf", "-lhW", str(program)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "Executable file" in header and "INTERP" in header
+    sass, ptx = cuobjdump_lists(tool, program)
+    assert (set(sass), set(ptx)) == ({"sm_90a"}, set())
+    root = tmp_path / "root"
+    (root / SITE).mkdir(parents=True)
+    (root / SITE / built["core"].name).write_bytes(built["core"].read_bytes())
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/app90a").write_bytes(program.read_bytes())
+    doc = cli(
+        "check", f"dir:{root}", "--sm", "8.0", "--sm", "9.0", "--driver", "580.65.06", "--json"
+    ).json()
+    assert isinstance(doc, dict)
+    on = {t["compute_capability"]: t for t in doc["targets"]}
+    assert (on["8.0"]["verdict"], on["9.0"]["verdict"]) == ("none", "native")
+    assert on["8.0"]["skipped"] == []
+    assert doc["loading"]["optional"] == []
