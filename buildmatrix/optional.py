@@ -361,19 +361,21 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
             continue
         # any member a release the image shows picks may load: the worst counts
         best = (max if g.loads is None else min)(pool, key=lambda m: RANK[got[m][0]])
-        if got[best][0] is Verdict.NONE:
-            if g.loads is not None:
-                why = f"{g.chose}; {best} has no code for {cc}: {got[best][1]}"
-                groups.append((g.pattern, Verdict.NONE, why))
-                continue
+        if got[best][0] is not Verdict.NONE:
+            groups.append((g.pattern, got[best][0], f"{best} (one of {names})"))
+        elif g.loads is not None:
+            why = f"{g.chose}; {best} has no code for {cc}: {got[best][1]}"
+            groups.append((g.pattern, Verdict.NONE, why))
+        else:
             why = f"none of the sibling files {names} runs on {cc}: " + "; ".join(
                 f"{m}: {got[m][1]}" for m in g.members
             )
             groups.append((g.pattern, Verdict.NONE, why))
             continue
-        groups.append((g.pattern, got[best][0], f"{best} (one of {names})"))
+        # skipped: the members no release shown picks (the others may load, and keep
+        # their runtime's floor), or without such a choice all but the best
         for m in g.members:
-            if m != best:
+            if m not in pool or (g.loads is None and m != best):
                 state = got[m][1] if got[m][0] is Verdict.NONE else "runs too"
                 why = (
                     f"it differs from {best}, which runs there, only by its {g.tag} tag, "

@@ -115,7 +115,9 @@ def _expected(
         pool = {k for k in group if BY_KEY[k].path.endswith(f"cuda{_nvcc_major()}x.so")}
         best = max(sorted(pool if shown else group), key=lambda k: RANK[v[k]])
         counted.append(v[best])
-        if v[best] != "none":
+        if shown:  # the other never loads
+            skipped |= group - pool
+        elif v[best] != "none":
             skipped |= group - {best}
     if counted:
         verdict = min(counted, key=RANK.__getitem__)
