@@ -152,10 +152,49 @@ def parse_sm(text: str) -> Arch:
     raise InputError(f"'{text}' is not an SM; write it as sm_90, sm_90a, 9.0 or 90.")
 
 
+# The integrated GPUs (Tegra: Jetson, DRIVE, IGX's own GPU, Thor) and the SMs outside
+# the desktop line. The CUDA C++ Programming Guide ("Binary Compatibility"): "Binary
+# compatibility is supported only for the desktop. It is not supported for Tegra.
+# Also, the binary compatibility between desktop and Tegra is not supported." So SASS
+# for one of these runs on exactly that compute capability, and no other SASS runs on
+# it. nvlink 13.0 agrees for every SM it knows (tests/test_integrated_nvlink.py links
+# a cubin of each SM into a program for each): sm_87 and sm_88 code links only for
+# itself, sm_80/sm_86 code not for 8.7 or 8.8, sm_110 code only for 11.0, while
+# sm_120 code links for 12.1 (GB10, desktop line). 3.2 Tegra K1, 5.3 Tegra X1, 6.2
+# Tegra X2 (Programming Guide, "Compute Capabilities" table of Tegra products), 7.2
+# Xavier, 8.7 Orin (developer.nvidia.com/cuda-gpus, "Jetson"), 8.8 (CUDA 13.0's
+# nvcc --list-gpu-code; nvlink treats it as above), 10.1 Thor as CUDA 12.8 and 12.9
+# number it and 11.0 the same Thor as CUDA 13.0 renumbered it (CUDA 13.0 release
+# notes: sm_101 renamed sm_110).
+INTEGRATED = frozenset(
+    ComputeCapability(*cc)
+    for cc in ((3, 2), (5, 3), (6, 2), (7, 2), (8, 7), (8, 8), (10, 1), (11, 0))
+)
+
+
+def integrated(cc: ComputeCapability) -> bool:
+    """Whether ``cc`` is an integrated (Tegra) GPU's, outside the desktop line."""
+    return cc in INTEGRATED
+
+
+def sass_runs_on(arch: Arch, cc: ComputeCapability) -> bool:
+    """Binary compatibility of SASS (CUDA C++ Programming Guide, "Binary
+    Compatibility"; the ``f`` suffix: CUDA 12.9 release notes, family-specific).
+
+    On the desktop line ``sm_XY`` and ``sm_XYf`` run on X.Z for Z >= Y (same major
+    only) and ``sm_XYa`` on exactly X.Y; integrated SMs (:data:`INTEGRATED`) have no
+    binary compatibility: their SASS runs on exactly their compute capability, and no
+    other SASS runs on them.
+    """
+    if arch.suffix is Suffix.ARCH or integrated(arch.cc) or integrated(cc):
+        return cc == arch.cc
+    return cc.major == arch.cc.major and cc.minor >= arch.cc.minor
+
+
 def serves_wherever(have: frozenset[Arch], need: frozenset[Arch]) -> bool:
     """Whether ``have`` has code wherever ``need`` does: each target of ``need`` is in
-    ``have``, or is SASS that a plain SASS target of ``have`` of the same major and a
-    lower or equal minor also serves (sm_80 runs wherever sm_86 does;
+    ``have``, or is SASS that a plain SASS target of ``have`` runs wherever it runs
+    (sm_80 runs wherever sm_86 does, but not where sm_87 does: :func:`sass_runs_on`;
     docs/compatibility.md). PTX is matched exactly (JIT depends on the driver)."""
     return all(
         t in have
@@ -164,8 +203,15 @@ def serves_wherever(have: frozenset[Arch], need: frozenset[Arch]) -> bool:
             and any(
                 s.kind is CodeKind.SASS
                 and s.suffix is Suffix.NONE
-                and s.cc.major == t.cc.major
-                and s.cc.minor <= t.cc.minor
+                and (
+                    s.cc == t.cc
+                    or (
+                        not integrated(s.cc)
+                        and not integrated(t.cc)
+                        and s.cc.major == t.cc.major
+                        and s.cc.minor <= t.cc.minor
+                    )
+                )
                 for s in have
             )
         )

@@ -20,6 +20,7 @@ from buildmatrix.binary.report import FileReport
 from buildmatrix.compat import (
     Verdict,
 )
+from buildmatrix.container_env import gate
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatUse
@@ -285,6 +286,12 @@ def run_check(
         if opts.strict
         else [worst([judge(t, forward=use, strict=False) for use in states]) for t in targets]
     )
+    # the image's Env, as the container toolkit and the driver read it
+    by_env = partial(
+        gate, env=image.config.env, driver=driver, driver_cuda=driver_cuda, facts=facts
+    )
+    strict, env_warnings = by_env(strict)
+    results = strict if opts.strict else by_env(results)[0]
     results = [replace(r, strict_verdict=s.verdict) for r, s in zip(results, strict, strict=True)]
     if not opts.strict:  # optional files skipped on every target set no floor
         sources = sources_without(skipped_everywhere([r.skipped for r in results]))
@@ -298,7 +305,7 @@ def run_check(
     if not loaded and not opts.allow_empty:
         problems.append(_no_loaded_code(files))
         strict_problems.append(problems[-1])
-    warnings: list[str] = []
+    warnings: list[str] = env_warnings
     if jit.narrowed:
         warnings.append(f"{jit.describe()}; every file is judged so")
     if runtime is None and driver is not None and loaded:

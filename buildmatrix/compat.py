@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from packaging.version import Version
 
-from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix
+from buildmatrix.arch import Arch, CodeKind, ComputeCapability, Suffix, integrated, sass_runs_on
 from buildmatrix.cuda import CudaFacts, DriverVersion, major_minor
 from buildmatrix.jit import jit_floor, judge_ptx, ptx_targets, ptx_toolkit
 from buildmatrix.verdict import RANK as _RANK
@@ -29,25 +29,25 @@ __all__ = [
     "jit_floor",
     "ptx_targets",
     "ptx_toolkit",
+    "sass_runs_on",
 ]
-
-
-def sass_runs_on(arch: Arch, cc: ComputeCapability) -> bool:
-    """Binary compatibility of SASS.
-
-    ``sm_XY`` and ``sm_XYf`` run on X.Z for Z >= Y (same major only); ``sm_XYa``
-    runs on exactly X.Y.
-    """
-    if arch.suffix is Suffix.ARCH:
-        return cc == arch.cc
-    return cc.major == arch.cc.major and cc.minor >= arch.cc.minor
 
 
 @lru_cache(maxsize=4096)  # a pure rule of two values, asked for each target of every node
 def _judge_sass(arch: Arch, cc: ComputeCapability) -> Judgement:
     if sass_runs_on(arch, cc):
         return Judgement(verdict=Verdict.NATIVE, reasons=(f"{arch} SASS runs natively on {cc}",))
-    if arch.suffix is Suffix.ARCH:
+    if integrated(arch.cc):
+        why = (
+            f"{arch} is an integrated (Tegra) GPU's SASS, which runs only on {arch.cc} "
+            "(NVIDIA gives Tegra no binary compatibility)"
+        )
+    elif integrated(cc):
+        why = (
+            f"{arch} is desktop SASS, which runs on no integrated (Tegra) GPU (NVIDIA gives "
+            "no binary compatibility between desktop and Tegra)"
+        )
+    elif arch.suffix is Suffix.ARCH:
         why = f"{arch} is arch-specific SASS and runs only on {arch.cc}"
     elif cc.major != arch.cc.major:
         why = f"{arch} SASS runs only on compute capability {arch.cc.major}.x"

@@ -390,7 +390,7 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
                         reason=f"{state} — skipped on {cc} ({Rule.SIBLING}: {why})",
                     )
                 )
-    runs: list[Verdict] = []
+    runs: list[tuple[Verdict, str]] = []
     # An arch-specific file whose own code runs here loads here, and what it names.
     here = {
         dep
@@ -403,7 +403,7 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
             continue
         verdict, why = effective(path)
         if verdict is not Verdict.NONE:
-            runs.append(verdict)
+            runs.append((verdict, path))
             continue
         if o.rule is Rule.SPECIFIC and judged[path].verdict is not Verdict.NONE:
             # Its own code is for this GPU, so the check that guards it passes here and
@@ -417,11 +417,13 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
     fallback: tuple[Verdict, tuple[str, ...]] | None = None
     if not counted and not groups and any(p in judged for p in loading.optional):
         if runs:
+            verdict, best = max(runs, key=lambda r: RANK[r[0]])
             fallback = (
-                max(runs, key=RANK.__getitem__),
+                verdict,
                 (
                     "the files that always load hold no device code; "
-                    f"{len(runs)} optional file(s) run on {cc}, the best counts",
+                    f"{len(runs)} optional file(s) run on {cc}, the best counts: {best}",
+                    *judged[best].reasons,  # why it runs (natively, or by JIT on this driver)
                 ),
             )
         else:  # every optional file counts, and fails: none is skipped

@@ -246,6 +246,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # work (docs/development.md, "The order of the modules"). Approximate by nature: it
 # only orders, it never selects.
 SLOWEST = {
+    "test_corpus.py": 150,  # measured alone, 2026-12-07, wheels cached
     "test_workflow.py": 89,
     "test_tool_image.py": 64,
     "test_torch_wheels.py": 33,

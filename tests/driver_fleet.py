@@ -46,7 +46,8 @@ def _images(out: Path) -> dict[str, Image]:
                     "usr/local/cuda": Symlink("cuda-13.1"),
                 }
             ],
-            env={"CUDA_VERSION": "13.1.0"},
+            # a legacy image: on an older driver only without the toolkit's cuda>= check
+            env={"CUDA_VERSION": "13.1.0", "NVIDIA_DISABLE_REQUIRE": "1"},
         ),
     }
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from buildmatrix.attest import PREDICATE_TYPE
 from tests.buildx_standin import Pushed, push_by_digest
 from tests.pipeline_jobs import (
     annotations_of,
@@ -33,6 +34,7 @@ from tests.pipeline_jobs import (
 from tests.runner import (
     artifact_download,
     artifact_upload,
+    cosign_stand_in,
     docker_stand_in,
     expand,
     run_step,
@@ -348,13 +350,17 @@ class Pipeline:
 
     def _sign(self, promoted: list[str], temp: Path, env: dict[str, str]) -> list[str]:
         """The sign job, when the promote job's output is not empty, against a
-        recording cosign: each published index by digest, nothing else."""
+        recording cosign (tests/runner.py, cosign_stand_in): each published index by
+        digest, nothing else; then the real ``buildmatrix check --attest`` on each, and
+        ``cosign attest`` of its predicate, which must say the index passed."""
         if not promoted:
             return []
-        sign = step_of(self.workflow["jobs"]["sign"], name="Sign every published index by digest")
+        job = self.workflow["jobs"]["sign"]
+        sign = step_of(job, name="Sign every published index by digest")
+        attest = step_of(job, name="Attest every published index's check verdict")
         log = temp / "cosign.log"
         log.write_text("")
-        cosign = stand_in(temp / "bin-cosign", "cosign", log=log)
+        cosign = cosign_stand_in(temp / "bin-cosign", log=log, keep=temp / "predicates")
         ctx = {
             "needs": {"promote": {"outputs": {"promoted": " ".join(promoted)}}},
             "runner": runner_temp(temp, "sign"),
@@ -363,4 +369,16 @@ class Pipeline:
         assert step.returncode == 0, step.stderr
         calls = log.read_text().splitlines()
         assert calls == [f"cosign sign --yes --recursive {ref}" for ref in promoted]
+        step = run_step(attest, ctx, self.cwd, [cosign], env)
+        assert step.returncode == 0, step.stdout + step.stderr
+        predicate = Path(ctx["runner"]["temp"], "predicate.json")
+        attested = log.read_text().splitlines()[len(calls) :]
+        assert attested == [
+            f"cosign attest --yes --predicate {predicate} --type {PREDICATE_TYPE} {ref}"
+            for ref in promoted
+        ]
+        for n, ref in enumerate(promoted, start=len(calls) + 1):
+            kept = json.loads((temp / "predicates" / f"predicate-{n}.json").read_text())
+            assert kept["verdict"] == "pass", (ref, kept)
+            assert kept["index_digest"] == ref.split("@", 1)[1]
         return [c.rsplit(" ", 1)[1] for c in calls]

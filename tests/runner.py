@@ -112,6 +112,30 @@ def stand_in(folder: Path, name: str, *, log: Path, fail_on: str = "") -> Path:
     return folder
 
 
+def cosign_stand_in(folder: Path, *, log: Path, keep: Path) -> Path:
+    """A STAND-IN for cosign (no Sigstore, no OIDC token here): it appends its
+    arguments to ``log`` and, for ``cosign attest``, keeps a copy of the file given as
+    ``--predicate`` in ``keep`` (numbered by call), as cosign reads it at that moment;
+    a ``--predicate`` naming no readable file fails, as cosign does."""
+    folder.mkdir(parents=True, exist_ok=True)
+    keep.mkdir(parents=True, exist_ok=True)
+    script = folder / "cosign"
+    log_q, keep_q = shlex.quote(str(log)), shlex.quote(str(keep))
+    script.write_text(
+        "#!/bin/sh\n"
+        f"printf 'cosign %s\\n' \"$*\" >> {log_q}\n"
+        f'n="$(wc -l < {log_q})"\n'
+        "while [ $# -gt 0 ]; do\n"
+        '  if [ "$1" = --predicate ]; then\n'
+        f'    cp "$2" {keep_q}/"predicate-$n.json" || exit 1\n'
+        "  fi\n"
+        "  shift\n"
+        "done\n"
+    )
+    script.chmod(0o755)
+    return folder
+
+
 def artifact_upload(upload: dict[str, Any], ctx: dict[str, Any], store: Path) -> None:
     """actions/upload-artifact: the files ``path`` matches, under ``name``; a name
     uploaded twice fails (artifacts are immutable in v4)."""

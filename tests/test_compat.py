@@ -35,9 +35,10 @@ PROFILES = load_profiles(SHIPPED_PROFILES)
 RAW = yaml.safe_load(resources.files("buildmatrix").joinpath("data", "cuda.yaml").read_text())
 
 # Every shipped GPU, plus GPUs the profiles do not know (a newer Blackwell, an sm_87
-# Orin, a future 13.0) so that the rules are exercised off the shipped grid too.
-TARGET_CCS = sorted({p.cc for p in PROFILES} | {CC(8, 7), CC(10, 1), CC(12, 1), CC(13, 0)})
-CODE_NUMBERS = sorted({p.number for p in PROFILES})
+# Orin, the Tegra SMs, a future 13.0) so that the rules are exercised off the shipped grid too.
+_OFF_GRID = {CC(7, 2), CC(8, 7), CC(8, 8), CC(10, 1), CC(11, 0), CC(12, 1), CC(13, 0)}
+TARGET_CCS = sorted({p.cc for p in PROFILES} | _OFF_GRID)
+CODE_NUMBERS = sorted({p.number for p in PROFILES} | {72, 87, 88, 101, 110})
 
 
 def _driver(text: str) -> DriverVersion:
@@ -52,10 +53,17 @@ def _around(text: str) -> list[DriverVersion]:
     return [_driver(text), _driver(below), _driver(f"{major}.{minor}.{p + 1:02d}")]
 
 
+# Integrated (Tegra) GPUs: "Binary compatibility is supported only for the desktop. It
+# is not supported for Tegra. Also, the binary compatibility between desktop and Tegra
+# is not supported." (CUDA C++ Programming Guide, "Binary Compatibility"; nvlink 13.0
+# agrees: tests/test_integrated_nvlink.py). Thor is 10.1 before CUDA 13.0, 11.0 after.
+TEGRA = {(3, 2), (5, 3), (6, 2), (7, 2), (8, 7), (8, 8), (10, 1), (11, 0)}
+
+
 def expected_sass(code: tuple[int, str], target: ComputeCapability) -> Verdict:
     number, suffix = code
     major, minor = divmod(number, 10)
-    if suffix == "a":
+    if (major, minor) in TEGRA or (target.major, target.minor) in TEGRA or suffix == "a":
         runs = (target.major, target.minor) == (major, minor)
     else:  # plain and family-specific: same major, same or later minor
         runs = target.major == major and target.minor >= minor
@@ -142,6 +150,14 @@ def test_ptx_rules(number: int, suffix: str) -> None:
         (["sm_80"], CC(9, 0), None, Verdict.NONE),
         # sm_86 SASS runs on Ada (8.9): same major, later minor.
         (["sm_86"], CC(8, 9), None, Verdict.NATIVE),
+        # Orin (8.7) SASS on an Ada card (IGX Orin with an RTX 6000 Ada), and back.
+        (["sm_87"], CC(8, 9), None, Verdict.NONE),
+        (["sm_80", "sm_86"], CC(8, 7), None, Verdict.NONE),
+        (["sm_87"], CC(8, 7), None, Verdict.NATIVE),
+        (["sm_100"], CC(10, 1), None, Verdict.NONE),
+        (["sm_110"], CC(12, 0), None, Verdict.NONE),
+        (["compute_87@9.0"], CC(8, 9), "580.65.06", Verdict.JIT),
+        (["compute_80@9.0"], CC(8, 7), "580.65.06", Verdict.JIT),
         (["sm_89"], CC(8, 6), None, Verdict.NONE),
         (["sm_90a"], CC(9, 0), None, Verdict.NATIVE),
         (["sm_100a"], CC(10, 3), None, Verdict.NONE),

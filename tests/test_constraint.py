@@ -209,7 +209,13 @@ def test_constraint_admits_exactly_what_check_passes(entry: Entry) -> None:
     for cc in CCS:
         for driver in DRIVERS:
             result = run_check(image, PROFILES, _options(cc, driver), FACTS)
-            want = admits(constraint, arch=str(cc), driver=driver)
+            # The image is a legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA), so
+            # the container toolkit's legacy hook requires cuda>=MAJOR.MINOR as well
+            # (buildmatrix.toolkit_require): the driver's CUDA version, that of the newest
+            # release whose driver it meets (a lower bound above the newest one known).
+            have = FACTS.driver_cuda(parse_driver_version(driver))
+            cuda_ok = have is not None and have >= Version(entry.cuda.mm)
+            want = admits(constraint, arch=str(cc), driver=driver) and cuda_ok
             assert want is result.passed, (
                 f"{entry.image_ref} CUDA {entry.cuda.full} on {cc} with {driver}: "
                 f"constraint {'admits' if want else 'refuses'} ({constraint}) but check "
@@ -218,7 +224,11 @@ def test_constraint_admits_exactly_what_check_passes(entry: Entry) -> None:
             outcomes.add(want)
     # Both sides of the constraint are compared: a variant whose constraint admitted
     # every pair (or none) would make this test agree with any check.
-    assert outcomes == {True, False}, f"{entry.image_ref}: the constraint decides nothing"
+    # A release that names no driver (13.4, 13.5): no driver can be shown to report
+    # its CUDA version, so the toolkit's cuda>= requirement admits none (fail closed).
+    release = FACTS.toolkit(Version(entry.cuda.mm))
+    named = release is not None and release.driver is not None
+    assert outcomes == ({True, False} if named else {False}), f"{entry.image_ref}: {outcomes}"
 
 
 def test_min_driver_label_is_the_lowest_admitted_driver() -> None:

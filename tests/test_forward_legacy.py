@@ -76,7 +76,9 @@ def _check(cli: CliRunner, tmp_path: Path, entries: dict[str, Entry], *args: str
         **entries,
     }
     archive = write_docker_archive(
-        tmp_path / "img.tar", Image(layers=[layer], env={"CUDA_VERSION": "13.0.0"})
+        tmp_path / "img.tar",
+        # without the container toolkit's cuda>=13.0 check (buildmatrix.container_env)
+        Image(layers=[layer], env={"CUDA_VERSION": "13.0.0", "NVIDIA_DISABLE_REQUIRE": "1"}),
     )
     r = cli("check", f"docker-archive:{archive}", "--json", *args)
     assert r.code in (0, 1), r.err

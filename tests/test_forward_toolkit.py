@@ -206,7 +206,9 @@ def _image(entries: dict[str, Any]) -> Image:
     layer: dict[str, Entry] = {"usr/lib/libsass_ptx.so": fixture("libsass_ptx.so"), **DISTRO_LOADER}
     layer.setdefault("usr/local/cuda", Symlink("cuda-13.1"))
     layer.update(entries)
-    return Image(layers=[layer], env={"CUDA_VERSION": "13.1.0"})
+    # NVIDIA_DISABLE_REQUIRE: a legacy CUDA 13.1 image runs on an older driver only
+    # without the container toolkit's cuda>=13.1 check (buildmatrix.container_env)
+    return Image(layers=[layer], env={"CUDA_VERSION": "13.1.0", "NVIDIA_DISABLE_REQUIRE": "1"})
 
 
 def _check(cli: CliRunner, tmp_path: Path, image: Image, *args: str) -> tuple[int, Any]:

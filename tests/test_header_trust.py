@@ -175,9 +175,9 @@ _Mutate = Callable[[bytes], bytes]
             lambda b: b.replace(
                 b"\n.version 9.0\n.target sm_80\n", b".version 9.0\n.target sm_80a\n"
             ),
-            "one SM it knows",  # sm_80a: no such SM (ptxas: "Unsupported .target")
+            "Unsupported .target sm_80a",  # no such SM, as ptxas says
         ),
-        (lambda b: b.replace(b".target sm_80", b"//arget sm_80"), "without '.version'"),
+        (lambda b: b.replace(b".target sm_80", b"//arget sm_80"), "no '.version' then '.target"),
     ],
 )
 def test_a_ptx_text_for_another_target_fails_the_check(

@@ -35,6 +35,10 @@ from buildmatrix.image.ref import parse_ref
 from tests.images import DISTRO_LOADER, Entry, Image, Symlink, write_docker_archive
 from tests.test_ldconfig import DIR, LOADER, ROOTED, WHICH_C, _make_root, _place, _real, kit
 
+# A legacy CUDA 13.0 image on older drivers: it starts there only without the container
+# toolkit's cuda>=13.0 check (buildmatrix.container_env), as forward compatibility needs.
+_NO_REQUIRE = {"CUDA_VERSION": "13.0.0", "NVIDIA_DISABLE_REQUIRE": "1"}
+
 __all__ = ["kit"]
 pytestmark = pytest.mark.skipif(not ROOTED, reason="chroot needs root; gcc builds the stand-ins")
 
@@ -197,7 +201,7 @@ def test_ld_preload_of_a_libcuda_fails_closed(
         **DISTRO_LOADER,
     }
     archive = write_docker_archive(
-        tmp_path / "img.tar", Image(layers=[layer], env={"CUDA_VERSION": "13.0.0", **env})
+        tmp_path / "img.tar", Image(layers=[layer], env={**_NO_REQUIRE, **env})
     )
     args = ["check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", "600.10.01"]
     code = main([*args, "--no-cache", "--json"])
@@ -243,7 +247,7 @@ def test_ld_library_path_through_the_node_driver_folder_fails_closed(
         "usr/lib/libapp.so": APP.read_bytes(),
         **DISTRO_LOADER,
     }
-    env = {"CUDA_VERSION": "13.0.0", "LD_LIBRARY_PATH": path}
+    env = {**_NO_REQUIRE, "LD_LIBRARY_PATH": path}
     archive = write_docker_archive(tmp_path / "img.tar", Image(layers=[layer], env=env))
     args = ["check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", "535.104.05"]
     code = main([*args, "--no-cache", "--json"])
@@ -329,7 +333,7 @@ def test_the_container_loads_what_check_assumes_or_check_fails_closed(
             "lib/x86_64-linux-gnu/libc.so.6": kit["libc"].read_bytes(),
         }
         tag = f"bmtest/loader:{name.replace(' ', '-')}"
-        image = Image(layers=[layer], env={"CUDA_VERSION": "13.0.0", **env})
+        image = Image(layers=[layer], env={**_NO_REQUIRE, **env})
         archive = write_docker_archive(tmp_path / f"{name}.tar", image, tag=tag)
         subprocess.run([*docker, "load", "-i", str(archive)], check=True, capture_output=True)
         mounts = ["-v", f"{kit['B']}:/{NODE_LIB}:ro"]
@@ -398,9 +402,7 @@ def test_an_image_the_older_toolkit_releases_run_without_the_compat_driver(
         "usr/lib/libapp.so": APP.read_bytes(),
         **{k: v for k, v in DISTRO_LOADER.items() if k != lacks},
     }
-    archive = write_docker_archive(
-        tmp_path / "img.tar", Image(layers=[layer], env={"CUDA_VERSION": "13.0.0"})
-    )
+    archive = write_docker_archive(tmp_path / "img.tar", Image(layers=[layer], env=_NO_REQUIRE))
     args = ["check", f"docker-archive:{archive}", "--sm", "8.0", "--driver", "535.104.05"]
     code = main([*args, "--no-cache", "--json"])
     doc = json.loads(capsys.readouterr().out)

@@ -110,6 +110,7 @@ JSON_OUTPUTS: dict[tuple[str, ...], tuple[list[str], str]] = {
     ("affinity",): ([AFFINE], "pod-spec field"),
     ("k8s", "manifests"): ([], "kubernetes"),
     ("k8s", "drivers"): (["--pools", POOLS, "--driver", "training-hopper=580.65.06"], "kubernetes"),
+    ("k8s", "gate"): ([], "kubernetes"),
     ("k8s", "nodepools"): (
         ["--pools", POOLS, "--driver", "training-hopper=580.65.06", "--provisioner", "karpenter"],
         "kubernetes",

@@ -96,7 +96,22 @@ _GAP = st.lists(
     ),
     max_size=3,
 ).map(b"".join)
-_SM_NAME = st.sampled_from([b"sm_80", b"sm_90a", b"sm_90", b"sm_100"])
+_SM_NAME = st.sampled_from([b"sm_80", b"sm_87", b"sm_90a", b"sm_90", b"sm_100", b"sm_100f"])
+# What may follow the targets: the address size ptxas takes (64, as any PTX integer),
+# sizes it refuses (32: "32-Bit compilation is no longer supported"; 52), none at all,
+# or a directive of the head once more ("Parsing error").
+_ADDRESS = st.sampled_from(
+    [
+        b".address_size 64",
+        b".address_size 0x40",
+        b".address_size 64U",
+        b".address_size 32",
+        b".address_size 064",
+        b"",
+        b".address_size 64\n.address_size 64",
+        b".address_size 64\n.target sm_90",
+    ]
+)
 # Target options ptxas takes, one it refuses for every SM drawn, and one it knows not.
 _OPTION = st.sampled_from(
     [b"texmode_independent", b"texmode_unified", b"map_f64_to_f32", b"bogus_option"]
@@ -107,18 +122,22 @@ _OPTION = st.sampled_from(
 def _heads(draw: st.DrawFn) -> bytes:
     """A module head: comments with fake directives anywhere between the tokens, a
     ``.version``, and one or two ``.target`` directives of one or two names."""
-    # 9.0 can target every SM drawn; 9.9 is newer than any ptxas knows.
-    version = draw(st.sampled_from([b"9.0", b"9.9"]))
+    # 9.0 can target every SM drawn; 9.9 is newer than any ptxas knows; 8.9 and 6.6
+    # are no ISA; the others are too old for some targets (sm_100f needs 8.8, sm_100
+    # 8.6, sm_90a 8.0, sm_87 7.4).
+    versions = [b"9.0", b"9.9", b"8.9", b"8.6", b"8.4", b"7.8", b"7.0", b"6.6"]
+    version = draw(st.sampled_from(versions))
     head = draw(_GAP) + b".version" + draw(_GAP).replace(b"\n", b" ") + b" " + version
     for _ in range(draw(st.integers(1, 2))):
         names = [draw(_SM_NAME), *draw(st.lists(st.one_of(_SM_NAME, _OPTION), max_size=2))]
         head += b"\n" + draw(_GAP) + b".target " + (b"," + draw(_GAP)).join(names)
-    return head + b"\n" + draw(_GAP) + _BODY
+    head += b"\n" + draw(_GAP) + draw(_ADDRESS)
+    return head + b"\n" + draw(_GAP) + _BODY.replace(b".address_size 64\n", b"", 1)
 
 
 @needs_ptxas
 @settings(
-    max_examples=60,
+    max_examples=120,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )

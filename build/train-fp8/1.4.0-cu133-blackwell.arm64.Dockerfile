@@ -28,4 +28,4 @@ LABEL io.buildmatrix.family="blackwell" \
       org.opencontainers.image.title="train-fp8" \
       org.opencontainers.image.version="1.4.0" \
       org.opencontainers.image.description="FP8 training image with its own fused FP8 kernels; built only for GPUs with FP8 tensor cores."
-ENV NVIDIA_REQUIRE_ARCH="arch>=10.0,arch<11.0,driver>=580.65.06 arch>=12.0,arch<13.0,driver>=580.65.06 arch>=13.0,driver>=610.43.02"
+ENV NVIDIA_REQUIRE_ARCH="arch=10.0,driver>=580.65.06 arch>=10.3,arch<11.0,driver>=580.65.06 arch>=12.0,arch<13.0,driver>=580.65.06 arch>=13.0,driver>=610.43.02"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from dataclasses import dataclass
 
 from packaging.version import Version
 
@@ -40,11 +41,78 @@ def _known_sm(name: str) -> bool:
     return name in _PTXAS_13_0 or load_cuda_facts().arch_support(name) is not None
 
 
+# The oldest ``.version`` each ``.target`` takes (PTX ISA reference, "Release Notes"
+# and each target's "Target ISA notes"; ptxas 13.0 refuses an older one: "PTX .version
+# 7.0 does not support .target sm_90"). Read off ptxas 13.0 for every target it knows
+# and every ISA version (tests/test_ptx_isa_table.py compares the two exhaustively),
+# except sm_70 and sm_88, which PTX ISA 6.0 and 9.0 introduce (the PTX ISA release
+# notes) though ptxas 13.0 takes them from 5.1 and 7.3: the newer of the two is kept
+# (fail closed). sm_82 is ptxas's alone (no release compiles for it). A target of a
+# newer release (buildmatrix/data/cuda.yaml) needs the ISA of the first release that
+# knows it.
+_MIN_ISA_TEXT = """
+    sm_10 sm_11 1.0; sm_12 sm_13 1.2; sm_20 sm_21 2.0; sm_30 3.0; sm_35 3.1;
+    sm_32 sm_50 4.0; sm_37 sm_52 4.1; sm_53 4.2; sm_60 sm_61 sm_62 5.0; sm_70 6.0; sm_82 6.2;
+    sm_72 6.1; sm_75 6.3; sm_80 7.0; sm_86 7.1; sm_87 7.4; sm_89 sm_90 7.8; sm_90a 8.0;
+    sm_100 sm_100a sm_101 sm_101a 8.6; sm_120 sm_120a 8.7;
+    sm_100f sm_101f sm_103 sm_103a sm_103f sm_120f sm_121 sm_121a sm_121f 8.8;
+    sm_88 sm_110 sm_110a sm_110f 9.0
+"""
+MIN_ISA = {
+    name: Version(row.split()[-1]) for row in _MIN_ISA_TEXT.split(";") for name in row.split()[:-1]
+}
+# The PTX ISA versions that exist up to ptxas 13.0's (9.0): ptxas refuses any other
+# ("Unsupported .version 8.9"), as a driver's JIT does. A newer one is judged by the
+# release that emits it (buildmatrix.jit), or as newer than any known.
+_ISA_TEXT = "1.0-1.5 2.0-2.3 3.0-3.2 4.0-4.3 5.0-5.1 6.0-6.5 7.0-7.8 8.0-8.8 9.0-9.0"
+ISA_VERSIONS = frozenset(
+    Version(f"{major}.{minor}")
+    for span in _ISA_TEXT.split()
+    for major, low, high in [(span[0], int(span[2]), int(span[-1]))]
+    for minor in range(low, high + 1)
+)
+_PTXAS_ISA = Version("9.0")
+
+
+def min_isa(target: str) -> Version | None:
+    """The oldest PTX ISA whose ``.target`` may name ``target`` (``sm_90a``); None
+    where neither ptxas 13.0 nor the CUDA table knows it."""
+    if target in MIN_ISA:
+        return MIN_ISA[target]
+    from buildmatrix.cuda import load_cuda_facts
+
+    facts = load_cuda_facts()
+    support = facts.arch_support(target)
+    first = facts.toolkit(support.first) if support is not None else None
+    return first.ptx_isa if first is not None else None
+
+
+def _head_refusal(sm: re.Match[str], isa: Version) -> str | None:
+    """Why ptxas refuses a head of ``.version isa`` and ``.target`` ``sm`` (None: it
+    takes it)."""
+    if isa <= _PTXAS_ISA and isa not in ISA_VERSIONS:
+        return f"PTX ISA {isa} does not exist (ptxas: 'Unsupported .version {isa}')"
+    need = min_isa(sm[0])
+    if need is None or isa < need:
+        floor = f"; {sm[0]} needs {need} or later" if need is not None else ""
+        return (
+            f"PTX .version {isa} does not support .target {sm[0]}{floor} (PTX ISA "
+            "reference, target ISA notes)"
+        )
+    return None
+
+
 _TEXMODES = frozenset({b"texmode_unified", b"texmode_independent"})
 _GAP = re.compile(rb"(?:[ \t\r\n]+|//[^\n]*|/\*.*?\*/)*", re.S)
 _VERSION = re.compile(rb"\.version[ \t]+(\d+)\.(\d+)(?![\w$.])")  # no comment or newline inside
 _TARGET = re.compile(rb"\.target(?![\w$])")
 _NAME = re.compile(rb"[A-Za-z_$%][\w$]*")
+_ADDRESS_SIZE = re.compile(rb"\.address_size(?![\w$])")
+# A PTX integer constant (PTX ISA reference, "Integer Constants"): hexadecimal, octal,
+# binary or decimal, an optional U; ptxas takes ``.address_size 0x40`` as 64.
+_INTEGER = re.compile(rb"(0[xX][0-9a-fA-F]+|0[bB][01]+|0[0-7]*|[1-9][0-9]*)U?(?![\w$.])")
+# The head's directives: another of them after the head is a syntax error to ptxas.
+_HEAD_DIRECTIVE = re.compile(rb"\.(?:version|target|address_size)(?![\w$])")
 _SM = re.compile(r"sm_(\d{2,3})([af]?)")
 
 
@@ -84,9 +152,14 @@ def _skip(head: bytes, p: int) -> int:
 
 def ptx_directives(head: bytes) -> tuple[Arch, Version] | None:
     """The ``.target`` arch (as ``compute_XY``) and ``.version`` of PTX text whose
-    first bytes are ``head``; None when its head is not ``.version`` then ``.target``
-    as ptxas reads them (comments skipped), or its targets name no SM or several."""
-    return _read_directives(head)[0]
+    first bytes are ``head``; None when ptxas refuses its head (:func:`head_refusal`
+    says why)."""
+    return _read_directives(head).found
+
+
+def head_refusal(head: bytes) -> str:
+    """Why ptxas refuses the head of the PTX text ``head`` ("" where it takes it)."""
+    return _read_directives(head).why
 
 
 def directives_settled(head: bytes) -> bool:
@@ -94,15 +167,32 @@ def directives_settled(head: bytes) -> bool:
     whole, with the token after them in full view, so no longer text that starts
     with ``head`` reads otherwise (a compressed entry's head is decoded a little at
     a time: buildmatrix.binary.fatbin)."""
-    found, end = _read_directives(head)
-    return found is not None and end + 16 <= len(head) and not head.startswith(b"/*", end)
+    read = _read_directives(head)
+    end = read.end
+    return read.found is not None and end + 16 <= len(head) and not head.startswith(b"/*", end)
 
 
-def _read_directives(head: bytes) -> tuple[tuple[Arch, Version] | None, int]:
-    """(ptx_directives's answer, where the reading stopped: the next token)."""
+@dataclass(frozen=True)
+class _Head:
+    """ptx_directives's answer, where the reading stopped (the next token) and, where
+    the answer is None, why."""
+
+    found: tuple[Arch, Version] | None
+    end: int
+    why: str = ""
+
+
+_NO_HEAD = "no '.version' then '.target sm_XY' as ptxas reads them"
+
+
+def _read_directives(head: bytes) -> _Head:
+    """The head as ptxas 13.0 reads it: ``.version``, then one or more ``.target``
+    directives, then at most one ``.address_size`` (PTX ISA reference, "PTX Module
+    Directives"; every rule below is ptxas's: tests/test_ptx_head.py,
+    tests/test_ptx_isa_table.py)."""
     number = _VERSION.match(head, _skip(head, 0))
     if number is None:
-        return None, 0
+        return _Head(None, 0, _NO_HEAD)
     sms: list[re.Match[str]] = []
     texmodes: set[bytes] = set()
     p = _skip(head, number.end())
@@ -111,11 +201,11 @@ def _read_directives(head: bytes) -> tuple[tuple[Arch, Version] | None, int]:
         while name := _NAME.match(head, _skip(head, p)):
             sm = _SM.fullmatch(name[0].decode())
             if sm is not None and not _known_sm(sm[0]):
-                return None, p  # ptxas: "Unsupported .target 'sm_85'"
+                return _Head(None, p, f"ptxas: 'Unsupported .target {sm[0]}'")
             if sm is None and (not sms or name[0] not in _OPTIONS):
                 # ptxas: "Target architecture not defined", "Unsupported .target",
                 # "map_f64_to_f32 is not supported with SM 1.3 or higher"
-                return None, p
+                return _Head(None, p, f"ptxas refuses '.target {name[0].decode()}' there")
             if name[0] in _TEXMODES:
                 texmodes.add(name[0])
             sms += [sm] if sm else []
@@ -127,22 +217,59 @@ def _read_directives(head: bytes) -> tuple[tuple[Arch, Version] | None, int]:
     if len(sms) != 1 or len(texmodes) > 1:
         # no SM, or several (ptxas takes the last; nvcc never writes two), or both
         # texture modes (ptxas: "Conflicting .target option")
-        return None, p
-    cc = ComputeCapability.from_number(int(sms[0][1]))
+        return _Head(None, p, f"{_NO_HEAD}: one SM, options ptxas takes")
     isa = Version(f"{int(number[1])}.{int(number[2])}")
-    return (Arch(cc, CodeKind.PTX, Suffix(sms[0][2])), isa), p
+    why = _head_refusal(sms[0], isa)
+    if why is None:
+        p, why = _address_size(head, p, isa)
+    if why is None and (
+        _HEAD_DIRECTIVE.match(head, p) or head[p : p + 1] not in (b".", b"", b"\0")
+    ):
+        # every statement of a module's body is a directive (.visible, .entry, .global,
+        # .file, ...), or the text ends (a fatbinary's PTX ends at a NUL: cuBLAS 12.8
+        # holds modules that are a head alone); a head directive once more, or anything
+        # else, is ptxas's "Parsing error ... syntax error"
+        why = "no directive after the head, or a head directive once more (ptxas: syntax error)"
+    if why is not None:
+        return _Head(None, p, why)
+    cc = ComputeCapability.from_number(int(sms[0][1]))
+    return _Head((Arch(cc, CodeKind.PTX, Suffix(sms[0][2])), isa), p)
+
+
+def _address_size(head: bytes, p: int, isa: Version) -> tuple[int, str | None]:
+    """Past an ``.address_size`` at ``p``, if any: (the next token, why ptxas refuses
+    it or None). ptxas 13.0 takes only 64 ("32-Bit compilation is no longer
+    supported"; 32-bit addressing "is not supported on sm_90 or higher
+    architectures"; CUDA 12.0 removed 32-bit compilation), and the directive only
+    from PTX ISA 2.3 on; left out, ptxas compiles the module all the same."""
+    directive = _ADDRESS_SIZE.match(head, p)
+    if directive is None:
+        return p, None
+    value = _INTEGER.match(head, _skip(head, directive.end()))
+    if value is None:
+        return p, "an '.address_size' without a number (ptxas: syntax error)"
+    p = _skip(head, value.end())
+    digits = value[1].decode()
+    base = {"0x": 16, "0X": 16, "0b": 2, "0B": 2}.get(digits[:2], 8 if digits[0] == "0" else 10)
+    size = int(digits[2:] if base in (2, 16) else digits, base)
+    if isa < Version("2.3"):
+        return p, "'.address_size' needs PTX ISA 2.3 or later (ptxas)"
+    if size == 32:
+        return p, "'.address_size 32': ptxas and the driver's JIT compile no 32-bit PTX"
+    if size != 64:
+        return p, f"'.address_size {size}': ptxas takes only 32 or 64"
+    return p, None
 
 
 def ptx_target(src: ByteSource) -> tuple[Arch, Version]:
     """The ``compute_XY`` arch and PTX ISA version of a PTX text file."""
-    found = ptx_directives(src.read_at(0, min(src.size, PTX_HEAD)))
-    if found is None:
+    read = _read_directives(src.read_at(0, min(src.size, PTX_HEAD)))
+    if read.found is None:
         raise CorruptBinary(
-            f"{src.name}: PTX file without '.version' and '.target sm_XY' directives in its "
-            f"first {PTX_HEAD // 1024} KiB, as ptxas reads them (one SM it knows, options it "
-            "takes)."
+            f"{src.name}: PTX whose head ptxas refuses ({read.why}; the first "
+            f"{PTX_HEAD // 1024} KiB read as ptxas reads them); no JIT compiler accepts it."
         )
-    return found
+    return read.found
 
 
 # How specific a suffix is: ``a`` code runs on one SM, ``f`` on a family, none on all newer.
@@ -160,14 +287,14 @@ def checked_ptx_entry(
     is refused (:class:`CorruptBinary`, the check fails closed); of the two ISA
     versions, the newer is kept (docs/security.md, "Device code that tries not to be
     seen")."""
-    found = ptx_directives(src.read_at(0, min(src.size, PTX_HEAD)))
-    if found is None:
+    read = _read_directives(src.read_at(0, min(src.size, PTX_HEAD)))
+    if read.found is None:
         raise CorruptBinary(
-            f"{name}: PTX entry for {header} without '.version' and '.target sm_XY' "
-            f"directives in its first {PTX_HEAD // 1024} KiB, as ptxas reads them (one SM it "
-            "knows, options it takes); no JIT compiler accepts it."
+            f"{name}: PTX entry for {header} whose head ptxas refuses ({read.why}; the "
+            f"first {PTX_HEAD // 1024} KiB read as ptxas reads them); no JIT compiler "
+            "accepts it."
         )
-    text, text_isa = found
+    text, text_isa = read.found
     if text.cc != header.cc or _RANK[text.suffix] > _RANK[header.suffix]:
         raise CorruptBinary(
             f"{name}: the fatbinary entry header says {header} but the PTX text says "

@@ -17,6 +17,7 @@ from buildmatrix.cli._common import Group, echo_error
 from buildmatrix.cli.affinity_cmd import affinity
 from buildmatrix.cli.check_cmd import check
 from buildmatrix.cli.drivers_cmd import drivers, k8s_drivers
+from buildmatrix.cli.gate_cmd import gate
 from buildmatrix.cli.generate_cmd import generate, matrix
 from buildmatrix.cli.inspect_cmd import inspect
 from buildmatrix.cli.k8s_cmd import k8s
@@ -83,6 +84,7 @@ cli.add_command(k8s)
 cli.add_command(drivers)
 k8s.add_command(k8s_drivers, "drivers")
 k8s.add_command(nodepools, "nodepools")
+k8s.add_command(gate, "gate")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

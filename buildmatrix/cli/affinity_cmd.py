@@ -52,7 +52,16 @@ def _memory(_ctx: click.Context, param: click.Parameter, value: str | None) -> i
     "integer, or with a unit: 70GiB, 80GB, 40960MiB.",
 )
 @click.option("--require-sass", is_flag=True, help="Leave out GPUs that run the image only by JIT.")
-@click.option("--format", "fmt", type=MANIFEST_FORMATS, default="yaml", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice([*MANIFEST_FORMATS.choices, "dra"]),
+    default="yaml",
+    show_default=True,
+    help="yaml or json: the nodeAffinity; dra: a resource.k8s.io/v1 ResourceClaimTemplate "
+    "(YAML) whose CEL selects the GPUs of NVIDIA's DRA driver that run the image "
+    "(Kubernetes 1.34+; docs/placement.md).",
+)
 @click.option(
     "--into",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -96,6 +105,12 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
     profiles = load(profiles_dir)
     needs = Needs(features=features, min_memory_mib=min_memory, require_sass=require_sass)
     validate_needs(needs)
+    if fmt == "dra" and into is not None:
+        raise InputError(
+            "--format dra prints a ResourceClaimTemplate, which is its own object: --into "
+            "merges a nodeAffinity only. Reference the template from the Pod's "
+            "spec.resourceClaims instead (docs/placement.md)."
+        )
     documents = [] if into is None else _read_into(into)
     image = _scan(ref, platform)
     facts = load_cuda_facts()
@@ -107,6 +122,8 @@ def affinity(  # noqa: PLR0917 - one parameter per option, as click passes them
         for p, why in choice.excluded:
             click.echo(f"  - {p.sm} ({p.family.value}): {why}", err=True)
         return 1
+    if fmt == "dra":
+        return _dra(ref, image, choice, profiles=profiles, needs=needs, facts=facts)
     node_terms = _node_terms(
         ref, image, choice, platform=platform, profiles=profiles, needs=needs, facts=facts
     )
@@ -139,6 +156,44 @@ def _node_terms(
         if choice.chosen:
             by_arch[arch] = terms(choice, profiles, needs, image.offered)
     return per_arch_terms(by_arch, judged)
+
+
+def _dra(ref: str, image: Any, choice: Any, *, profiles: Any, needs: Any, facts: Any) -> int:
+    """Print the ResourceClaimTemplate for ``--platform``'s entry: a device claim says
+    nothing of the host's CPU, so where that matters the note on stderr names the
+    ``kubernetes.io/arch`` the Pod must keep to (buildmatrix.affinity.arch_constraint)."""
+    from dataclasses import replace
+
+    from buildmatrix.affinity import arch_constraint, choose
+    from buildmatrix.k8s_dra import claim_template
+
+    native = choose(image, profiles, replace(needs, require_sass=True), facts)
+    doc = claim_template(name="gpu", image=ref, full=choice, native=native, needs=needs)
+    click.echo(_block_yaml(doc), nl=False)
+    if (arch := arch_constraint(choice, profiles, image.offered)) is not None:
+        click.echo(
+            f"buildmatrix: note: some of these GPUs come with hosts whose CPU the image has "
+            f"no entry for: keep the Pod on kubernetes.io/arch in {sorted(arch.values or ())} "
+            "(affinity without --format dra prints that nodeAffinity).",
+            err=True,
+        )
+    return 0
+
+
+def _block_yaml(doc: Any) -> str:
+    """YAML with each string of several lines (a CEL selector) as a literal block."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump(doc, Dumper=Dumper, sort_keys=False)
 
 
 def _read_into(into: Path) -> list[Any]:

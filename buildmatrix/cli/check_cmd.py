@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from buildmatrix.check_refs import CheckRun
     from buildmatrix.image.cache import LayerCache
     from buildmatrix.multiplatform import PlatformResults
+    from buildmatrix.profiles import ProfileSet
 
 
 def _markdown(result: CheckResult) -> str:
@@ -131,6 +132,14 @@ def _markdown(result: CheckResult) -> str:
     "the manifest judged ('-' where the source has none).",
 )
 @click.option(
+    "--attest",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Write an in-toto Statement v1 of the verdicts to FILE (predicateType "
+    "https://buildmatrix.io/check/v1; subject: the digests judged). One image only, and "
+    "one with a digest.",
+)
+@click.option(
     "-v",
     "--verbose",
     is_flag=True,
@@ -156,6 +165,7 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     no_cache: bool,
     summary: Path | None,
     digest_file: Path | None,
+    attest: Path | None,
     profiles_dir: str | None,
     as_json: bool,
     verbose: bool,
@@ -175,6 +185,10 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
     from buildmatrix.cuda import load_cuda_facts, parse_driver_version
     from buildmatrix.snapshot import load_snapshot
 
+    if attest is not None:  # before any I/O
+        from buildmatrix.attest import require_one
+
+        require_one(len(refs))
     profiles = load(profiles_dir)
     drv = None if driver is None else parse_driver_version(driver, what="--driver")
     snap = None if snapshot is None else load_snapshot(snapshot)
@@ -210,11 +224,37 @@ def check(  # noqa: PLR0917 - one parameter per option, as click passes them
             "--digest-file",
             [_digest_line(p, r) for pr in run.results for p, r in pr.results],
         )
+    if attest is not None:
+        _write_attestation(attest, run, profiles)
     if as_json:
         _echo_run_json(run, cache)
     else:
         _print_run(run, cache, verbose=verbose)
     return 0 if run.passed else 1
+
+
+def _write_attestation(path: Path, run: CheckRun, profiles: ProfileSet) -> None:
+    """--attest: the Statement (buildmatrix.attest) to ``path`` and nowhere else; an
+    image without a digest is refused before anything is written."""
+    import json
+    from datetime import UTC, datetime
+
+    from buildmatrix import installed_version
+    from buildmatrix.attest import statement
+    from buildmatrix.cuda import load_cuda_facts
+    from buildmatrix.errors import InputError
+
+    doc = statement(
+        run.results,
+        facts=load_cuda_facts(),
+        profiles=profiles,
+        version=installed_version(),
+        time=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+    try:
+        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--attest {path}: cannot write: {exc.strerror}.") from None
 
 
 def _layer_cache(cache_dir: Path | None, *, no_cache: bool) -> LayerCache | None:

@@ -35,4 +35,4 @@ LABEL io.buildmatrix.family="blackwell" \
       org.opencontainers.image.title="infer" \
       org.opencontainers.image.version="2.1.0" \
       org.opencontainers.image.description="Inference server with a custom CUDA extension built for the variant's SMs (Ampere and newer)."
-ENV NVIDIA_REQUIRE_ARCH="arch>=10.0,arch<10.3,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 arch=12.0,driver>=570.26 arch>=12.1,driver>=575.51.03"
+ENV NVIDIA_REQUIRE_ARCH="arch=10.0,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 arch=12.0,driver>=570.26 arch>=12.1,driver>=575.51.03"

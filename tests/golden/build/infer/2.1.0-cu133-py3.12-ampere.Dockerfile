@@ -35,4 +35,4 @@ LABEL io.buildmatrix.family="ampere" \
       org.opencontainers.image.title="infer" \
       org.opencontainers.image.version="2.1.0" \
       org.opencontainers.image.description="Inference server with a custom CUDA extension built for the variant's SMs (Ampere and newer)."
-ENV NVIDIA_REQUIRE_ARCH="arch>=8.0,arch<=8.9,driver>=580.65.06"
+ENV NVIDIA_REQUIRE_ARCH="arch>=8.0,arch<=8.6,driver>=580.65.06 arch=8.9,driver>=580.65.06"
