@@ -31,6 +31,7 @@ from buildmatrix.loaders import load_gates
 from buildmatrix.optional import EVERY_FILE, Loading, classify, skipped_everywhere
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.runtime_sources import newest_runtime, runtime_note, runtime_sources
+from buildmatrix.sibling_release import by_release
 from buildmatrix.snapshot import Snapshot
 from buildmatrix.target_verdict import Target, TargetResult, judge_target, worst
 
@@ -40,6 +41,9 @@ ALL_FAMILIES = "all"  # --family all: every profile
 # profile is judged, to say where the image runs (runs_on), not to gate it.
 EVERY_PROFILE = "profiles"
 _PROBLEM_PATH = re.compile(r":? ")
+# glibc's loader maps what this file names into every process (elf/rtld.c dl_main).
+_PRELOAD_FILE = re.compile(r"^etc/ld\.so\.preload$")
+_MAJOR_ONLY = re.compile(r"(?:^|/)libcudart\.so\.\d+$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,6 +249,13 @@ def run_check(
         preload=image.config.env.get("LD_PRELOAD", ""),
         gates=load_gates(),
         paths=image.paths,
+        preload_file=bool(image.paths_found(_PRELOAD_FILE)),
+    )
+    # a CUDA-tagged sibling is picked by the release the rest of the image shows (a
+    # libcudart.so.X, pip's name, shows no minor)
+    loading = by_release(
+        loading,
+        lambda members: [s for s in sources_without(members) if not _MAJOR_ONLY.search(s[1])],
     )
     sources = sources_without()
     runtime = newest_runtime(sources)

@@ -12,11 +12,15 @@ Pure: the image's files with device code and how each ELF file is loaded
 A file is optional only on evidence a reviewer can check in the image itself:
 
 (a) its device code is all arch- or family-specific (``sm_90a``, ``sm_100f``,
-    ``compute_90a``): it runs on one GPU or one family alone, so whatever uses it
-    checks the GPU first (CUDA C++ Programming Guide, "Feature Set Compiler Targets");
+    ``compute_90a``) and it is no program: it runs on one GPU or one family alone,
+    so whatever uses it checks the GPU first (CUDA C++ Programming Guide, "Feature
+    Set Compiler Targets");
 (b) it is one of sibling files whose paths differ only by a CUDA tag (``cuda126``,
     ``cu13``) or an arch tag (``sm90``, ``sm_100a``): the package loads one of them,
-    so ONE must run (the group fails where none does; the best counts);
+    so ONE must run (the group fails where none does; the best counts). A CUDA tag
+    is chosen by the CUDA release, not by the GPU: where the image shows its release
+    outside the group (buildmatrix.sibling_release), the member built for it counts,
+    on every GPU;
 (c) it is a standalone cubin, fatbinary or PTX file: data a program hands to the
     driver by name (``cuModuleLoad``), one per GPU, not a file the loader maps;
 (d) it is a shared library that nothing links at start: no ELF file that always
@@ -54,8 +58,9 @@ DATA_FORMATS = frozenset({"cubin", "fatbin", "ptx"})
 # A CUDA tag (cuda126, cuda12x, cu13) or an arch tag (sm90, sm_100a, compute_90a) as a
 # whole word of a path: between separators, never inside a longer name (libcudart,
 # cutlass_sm90_kernel's "sm90" is a word, "libcublas" holds none).
+CUDA_TAG = re.compile(r"(?<![A-Za-z0-9])cu(?:da)?\d{2,3}x?(?![A-Za-z0-9])")
 _TAGS = (
-    ("CUDA", re.compile(r"(?<![A-Za-z0-9])cu(?:da)?\d{2,3}x?(?![A-Za-z0-9])")),
+    ("CUDA", CUDA_TAG),
     ("arch", re.compile(r"(?<![A-Za-z0-9])(?:sm_?|compute_)\d{2,3}[af]?(?![A-Za-z0-9])")),
 )
 
@@ -87,6 +92,10 @@ class Siblings:
     members: tuple[str, ...]
     tag: str
     pattern: str
+    # The members the image's CUDA releases pick (None: any may load; the best
+    # counts), of which the worst counts, and why.
+    loads: tuple[str, ...] | None = None
+    chose: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,11 +141,13 @@ def classify(
     preload: str = "",
     gates: Sequence[Gate] = (),
     paths: Collection[str] = (),
+    preload_file: bool = False,
 ) -> Loading:
     """Each file with device code (static archives are never loaded, and left out)
     by the rules (a) to (e), from ``links`` (every ELF file of the image that holds
     device code or loads others; None: not read, every file counts), the image's
-    ``symlinks`` (a DT_NEEDED name may be a link's), its ``LD_PRELOAD``, and for
+    ``symlinks`` (a DT_NEEDED name may be a link's), its ``LD_PRELOAD``, whether it
+    holds ``/etc/ld.so.preload`` (``preload_file``; its names are not read), and for
     rule (e) the ``gates`` table and every path of the image (``paths``: the
     package's version lies in them)."""
     if links is None:
@@ -162,7 +173,9 @@ def classify(
                 rule=Rule.DATA,
                 why=f"{what} file, no ELF program or library: a program loads it by name",
             )
-        elif units and all(u.specific for u in units):
+        elif units and all(u.specific for u in units) and not _program(links.get(path)):
+            # (a) says what imports or opens the file checks the GPU first; a program
+            # is run as it is, nothing checks the GPU before its own start.
             why = "all its device code is arch- or family-specific"
             optional[path] = Optional(path=path, rule=Rule.SPECIFIC, why=why)
     groups = _siblings([p for p in code if p not in optional and p not in gated])
@@ -185,6 +198,13 @@ def classify(
         notes.append(
             f"{unread[0]}: its DT_NEEDED entries cannot be read ({links[unread[0]].unread}), "
             "so it may load any library: no library is taken for one loaded by dlopen"
+        )
+        required |= {p for p in code if p not in optional and p not in grouped and p not in gated}
+    elif preload_file:
+        notes.append(
+            "the image holds /etc/ld.so.preload, whose libraries glibc's loader maps into "
+            "every process (elf/rtld.c dl_main); its names are not read, so no library is "
+            "taken for one loaded by dlopen"
         )
         required |= {p for p in code if p not in optional and p not in grouped and p not in gated}
     elif not any(ln.program or ln.python_module for ln in links.values()):
@@ -248,6 +268,10 @@ def classify(
 
 def _archs(f: FileReport) -> str:
     return ", ".join(dict.fromkeys([*f.sass, *f.ptx])) + " only"
+
+
+def _program(ln: Links | None) -> bool:
+    return ln is not None and ln.program
 
 
 def _needs(o: Optional | None) -> bool:
@@ -371,36 +395,61 @@ def choose(loading: Loading, judged: Mapping[str, FileJudgement], cc: ComputeCap
     groups: list[tuple[str, Verdict, str]] = []
     for g in loading.groups:
         got = {m: effective(m) for m in g.members}
-        best = max(g.members, key=lambda m: RANK[got[m][0]])
         names = ", ".join(g.members)
-        if got[best][0] is Verdict.NONE:
+        pool = g.members if g.loads is None else g.loads
+        if not pool:
+            groups.append((g.pattern, Verdict.NONE, f"of the sibling files {names}, {g.chose}"))
+            continue
+        # any member a release the image shows picks may load: the worst counts
+        best = (max if g.loads is None else min)(pool, key=lambda m: RANK[got[m][0]])
+        if got[best][0] is not Verdict.NONE:
+            groups.append((g.pattern, got[best][0], f"{best} (one of {names})"))
+        elif g.loads is not None:
+            why = f"{g.chose}; {best} has no code for {cc}: {got[best][1]}"
+            groups.append((g.pattern, Verdict.NONE, why))
+        else:
             why = f"none of the sibling files {names} runs on {cc}: " + "; ".join(
                 f"{m}: {got[m][1]}" for m in g.members
             )
             groups.append((g.pattern, Verdict.NONE, why))
             continue
-        groups.append((g.pattern, got[best][0], f"{best} (one of {names})"))
+        # skipped: the members no release shown picks (the others may load, and keep
+        # their runtime's floor), or without such a choice all but the best
         for m in g.members:
-            if m != best:
+            if m not in pool or (g.loads is None and m != best):
                 state = got[m][1] if got[m][0] is Verdict.NONE else "runs too"
+                why = (
+                    f"it differs from {best}, which runs there, only by its {g.tag} tag, "
+                    "and the package loads one of them"
+                    if g.loads is None
+                    else g.chose
+                )
                 skipped.append(
                     Skipped(
                         path=m,
                         rule=Rule.SIBLING,
-                        reason=(
-                            f"{state} — skipped on {cc} ({Rule.SIBLING}: it differs from "
-                            f"{best}, which runs there, only by its {g.tag} tag, and the "
-                            "package loads one of them)"
-                        ),
+                        reason=f"{state} — skipped on {cc} ({Rule.SIBLING}: {why})",
                     )
                 )
     runs: list[tuple[Verdict, str]] = []
+    # An arch-specific file whose own code runs here loads here, and what it names.
+    here = {
+        dep
+        for path, o in loading.optional.items()
+        if o.rule is Rule.SPECIFIC and path in judged and judged[path].verdict is not Verdict.NONE
+        for dep in loading.deps.get(path, ())
+    }
     for path, o in loading.optional.items():
-        if path not in judged or path in counted:
+        if path not in judged or path in counted or path in here:
             continue
         verdict, why = effective(path)
         if verdict is not Verdict.NONE:
             runs.append((verdict, path))
+            continue
+        if o.rule is Rule.SPECIFIC and judged[path].verdict is not Verdict.NONE:
+            # Its own code is for this GPU, so the check that guards it passes here and
+            # it loads, with what it names in DT_NEEDED: that file's failure is real.
+            groups.append((path, Verdict.NONE, f"{why}, and it runs on {cc}, so it loads"))
             continue
         evidence = "" if o.rule is Rule.SPECIFIC else f": {o.why}"
         skipped.append(

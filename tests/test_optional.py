@@ -13,6 +13,7 @@ oracle for what the reader takes from the ELF files.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import shutil
@@ -108,9 +109,15 @@ def _expected(
     counted = [v[k] for k in code if k in required]
     skipped = set()
     if group:
-        best = max(sorted(group), key=lambda k: RANK[v[k]])
+        # The other files' device code shows the CUDA release nvcc wrote it for: of
+        # the cuda12x/cuda13x siblings, the one of that major loads (on every GPU).
+        shown = any(k not in group for k in code)
+        pool = {k for k in group if BY_KEY[k].path.endswith(f"cuda{_nvcc_major()}x.so")}
+        best = max(sorted(pool if shown else group), key=lambda k: RANK[v[k]])
         counted.append(v[best])
-        if v[best] != "none":
+        if shown:  # the other never loads
+            skipped |= group - pool
+        elif v[best] != "none":
             skipped |= group - {best}
     if counted:
         verdict = min(counted, key=RANK.__getitem__)
@@ -120,6 +127,15 @@ def _expected(
         verdict = max(runs, key=RANK.__getitem__) if runs else "none"
         skipped |= {k for k in optional if v[k] == "none"} if runs else set()
     return verdict, strict, skipped
+
+
+@functools.cache
+def _nvcc_major() -> int:
+    """The CUDA release of the nvcc that built the parts (``nvcc --version``)."""
+    out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True)
+    found = re.search(r"release (\d+)\.", out.stdout)
+    assert found, out.stdout
+    return int(found[1])
 
 
 def _keys(toggles: tuple[str, ...]) -> set[str]:
@@ -265,7 +281,11 @@ def _readelf(path: Path) -> tuple[str | None, list[str], bool]:
     ).stdout
     soname = re.search(r"\(SONAME\)\s+Library soname: \[(.*)\]", dynamic)
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.*)\]", dynamic)
-    program = "EXEC (Executable file)" in dynamic or "INTERP" in dynamic
+    program = (
+        "EXEC (Executable file)" in dynamic
+        or "INTERP" in dynamic
+        or re.search(r"\(FLAGS_1\)\s+Flags:.*\bPIE\b", dynamic) is not None
+    )
     return (soname[1] if soname else None), needed, program
 
 
@@ -417,3 +437,23 @@ def test_a_file_skipped_everywhere_sets_no_runtime(
     (tmp_path / "img.tar").unlink()
     runs = _archive_check(cli, tmp_path, layer, "8.0", "9.0")
     assert any(fa3 in s for s in sources(runs))
+
+
+def test_an_ld_so_preload_file_turns_rule_d_off(
+    cli: CliRunner, tmp_path: Path, parts: dict[str, Path]
+) -> None:
+    """/etc/ld.so.preload names libraries glibc's loader maps into every process
+    (elf/rtld.c dl_main); its names are not read, so a library nothing names counts
+    (liblazy.so, sm_75 alone, fails 8.0), as under LD_PRELOAD."""
+    layer = {
+        **_layer(parts, "ext", "core", "lazy"),
+        "etc/ld.so.preload": f"/{BY_KEY['lazy'].path}\n".encode(),
+    }
+    doc = _archive_check(cli, tmp_path, layer, "8.0")
+    on = _targets(doc)
+    assert on["8.0"]["verdict"] == "none"
+    assert on["8.0"]["skipped"] == []
+    loading = doc["loading"]
+    assert isinstance(loading, dict)
+    assert loading["optional"] == []
+    assert any("/etc/ld.so.preload" in n for n in loading["notes"])

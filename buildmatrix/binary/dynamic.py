@@ -47,6 +47,10 @@ PT_LOAD, PT_DYNAMIC, PT_INTERP = 1, 2, 3
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME = 0, 1, 5, 10, 14
 DT_RPATH, DT_RUNPATH = 15, 29
 DT_DEPAUDIT, DT_AUDIT = 0x6FFFFEFB, 0x6FFFFEFC
+# A position-independent program, static-pie ones too (elf.h): such a program has
+# no PT_INTERP (it relocates itself, glibc csu/static-reloc.c _dl_relocate_static_pie),
+# and only this flag tells it from a library; file(1)'s "static-pie linked" reads it.
+DT_FLAGS_1, DF_1_PIE = 0x6FFFFFFB, 0x08000000
 # Kept among the search paths for libcuda where the file names an audit module
 # (DT_AUDIT, DT_DEPAUDIT): glibc's loader (2.32 and later, elf/rtld.c) loads it before
 # the program, and its la_objsearch may have the loader map any file for libcuda.so.1.
@@ -166,12 +170,13 @@ def _dynamic(
     if entries is None:
         why = "its dynamic section has no end in reach"
         return DsoInfo(unknown=why, machine=machine, links=Links(program=interp, unread=why))
+    program = interp or any(tag == DT_FLAGS_1 and val & DF_1_PIE for tag, val in entries)
     strtab = next((val for tag, val in entries if tag == DT_STRTAB), None)
     if strtab is None:  # then no DT_NEEDED either: its names are offsets into that table
         why = "its dynamic section has no DT_STRTAB"
-        return DsoInfo(skip=why, machine=machine, links=Links(program=interp))
+        return DsoInfo(skip=why, machine=machine, links=Links(program=program))
     base = next((vaddr - off for off, vaddr, size in loads if 0 <= strtab - vaddr < size), 0)
-    links = _links(src, entries, strtab - base, program=interp, name=name)
+    links = _links(src, entries, strtab - base, program=program, name=name)
     # Interned: the many files of an image that share a search path share its string.
     tagged = [
         (tag, sys.intern(_string(src, strtab - base + val) or UNREAD))

@@ -34,7 +34,8 @@ class Links:
     (read by buildmatrix.binary.dynamic): its ``DT_SONAME`` and ``DT_NEEDED`` names
     (glibc ``elf/dl-load.c`` ``_dl_map_object_deps`` maps every DT_NEEDED of an
     object it loads), whether it is a program (``ET_EXEC``, or ``ET_DYN`` with a
-    ``PT_INTERP``: the kernel runs it through that interpreter), and whether it is a
+    ``PT_INTERP``: the kernel runs it through that interpreter, or with ``DF_1_PIE``:
+    a static-pie program, which has none), and whether it is a
     Python extension module (its name ends in ``.so`` and it exports
     ``PyInit_<name>``: CPython's ``Python/importdl.c``
     ``_PyImport_LoadDynamicModuleWithSpec`` looks that symbol up). ``unread``: why
