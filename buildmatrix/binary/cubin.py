@@ -123,8 +123,8 @@ def entry_symbols(src: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
     table = read_exact(src, symtab.offset, symtab.size, what="symbol table")
     names = read_exact(src, strtab.offset, strtab.size, what="symbol string table")
     found = []
-    for pos in range(0, len(table) - entry + 1, entry):
-        fields = struct.unpack_from(order + fmt, table, pos)
+    whole = len(table) - len(table) % entry  # a partial symbol at the end is no symbol
+    for fields in struct.iter_unpack(order + fmt, table[:whole]):
         name_off, st_info, st_other, shndx = (
             fields[:4] if ident[4] == 2 else (fields[0], fields[3], fields[4], fields[5])
         )

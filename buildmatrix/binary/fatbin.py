@@ -33,7 +33,12 @@ from buildmatrix.binary.decompress import (
     decompress_payload,
     decompressed_source,
 )
-from buildmatrix.binary.ptx import PTX_HEAD, checked_ptx_entry, directives_settled
+from buildmatrix.binary.ptx import (
+    PTX_HEAD,
+    checked_directives,
+    checked_ptx_entry,
+    settled_directives,
+)
 from buildmatrix.binary.source import (
     ByteSource,
     BytesSource,
@@ -351,15 +356,16 @@ def _compressed_ptx(
             f"{where}: compressed entry claims {packed} compressed bytes in a "
             f"{payload}-byte payload."
         )
-    head = b""
     for limit in (_PTX_GLANCE, PTX_HEAD):  # nvcc's directives end within a few hundred bytes
         head = decompress_head(
             src, at + ehsize, packed, flags=flags, size=unc, limit=limit, name=where
         )
-        if len(head) < limit or directives_settled(head):
+        # the directives of the head, read once: whether they are settled, and what
+        # checked_ptx_entry would read in them (the same bytes: len(head) <= PTX_HEAD)
+        found, settled = settled_directives(head)
+        if len(head) < limit or settled:
             break
-    text = BytesSource(head, name=where)
-    return checked_ptx_entry(text, header=arch, isa=isa, name=where)
+    return checked_directives(found, header=arch, isa=isa, name=where)
 
 
 def decompressed_cubin(src: ByteSource, entry: FatbinEntry, *, name: str) -> ByteSource:

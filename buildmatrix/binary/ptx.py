@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from functools import cache
 
 from packaging.version import Version
 
@@ -34,6 +35,7 @@ _PTXAS_13_0 = frozenset(
 )
 
 
+@cache  # asked once per PTX text: cuFFT 12 holds 8,131 of them, a dozen names in all
 def _known_sm(name: str) -> bool:
     from buildmatrix.cuda import load_cuda_facts
 
@@ -89,12 +91,16 @@ def ptx_directives(head: bytes) -> tuple[Arch, Version] | None:
     return _read_directives(head)[0]
 
 
-def directives_settled(head: bytes) -> bool:
-    """Whether ``head``, the start of a PTX text, already shows its directives: read
-    whole, with the token after them in full view, so no longer text that starts
-    with ``head`` reads otherwise (a compressed entry's head is decoded a little at
-    a time: buildmatrix.binary.fatbin)."""
+def settled_directives(head: bytes) -> tuple[tuple[Arch, Version] | None, bool]:
+    """(:func:`ptx_directives` of ``head``, whether ``head`` already shows them
+    settled), read once. Settled: read whole, with the token after them in full view,
+    so no longer text that starts with ``head`` reads otherwise (a compressed entry's
+    head is decoded a little at a time: buildmatrix.binary.fatbin)."""
     found, end = _read_directives(head)
+    return found, _settled(head, found, end)
+
+
+def _settled(head: bytes, found: tuple[Arch, Version] | None, end: int) -> bool:
     return found is not None and end + 16 <= len(head) and not head.startswith(b"/*", end)
 
 
@@ -161,6 +167,15 @@ def checked_ptx_entry(
     versions, the newer is kept (docs/security.md, "Device code that tries not to be
     seen")."""
     found = ptx_directives(src.read_at(0, min(src.size, PTX_HEAD)))
+    return checked_directives(found, header=header, isa=isa, name=name)
+
+
+def checked_directives(
+    found: tuple[Arch, Version] | None, *, header: Arch, isa: Version, name: str
+) -> tuple[Arch, Version]:
+    """:func:`checked_ptx_entry` of a text whose head's directives
+    (:func:`ptx_directives`) are ``found``: a compressed entry's head is read for
+    them once (buildmatrix.binary.fatbin)."""
     if found is None:
         raise CorruptBinary(
             f"{name}: PTX entry for {header} without '.version' and '.target sm_XY' "
