@@ -45,6 +45,16 @@ sys.path.insert(0, str(REPO))
 
 from tests.cuobjdump import find_cuobjdump  # noqa: E402
 
+PHASES = (
+    "inspect_source, all",
+    "wrappers (registered.py, relocations)",
+    "section fatbinaries (fatbin.py)",
+    "data search (embedded.py)",
+    "compressed PTX heads (in either above)",
+    "compressed cubins (kernels.py)",
+    "of which decompressing",
+    "of which cubin sections and notes",
+)
 SMS = ("--sm", "8.0", "--sm", "9.0", "--sm", "10.0", "--sm", "12.0")
 
 
@@ -95,13 +105,13 @@ def phases(path: Path) -> dict[str, float]:
         return run
 
     patches = [
-        (scan, "_registered", "wrappers (registered.py, relocations)"),
-        (scan, "parse_fatbin", "section fatbinaries (fatbin.py)"),
-        (scan, "embedded_code", "embedded code search (embedded.py)"),
-        (fatbin, "_compressed_ptx", "compressed PTX heads"),
-        (scan, "read_compressed", "compressed cubins (kernels.py)"),
-        (kernels, "decompressed_cubin", "  of which decompressing"),
-        (kernels, "cubin_facts", "  of which cubin sections, notes"),
+        (scan, "_registered", PHASES[1]),
+        (scan, "parse_fatbin", PHASES[2]),
+        (scan, "embedded_code", PHASES[3]),
+        (fatbin, "_compressed_ptx", PHASES[4]),
+        (scan, "read_compressed", PHASES[5]),
+        (kernels, "decompressed_cubin", PHASES[6]),
+        (kernels, "cubin_facts", PHASES[7]),
     ]
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in patches]
     for module, attr, label in patches:
@@ -111,7 +121,7 @@ def phases(path: Path) -> dict[str, float]:
         try:
             start = time.process_time()
             scan.inspect_source(FileSource(fd, name=str(path)), path=str(path))
-            spent["inspect_source, all"] = time.process_time() - start
+            spent[PHASES[0]] = time.process_time() - start
         finally:
             os.close(fd)
     finally:
@@ -161,7 +171,8 @@ def main() -> int:
         print("\nCPU seconds per phase (inclusive; this checkout, in one process):\n")
         for path in args.files:
             spent = phases(path)
-            print(f"- {path.name}: " + "; ".join(f"{k} {v:.2f}" for k, v in spent.items()))
+            shown = "; ".join(f"{label.strip()} {spent.get(label, 0.0):.2f}" for label in PHASES)
+            print(f"- {path.name}: {shown}")
     return 0
 
 
