@@ -117,26 +117,22 @@ def entry_symbols(src: ByteSource, info: ElfInfo) -> tuple[str, ...] | None:
         return None
     ident = read_exact(src, 0, 16, what="ELF identification")
     order = "<" if ident[5] == 1 else ">"
-    # st_name, st_info, st_other (ELF64: name, info, other, shndx, value, size;
-    # ELF32: name, value, size, info, other, shndx)
-    entry, fmt = (24, "IBBHQQ") if ident[4] == 2 else (16, "IIIBBH")
+    # st_name, st_info, st_other, st_shndx, the rest skipped (ELF64: name, info, other,
+    # shndx, value, size; ELF32: name, value, size, info, other, shndx)
+    entry, fmt = (24, "IBBH16x") if ident[4] == 2 else (16, "I8xBBH")
     table = read_exact(src, symtab.offset, symtab.size, what="symbol table")
     names = read_exact(src, strtab.offset, strtab.size, what="symbol string table")
+    whole = len(table) - len(table) % entry  # a partial symbol at the end is no symbol
+    # a kernel only declared (an -rdc object launching one defined elsewhere:
+    # SHN_UNDEF, index 0) is no kernel of this cubin
+    kernels = [
+        name_off
+        for name_off, st_info, st_other, shndx in struct.iter_unpack(order + fmt, table[:whole])
+        if st_other & STO_CUDA_ENTRY and st_info & 0xF == STT_FUNC and shndx != 0
+    ]
     found = []
-    for pos in range(0, len(table) - entry + 1, entry):
-        fields = struct.unpack_from(order + fmt, table, pos)
-        name_off, st_info, st_other, shndx = (
-            fields[:4] if ident[4] == 2 else (fields[0], fields[3], fields[4], fields[5])
-        )
-        # a kernel only declared (an -rdc object launching one defined elsewhere:
-        # SHN_UNDEF, index 0) is no kernel of this cubin
-        defined = shndx != 0
-        if (
-            st_info & 0xF == STT_FUNC
-            and st_other & STO_CUDA_ENTRY
-            and defined
-            and name_off < len(names)
-        ):
+    for name_off in kernels:
+        if name_off < len(names):
             end = names.find(b"\0", name_off)
             found.append(names[name_off : end if end >= 0 else None].decode("latin-1"))
     return tuple(dict.fromkeys(found))

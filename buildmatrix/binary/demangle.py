@@ -13,7 +13,6 @@ demangler refuses, and its callers treat it as unread (docs/check.md)."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import re
 from typing import Any
@@ -34,7 +33,9 @@ def output_limit(mangled_bytes: int) -> int:
 
 @functools.cache
 def _cxa_demangle() -> tuple[Any, Any] | None:
-    import ctypes.util  # subprocess, shutil, tempfile: only where a name is demangled
+    # ctypes (and ctypes.util: subprocess, shutil, tempfile) only where a name is
+    # demangled: inspect reads no kernel name
+    import ctypes.util
 
     name = ctypes.util.find_library("stdc++") or "libstdc++.so.6"
     try:
@@ -78,6 +79,8 @@ def demangle(name: str) -> str | None:
 
 def _call(funcs: tuple[Any, Any], raw: bytes) -> str | None:
     """``__cxa_demangle`` itself, on a name whose text is bounded."""
+    import ctypes  # loaded already by _cxa_demangle
+
     demangle_fn, free = funcs
     status = ctypes.c_int(1)
     out = demangle_fn(raw, None, None, ctypes.byref(status))

@@ -161,6 +161,8 @@ def _section_headers(
         )
     _check_table(src, "section header table", shnum * shentsize)
     table = read_exact(src, shoff, shnum * shentsize, what="ELF section header table")
+    if shentsize == shdr.size:  # every linker's: one pass in C (a cubin has ~150)
+        return list(shdr.iter_unpack(table)), shstrndx
     return [shdr.unpack_from(table, i * shentsize) for i in range(shnum)], shstrndx
 
 
@@ -172,14 +174,18 @@ def _named_sections(
         raise CorruptBinary(f"{src.name}: section-name table index {shstrndx} is out of range.")
     str_off, str_size = raw[shstrndx][4], raw[shstrndx][5]
     _check_table(src, "section-name table", str_size)
-    names = read_exact(src, str_off, str_size, what="ELF section-name table")
+    # decoded once (latin-1 maps each byte to one character, so offsets stay byte
+    # offsets): the table of a cubin read for its kernels names ~150 sections
+    names = read_exact(src, str_off, str_size, what="ELF section-name table").decode("latin-1")
+    known = len(names)
+    make = tuple.__new__  # Section(...) without NamedTuple's keyword handling
     sections = []
-    for name_off, sh_type, sh_flags, _a, offset, size, link, _info, align, *_ in raw:
-        end = names.find(b"\0", name_off) if name_off < len(names) else -1
-        name = names[name_off:end].decode("latin-1") if end >= 0 else ""
+    for name_off, sh_type, sh_flags, _a, offset, size, link, _info, align, _entsize in raw:
+        end = names.find("\0", name_off) if name_off < known else -1
+        name = names[name_off:end] if end >= 0 else ""
         stored = 0 if sh_type == SHT_NOBITS else size
         # name, type, offset, size, flags, addralign, link (positional: the fast way)
-        sections.append(Section(name, sh_type, offset, stored, sh_flags, align, link))
+        sections.append(make(Section, (name, sh_type, offset, stored, sh_flags, align, link)))
     return tuple(sections)
 
 

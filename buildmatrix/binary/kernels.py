@@ -58,7 +58,6 @@ from buildmatrix.binary.elf import ElfInfo
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry, decompressed_cubin, ptx_text
 from buildmatrix.binary.ptx import ptx_kernels
 from buildmatrix.binary.source import ByteSource
-from buildmatrix.cuda import load_cuda_facts
 
 
 def cubin_entry(src: ByteSource, info: ElfInfo) -> FatbinEntry:
@@ -151,6 +150,8 @@ def _dispatches(entries: Sequence[FatbinEntry]) -> bool:
 
 def _newest_major() -> int:
     """The newest CUDA major of the CUDA table (buildmatrix/data/cuda.yaml)."""
+    from buildmatrix.cuda import load_cuda_facts  # the table's module: only where read
+
     return max(tk.version.major for tk in load_cuda_facts().toolkits)
 
 

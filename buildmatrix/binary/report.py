@@ -22,10 +22,13 @@ from typing import TYPE_CHECKING, Any
 from buildmatrix.arch import Arch, ComputeCapability, Suffix, serves_wherever
 from buildmatrix.binary.archnames import named_for_architecture
 from buildmatrix.binary.fatbin import EntryKind, FatbinEntry
-from buildmatrix.verdict import CodeTarget, FileJudgement, Lacking, Unit
 
 if TYPE_CHECKING:
     from packaging.version import Version
+
+    # The rules' types, imported where a report is judged: buildmatrix.verdict brings
+    # in the CUDA table's module, which inspect (listing only) never needs.
+    from buildmatrix.verdict import CodeTarget, FileJudgement, Lacking, Unit
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,6 +96,8 @@ class FileReport:
 
     def code_targets(self) -> list[CodeTarget]:
         """Loadable code only (SASS and PTX; LTO IR needs a device link first)."""
+        from buildmatrix.verdict import CodeTarget
+
         return [
             CodeTarget(arch=e.arch, ptx_isa=e.ptx_isa)
             for e in self.entries
@@ -113,6 +118,8 @@ class FileReport:
         cubins without any kernel section, entry symbol or other executable code:
         buildmatrix.binary.cubin.cubin_facts), since nothing in them is ever launched.
         """
+        from buildmatrix.verdict import CodeTarget, Unit
+
         groups: dict[int, list[FatbinEntry]] = {}
         for e in self.entries:
             if e.kind is not EntryKind.LTOIR:
@@ -154,8 +161,14 @@ class FileReport:
             "format": self.format,
             "sass": self.sass,
             "ptx": self.ptx,
-            "entries": [e.to_json() for e in self.entries],
+            "entries": self._entries_json,
         }
+
+    @cached_property
+    def _entries_json(self) -> list[dict[str, Any]]:
+        """The entries' JSON, made once: check --json prints each file twice (at the
+        top and under its platform), and cuFFT 12 alone has 24,454 entries."""
+        return [e.to_json() for e in self.entries]
 
 
 def _lacking(entries: list[FatbinEntry], kernels: tuple[str, ...]) -> tuple[Lacking, ...]:
@@ -164,6 +177,8 @@ def _lacking(entries: list[FatbinEntry], kernels: tuple[str, ...]) -> tuple[Lack
     them: nvcc compiles a kernel whose definition sits under ``#if __CUDA_ARCH__ >=
     900`` into the sm_90 cubin alone, and one under ``__CUDA_ARCH__ < 900`` into the
     compute_80 PTX and not the sm_90 cubin."""
+    from buildmatrix.verdict import Lacking
+
     read = [e for e in entries if e.kind is not EntryKind.LTOIR and e.kernels is not None]
     out = []
     for e in read:
