@@ -140,6 +140,7 @@ def summarise(
         else:
             summary.add(path, OTHER)
     check_end(tar)
+    summary.read()
     return summary
 
 
