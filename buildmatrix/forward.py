@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -145,8 +146,8 @@ def find_compat(
     configuration file without text fails closed where it may matter). None when
     neither path finds a compat library and LD_LIBRARY_PATH leads to no libcuda.so.1."""
     view = FolderView(
-        entries=frozenset(entries or {*regular, *symlinks}),
-        regular=frozenset(regular),
+        entries=_as_set(entries or {*regular, *symlinks}),
+        regular=_as_set(regular),
         symlinks=symlinks,
         folders=frozenset(folders) | _parents(entries or {*regular, *symlinks}),
         unreadable=frozenset(unreadable),
@@ -222,6 +223,12 @@ def _find(view: FolderView, unreadable: Collection[str]) -> CompatSetup | None:
         legacy=legacy,
         loaded=loaded,
     )
+
+
+def _as_set(paths: Collection[str]) -> AbstractSet[str]:
+    """``paths`` as a set, not copied where it is one (an image's view may hold a
+    million paths: a copy is ~32 MiB)."""
+    return paths if isinstance(paths, AbstractSet) else frozenset(paths)
 
 
 def _parents(paths: Collection[str]) -> frozenset[str]:

@@ -74,15 +74,18 @@ def _exempt(path: str, modelled: Collection[str | None]) -> bool:
     )
 
 
+def _every(view: FolderView) -> Iterator[str]:
+    """Each path of the view once, without a set of them all built (an image may hold
+    a million): its entries, then the libraries and unreadable files it does not list."""
+    yield from view.entries
+    yield from (p for p in {*view.libraries, *view.unreadable} if p not in view.entries)
+
+
 def exempt_libcuda(view: FolderView, modelled: Collection[str | None]) -> list[str]:
     """The libcudas :func:`image_libcuda` lets pass (in a compat or stubs folder):
     those the loader takes only where a configuration file names their folder
     (buildmatrix.ldsoconf)."""
-    return sorted(
-        p
-        for p in {*view.entries, *view.libraries, *view.unreadable}
-        if _libcuda(p, view) and _exempt(p, modelled)
-    )
+    return sorted(p for p in _every(view) if _libcuda(p, view) and _exempt(p, modelled))
 
 
 def image_libcuda(view: FolderView, modelled: Collection[str | None]) -> str | None:
@@ -95,11 +98,7 @@ def image_libcuda(view: FolderView, modelled: Collection[str | None]) -> str | N
             f"the image holds /{PRELOAD}, whose libraries glibc's loader maps before any "
             "other (elf/rtld.c), so the node's libcuda.so.1 may not be the one loaded"
         )
-    found = sorted(
-        p
-        for p in {*view.entries, *view.libraries, *view.unreadable}
-        if _libcuda(p, view) and not _exempt(p, modelled)
-    )
+    found = sorted(p for p in _every(view) if _libcuda(p, view) and not _exempt(p, modelled))
     if not found:
         return None
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
@@ -113,9 +112,7 @@ def image_libcuda(view: FolderView, modelled: Collection[str | None]) -> str | N
 
 
 def _libcudas(view: FolderView) -> list[str]:
-    return sorted(
-        p for p in {*view.entries, *view.libraries, *view.unreadable} if _libcuda(p, view)
-    )
+    return sorted(p for p in _every(view) if _libcuda(p, view))
 
 
 def audited_libcuda(value: str, view: FolderView) -> str | None:
@@ -152,9 +149,7 @@ def preloaded_libcuda(value: str, view: FolderView) -> str | None:
     named."""
     if not value.strip(" :"):
         return None
-    libcudas = sorted(
-        p for p in {*view.entries, *view.libraries, *view.unreadable} if _libcuda(p, view)
-    )
+    libcudas = sorted(p for p in _every(view) if _libcuda(p, view))
     for raw in re.split("[ :]", value):
         if not raw or raw == "libcuda.so.1":
             continue

@@ -15,6 +15,7 @@ The peak is the checking process's and its workers' (``os.wait4``: a child's
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -183,3 +184,63 @@ def test_member_read_from_a_raw_stream_in_short_reads_is_read_whole(most: int) -
         trickled = cast(IO[bytes], _Trickle(data[64:], most))
         assert inspect_member(trickled, len(data), path.name, head, None) == whole, path.name
     assert read >= 5  # the fixtures with device code were read
+
+
+ENTRIES = 1_000_000
+ENTRIES_BOUND = 300 * MIB  # for the whole check of such a layer: ~300 B an entry at most
+
+
+def _many_entries_layout(path: Path) -> None:
+    """An OCI layout of one gzip layer (~6 MiB) of ENTRIES empty files in 1,000
+    folders, written header by header (tarfile's writer would keep every member)."""
+    raw = io.BytesIO()
+    for i in range(ENTRIES):
+        raw.write(tarfile.TarInfo(f"d{i // 1000}/f{i}").tobuf(tarfile.USTAR_FORMAT))
+    raw.write(b"\0" * 2 * tarfile.BLOCKSIZE)
+    layer = raw.getvalue()
+    blobs = path / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data: bytes, media_type: str) -> dict[str, Any]:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
+
+    config = {
+        "os": "linux",
+        "architecture": "amd64",
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
+    }
+    oci_manifest = "application/vnd.oci.image.manifest.v1+json"
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": oci_manifest,
+        "config": put(json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json"),
+        "layers": [
+            put(gzip.compress(layer, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip")
+        ],
+    }
+    top = put(json.dumps(manifest).encode(), oci_manifest)
+    top["annotations"] = {"org.opencontainers.image.ref.name": "t"}
+    (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (path / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [top]}))
+
+
+def test_a_layer_of_a_million_entries_is_read_in_bounded_memory(tmp_path: Path) -> None:
+    """A layer of a million empty files (a ~6 MiB gzip blob): check's peak RSS stays
+    under ENTRIES_BOUND as the layer is read and its summary written to the layer
+    cache, and as it is read back from there. It peaked at 517 MiB (429 MiB without
+    the cache): the codec built the whole summary as JSON objects, the summary kept a
+    set of every path's hash for good, the run held every summary it made, and the
+    final view's lookup copied the view's paths into sets over and over."""
+    layout = tmp_path / "layout"
+    _many_entries_layout(layout)
+    cache = tmp_path / "cache"
+    argv = [sys.executable, "-m", "buildmatrix", "check", "--sm", "9.0", "--allow-empty"]
+    for run in ("read, and written to the layer cache", "read back from the cache"):
+        code, out, peak = _peak_rss([*argv, "--json", "--cache", str(cache), f"oci:{layout}:t"])
+        assert code == 0, out
+        assert json.loads(out)["files"] == []
+        assert list(cache.rglob("*.json.gz")), "the summary was not cached"
+        assert peak < ENTRIES_BOUND, f"{run}: peak RSS {peak / MIB:.0f} MiB"

@@ -524,7 +524,7 @@ def test_a_layer_member_claiming_more_than_the_layer_is_refused(
             assert r.returncode != 0, r.stdout
         result = cli("check", f"docker-archive:{archive}", "--sm", "8.0")
         assert result.code == 2, stored + result.out + result.err
-        assert "not a readable layer tar" in result.err
+        assert f"the layer ends inside the data of member '{target}'" in result.err, result.err
 
 
 # ------------------------------------------------------------- compressed archives

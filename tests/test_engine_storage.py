@@ -242,3 +242,186 @@ def test_overlay_xattrs_set_through_a_layer_are_refused(
         subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
     assert r.code == 2, r.out + r.err
     assert refused_by in r.err and "usr/lib/cuda" in r.err, r.err
+
+
+# A build whose steps write into folders earlier steps made: BuildKit (the engine's
+# builder for API "version=2") commits each step's overlay upper folder as the layer,
+# with the copy-up bookkeeping overlayfs left there; the RUN also removes a file (a
+# whiteout) and replaces a folder (rm, then mkdir: an opaque folder).
+BUILT_DOCKERFILE = """\
+FROM scratch
+COPY busybox /bin/busybox
+COPY old/ /opt/old/
+COPY libsass_sm80.so /usr/lib/cuda/libsass_sm80.so
+RUN ["/bin/busybox", "sh", "-c", "B=/bin/busybox; D=/usr/lib/cuda; \\
+$B cp $D/libsass_sm80.so $D/libcopy.so && $B rm $D/libsass_sm80.so && \\
+$B rm -r /opt/old && $B mkdir /opt/old && $B cp $D/libcopy.so /opt/old/new.so"]
+COPY libhopper_a.so /usr/lib/cuda/libhopper_a.so
+"""
+
+
+def buildkit_build(host: str, context: dict[str, bytes], tag: str) -> None:
+    """``docker build`` of ``context`` (path -> bytes, a Dockerfile among them) by the
+    engine's BuildKit: ``POST /build?version=2`` (docker api/swagger.yaml,
+    ImageBuild: "version": "2" is BuildKit), the context sent as the request's tar
+    body, which the engine serves to BuildKit itself (moby builder/builder-next
+    builder.go, ``reqBodyHandler``), so no buildx session is needed."""
+    import io
+    import tarfile
+
+    import docker
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in context.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    api: Any = docker.APIClient(base_url=host, version="1.41")
+    params = {"version": "2", "t": tag, "networkmode": "none", "rm": "1"}
+    response = api._post(
+        api._url("/build"),
+        params=params,
+        data=raw.getvalue(),
+        headers={"Content-Type": "application/x-tar"},
+        stream=True,
+    )
+    said = [json.loads(line) for line in response.iter_lines() if line]
+    errors = [m for m in said if "error" in m or "errorDetail" in m]
+    if errors or not any("Successfully tagged" in str(m.get("stream")) for m in said):
+        raise RuntimeError(f"the build of {tag} failed: {errors or said[-3:]}")
+
+
+def _overlay_xattrs_of(folder: Path) -> dict[str, set[str]]:
+    """path in the layer -> the overlay xattrs its entry carries ("" for the root)."""
+    import os
+
+    found: dict[str, set[str]] = {}
+    for entry in [folder, *sorted(folder.rglob("*"))]:
+        names = os.listxattr(entry, follow_symlinks=False)
+        overlay = {n for n in names if n.startswith("trusted.overlay.")}
+        if overlay:
+            found[str(entry.relative_to(folder)).removeprefix(".")] = overlay
+    return found
+
+
+def test_a_built_image_reads_as_the_engine_exports_it(
+    overlay2_host: str, cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image made by a real build on the overlay2 engine: its layer folders carry
+    the copy-up bookkeeping (trusted.overlay.origin on the folders the steps wrote
+    into, impure and uuid), which changes nothing a container sees, beside a real
+    whiteout and opaque folder. check reads the folders (it used to refuse the image
+    over trusted.overlay.origin); the oracle is the engine's export of a container:
+    every file of the final view, and the device code of each, as check found them."""
+    import io
+    import shutil
+    import tarfile
+
+    from buildmatrix.image.open import scan_image
+    from tests.test_layer_semantics import ENGINE_OWN
+
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("no busybox here for the build's RUN step (Debian package busybox-static)")
+    sm80, hopper = fixture("libsass_sm80.so"), fixture("libhopper_a.so")
+    context = {
+        "Dockerfile": BUILT_DOCKERFILE.encode(),
+        "busybox": Path(busybox).read_bytes(),
+        "old/a.so": sm80,
+        "old/b": b"text\n",
+        "libsass_sm80.so": sm80,
+        "libhopper_a.so": hopper,
+    }
+    tag = "bmtest/storage-built:v1"
+    docker = ["docker", "-H", overlay2_host]
+    monkeypatch.setenv("DOCKER_HOST", overlay2_host)
+    buildkit_build(overlay2_host, context, tag)
+    try:
+        data = json.loads(
+            subprocess.run(
+                [*docker, "image", "inspect", tag], check=True, capture_output=True, text=True
+            ).stdout
+        )[0]["GraphDriver"]["Data"]
+        folders = [data["UpperDir"], *data["LowerDir"].split(":")]
+        marks = [_overlay_xattrs_of(Path(f)) for f in folders]
+        view = scan_image(f"docker-daemon:{tag}")
+        r = cli("check", f"docker-daemon:{tag}", "--sm", "8.0", "--json", "--no-cache")
+        cid = subprocess.run(
+            [*docker, "create", tag, "x"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        exported = subprocess.run([*docker, "export", cid], capture_output=True, check=True)
+        subprocess.run([*docker, "rm", cid], capture_output=True, check=True)
+    finally:
+        subprocess.run([*docker, "rmi", "-f", tag], capture_output=True, check=False)
+    # the build left what the reader must tell apart, in the folders it reads
+    assert any("trusted.overlay.origin" in m.get("usr/lib/cuda", ()) for m in marks), marks
+    assert any(
+        {"trusted.overlay.uuid", "trusted.overlay.impure"} <= m.get("", set()) for m in marks
+    )
+    assert any(m.get("opt/old") == {"trusted.overlay.opaque"} for m in marks), marks
+    code = {sm80: ["sm_80"], hopper: ["sm_90a"]}
+    engine: dict[str, list[str]] = {}
+    with tarfile.open(fileobj=io.BytesIO(exported.stdout)) as tar:
+        for member in tar:
+            name = member.name.rstrip("/")
+            if member.isdir() or name in ENGINE_OWN or name.startswith(("dev/", "proc/", "sys/")):
+                continue
+            content = tar.extractfile(member)
+            engine[name] = code.get(content.read() if content else b"", [])
+    assert view.read_from is not None and view.read_from.startswith("engine storage (overlay2")
+    assert sorted(view.paths) == sorted(engine)
+    assert {f.path: f.sass for f in view.files} == {p: s for p, s in engine.items() if s}
+    assert set(engine) == {
+        "bin/busybox",
+        "opt/old/new.so",
+        "usr/lib/cuda/libcopy.so",
+        "usr/lib/cuda/libhopper_a.so",
+    }
+    assert r.code == 1 and r.json()["verdict"] == "fail", r.err  # libhopper_a: sm_90a only
+
+
+@pytest.mark.parametrize(
+    ("xattrs", "outcome"),
+    [
+        ({"trusted.overlay.origin": b"\0\xfb"}, "read"),
+        ({"trusted.overlay.impure": b"y", "trusted.overlay.origin": b"\0\xfb"}, "read"),
+        ({"trusted.overlay.uuid": b"0123456789abcdef"}, "read"),
+        ({"user.overlay.origin": b"\0\xfb", "user.overlay.impure": b"y"}, "read"),
+        ({"trusted.overlay.origin": b"\0\xfb", "trusted.overlay.opaque": b"y"}, "opaque"),
+        ({"trusted.overlay.origin": b"\0\xfb", "trusted.overlay.redirect": b"/x"}, "refused"),
+        ({"trusted.overlay.impure": b"y", "trusted.overlay.metacopy": b""}, "refused"),
+        ({"trusted.overlay.whiteout": b""}, "refused"),
+        ({"trusted.overlay.nlink": b"U+1"}, "refused"),
+        ({"trusted.overlay.overlay.origin": b"\0\xfb"}, "refused"),
+    ],
+)
+def test_only_the_copy_up_bookkeeping_is_passed_over(
+    xattrs: dict[str, bytes], outcome: str, tmp_path: Path
+) -> None:
+    """Each overlay xattr on a folder of a layer read in place: the bookkeeping a
+    copy-up leaves (origin, impure, uuid: overlayfs.rst) is passed over, an opaque
+    mark still applies beside it, and anything else (a redirect, metacopy, a whiteout
+    by xattr, an escaped name overlayfs would show as an xattr) is refused, whatever
+    bookkeeping comes with it."""
+    import os
+
+    from buildmatrix.errors import InputError
+    from buildmatrix.image.overlay2 import scan_layer_dir
+    from buildmatrix.image.tree import Dir, merge
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(b"text\n")
+    try:
+        for name, value in xattrs.items():
+            os.setxattr(tmp_path / "d", name, value, follow_symlinks=False)
+    except OSError as exc:
+        pytest.skip(f"cannot set overlay xattrs here ({exc.strerror}): needs root on ext4/xfs")
+    if outcome == "refused":
+        with pytest.raises(InputError, match="'d' carries the overlayfs xattr"):
+            scan_layer_dir(tmp_path, name="layer")
+        return
+    summary = scan_layer_dir(tmp_path, name="layer")
+    folder = summary.root.children["d"]
+    assert isinstance(folder, Dir) and folder.opaque is (outcome == "opaque")
+    assert [path for path, _ in merge([summary]).files()] == ["d/f"]

@@ -24,6 +24,39 @@ DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
 MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
+# A manifest's "layers" entries containerd applies: those its images.IsLayerType
+# (core/images/mediatypes.go) calls layers, any "application/vnd.oci.image.layer."
+# type or one of Docker's, a "+" suffix aside (containerd 1.6 to 2.x; 2.x adds
+# Docker's zstd type and EROFS layers, counted here so that no generation applies
+# what is skipped). Its unpacker (unpacker.go handlerWrapper in 1.6, core/unpack/
+# unpacker.go Unpack in 2.x, what a CRI pull runs) leaves every other entry out,
+# the OCI empty descriptor (application/vnd.oci.empty.v1+json) and artifacts, and
+# then wants one rootfs.diff_ids entry per layer left.
+OCI_LAYER_PREFIX = "application/vnd.oci.image.layer."
+DOCKER_LAYER_TYPES = frozenset(
+    {
+        "application/vnd.docker.image.rootfs.diff.tar",
+        "application/vnd.docker.image.rootfs.diff.tar.gzip",
+        "application/vnd.docker.image.rootfs.diff.tar.zstd",
+        "application/vnd.docker.image.rootfs.foreign.diff.tar",
+        "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
+        "application/vnd.erofs.layer.v1",
+    }
+)
+
+
+def is_layer_type(media_type: str) -> bool:
+    """Whether containerd applies a manifest entry of this media type as a layer."""
+    return (
+        media_type.startswith(OCI_LAYER_PREFIX) or media_type.split("+", 1)[0] in DOCKER_LAYER_TYPES
+    )
+
+
+def layer_descriptors(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The manifest's "layers" entries containerd applies, in order
+    (:func:`is_layer_type`); the rest are left out as its unpacker leaves them."""
+    entries = manifest.get("layers") or []
+    return [d for d in entries if isinstance(d, dict) and is_layer_type(str(d.get("mediaType")))]
 
 
 class VerifyingReader(io.RawIOBase):
@@ -122,12 +155,17 @@ def read_json_blob(stream: IO[bytes], *, name: str, digest: str | None) -> dict[
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def layer_diff_ids(config: dict[str, Any], *, count: int, source: str) -> list[str]:
+def layer_diff_ids(
+    config: dict[str, Any], *, count: int, source: str, left_out: int = 0
+) -> list[str]:
     """The config's ``rootfs.diff_ids``, one per layer: what the engine checks each
     layer against, and what a layer is judged as (layers.check_diff_id). An image
     without them, or with another count than its layers, is refused, as the engine
     refuses it (moby ``image/tarexport/load.go``: "layers length mismatch";
-    containerd's unpacker: "mismatched image rootfs and manifest layers")."""
+    containerd's unpacker: "number of layers and diffIDs don't match", its
+    ``Image.Unpack``: "mismatched image rootfs and manifest layers"). ``count``: the
+    manifest's layers containerd applies (:func:`layer_descriptors`), ``left_out``
+    its other entries."""
     rootfs = config.get("rootfs")
     diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
     if not isinstance(diff_ids, list) or not all(
@@ -138,8 +176,14 @@ def layer_diff_ids(config: dict[str, Any], *, count: int, source: str) -> list[s
             "engine cannot tell which layers the image is made of, so it is refused."
         )
     if len(diff_ids) != count:
+        others = (
+            f" ({left_out} entries of other media types left out, as containerd's "
+            "unpacker leaves them)"
+            if left_out
+            else ""
+        )
         raise InputError(
             f"{source}: rootfs.diff_ids names {len(diff_ids)} layers, the manifest "
-            f"{count}; the engine refuses such an image, so it is refused."
+            f"{count}{others}; the engine refuses such an image, so it is refused."
         )
     return list(diff_ids)

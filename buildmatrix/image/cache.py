@@ -61,7 +61,9 @@ from buildmatrix import package_file
 from buildmatrix.image.cache_codec import decode, encode
 from buildmatrix.image.tree import LayerSummary
 
-FORMAT = 4  # 3: entries are served only through a blob's binding; 4: loader conf text
+FORMAT = 5  # 3: entries are served only through a blob's binding; 4: loader conf text;
+# 5: an entry is JSON lines, one per layer entry (buildmatrix.image.cache_codec)
+MEMO_ENTRIES = 250_000  # the largest layer whose summary a run holds for its images
 DEFAULT_MAX_BYTES = 1 << 30
 # Package sources whose change may change a summary (paths relative to buildmatrix/).
 SCANNER_SOURCES = (
@@ -164,7 +166,8 @@ class LayerCache:
             else check_folder(folder)
         )
         # Summaries read or written in this process: images of one run that share a
-        # layer share its summary (summaries are never changed once made).
+        # layer share its summary (summaries are never changed once made). A layer of
+        # more than MEMO_ENTRIES entries is not held (:meth:`_memo`).
         self._memory: dict[str, LayerSummary] = {}
         # Local blob files whose digest a read in this process verified, as stamped.
         self._verified: set[tuple[str, Stamp]] = set()
@@ -230,8 +233,17 @@ class LayerCache:
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # type: ignore[arg-type]  # recently used
-        self._memory[digest] = summary
+        self._memo(digest, summary)
         return summary
+
+    def _memo(self, digest: str, summary: LayerSummary) -> None:
+        """Hold ``summary`` for the rest of the run, unless it is of a layer of more
+        than MEMO_ENTRIES entries: that one is let go once its image is judged (held,
+        ~90 B an entry for the whole run, it made a layer of a million empty files
+        cost ~380 MiB), and read back from the cache folder where another image of
+        the run has it (~20 s for a million entries)."""
+        if summary.entries <= MEMO_ENTRIES:
+            self._memory[digest] = summary
 
     def _read_own(self, path: Path) -> bytes | None:
         """An entry's bytes, if it is a regular file only this user could write."""
@@ -296,7 +308,7 @@ class LayerCache:
         the entry. With ``local``, ``seen`` is that file's stamp from before the read
         (kept only if the file is still so after it), recorded as the file that has
         the digest ``blob``."""
-        self._memory[digest] = summary
+        self._memo(digest, summary)
         if blob is not None and blob != digest and (digest, blob) not in self._bound:
             # A fact about the two digests, whatever becomes of the file read.
             self._bound.add((digest, blob))

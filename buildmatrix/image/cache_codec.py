@@ -1,5 +1,6 @@
 """How a layer summary is written to and read from the layer cache (buildmatrix.image.
-cache): gzip-compressed JSON behind the SHA-256 of its bytes, checked on every read.
+cache): gzip-compressed JSON lines behind the SHA-256 of their bytes, checked on every
+read.
 
 A change here changes what an entry means: the cache keys entries by a fingerprint of
 this module's source among others (``cache.fingerprint``), so an old entry is never
@@ -12,8 +13,11 @@ import base64
 import functools
 import gzip
 import hashlib
+import io
 import json
 import sys
+import zlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
@@ -26,54 +30,102 @@ from buildmatrix.binary.ldconf_file import ConfFile
 from buildmatrix.binary.report import FileReport, Links, ScanProblem
 from buildmatrix.errors import BuildmatrixError
 from buildmatrix.forward import CompatLibrary
-from buildmatrix.image.tree import WHITED_OUT, Dir, Entry, Inode, LayerSummary, Leaf
+from buildmatrix.image.tree import PLAIN_FILE, WHITED_OUT, Dir, Inode, LayerSummary, Leaf
+
+# The payload, gzip-compressed: a first line {"digest": ...}, then one JSON array a
+# line per entry of the layer tree, each folder before its entries, an entry naming
+# its folder by the number of that folder's line among the folders (the root: 0):
+#   ["d", folder, name, opaque]        a folder
+#   ["f", folder, name]                a plain file (no device code read)
+#   ["l", folder, name, kind, target, result]   any other leaf
+#   ["w", folder, name]                a whiteout
+# Written and read line by line, a layer of a million entries never becomes a
+# million JSON objects at once (a document of nested objects held ~250 B an entry
+# twice over, as it was built and as it was parsed), and no folder depth is too deep.
+_CHUNK = 1 << 16
 
 
 def encode(digest: str, summary: LayerSummary) -> bytes:
     """An entry's bytes: the SHA-256 of the payload, a newline, the payload."""
-    payload = gzip.compress(
-        json.dumps({"digest": digest, "root": _dump_dir(summary.root)}).encode(), mtime=0
-    )
+    pack = zlib.compressobj(9, zlib.DEFLATED, 31)  # a gzip stream, as gzip.compress
+    parts: list[bytes] = []
+    pending: list[str] = [json.dumps({"digest": digest, "opaque": summary.root.opaque}), "\n"]
+    size = 0
+    for line in _lines(summary.root):
+        pending.append(line)
+        size += len(line)
+        if size >= _CHUNK:
+            parts.append(pack.compress("".join(pending).encode()))
+            pending, size = [], 0
+    parts.append(pack.compress("".join(pending).encode()))
+    parts.append(pack.flush())
+    payload = b"".join(parts)
     return hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def _lines(root: Dir) -> Iterator[str]:
+    """The entry lines of a tree, folders numbered as their lines come."""
+    plain = PLAIN_FILE.inode
+    numbered = 0
+    stack: list[tuple[int, Dir]] = [(0, root)]
+    while stack:
+        at, folder = stack.pop()
+        for name, entry in folder.children.items():
+            key = json.dumps(name)
+            if entry is WHITED_OUT:
+                yield f'["w", {at}, {key}]\n'
+            elif isinstance(entry, Dir):
+                numbered += 1
+                yield f'["d", {at}, {key}, {"true" if entry.opaque else "false"}]\n'
+                stack.append((numbered, entry))
+            else:
+                assert isinstance(entry, Leaf)
+                inode = entry.inode
+                if inode == plain:
+                    yield f'["f", {at}, {key}]\n'
+                else:
+                    rest = json.dumps([inode.kind, inode.target, _dump_result(inode.result)])
+                    yield f'["l", {at}, {key}, {rest[1:]}\n'
 
 
 def decode(data: bytes, digest: str) -> LayerSummary | None:
     """The summary an entry holds; None when it is damaged or names another digest."""
-    return _verified(data, digest)
-
-
-def _verified(data: bytes, digest: str) -> LayerSummary | None:
     checksum, _, payload = data.partition(b"\n")
     if hashlib.sha256(payload).hexdigest().encode() != checksum:
         return None
     try:
-        doc = json.loads(gzip.decompress(payload))
-        if doc.get("digest") != digest:
-            return None
-        summary = LayerSummary(name=digest)
-        summary.root = _load_dir(doc["root"])
+        with gzip.GzipFile(fileobj=io.BytesIO(payload)) as lines:
+            head = json.loads(lines.readline())
+            if not isinstance(head, dict) or head.get("digest") != digest:
+                return None
+            summary = LayerSummary(name=digest)
+            summary.root, summary.entries = _load(lines, opaque=bool(head["opaque"]))
     except (OSError, ValueError, KeyError, TypeError, EOFError, InvalidVersion, BuildmatrixError):
-        return None
-    except RecursionError:  # folders nested deeper than this call can follow: read it
         return None
     return summary
 
 
-def _dump_dir(folder: Dir) -> dict[str, Any]:
-    return {
-        "opaque": folder.opaque,
-        "children": {name: _dump_entry(entry) for name, entry in folder.children.items()},
-    }
-
-
-def _dump_entry(entry: Entry) -> Any:
-    if entry is WHITED_OUT:
-        return {"whiteout": True}
-    if isinstance(entry, Dir):
-        return {"dir": _dump_dir(entry)}
-    assert isinstance(entry, Leaf)
-    inode = entry.inode
-    return {"kind": inode.kind, "target": inode.target, "result": _dump_result(inode.result)}
+def _load(lines: Iterable[bytes], *, opaque: bool) -> tuple[Dir, int]:
+    """The tree the entry lines make, and how many entries it holds."""
+    root = Dir(opaque=opaque)
+    folders = [root]
+    count = 0
+    for line in lines:
+        count += 1
+        kind, at, name, *rest = json.loads(line)
+        children = folders[at].children
+        if kind == "d":
+            folder = children[name] = Dir(opaque=bool(rest[0]))
+            folders.append(folder)
+        elif kind == "f":
+            children[name] = PLAIN_FILE
+        elif kind == "w":
+            children[name] = WHITED_OUT
+        elif kind == "l":
+            children[name] = Leaf(Inode(rest[0], rest[1], _load_result(rest[2])))
+        else:
+            raise ValueError(f"an entry of kind {kind!r}")
+    return root, count
 
 
 def _dump_result(result: Any) -> Any:
@@ -168,21 +220,6 @@ def _dump_fatbin_entry(e: FatbinEntry) -> dict[str, Any]:
         "toolkit": str(e.toolkit) if e.toolkit is not None else None,
         "embedded": e.embedded,
     }
-
-
-def _load_dir(doc: dict[str, Any]) -> Dir:
-    folder = Dir(opaque=bool(doc["opaque"]))
-    for name, entry in doc["children"].items():
-        folder.children[name] = _load_entry(entry)
-    return folder
-
-
-def _load_entry(doc: dict[str, Any]) -> Entry:
-    if doc.get("whiteout"):
-        return WHITED_OUT
-    if "dir" in doc:
-        return _load_dir(doc["dir"])
-    return Leaf(Inode(doc["kind"], doc["target"], _load_result(doc["result"])))
 
 
 def _load_result(doc: Any) -> Any:

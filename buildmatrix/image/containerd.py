@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from buildmatrix.errors import EnvironmentUnavailable, InputError
-from buildmatrix.image.blobs import check_manifest, is_index, layer_diff_ids, read_json_blob
+from buildmatrix.image.blobs import (
+    check_manifest,
+    is_index,
+    layer_descriptors,
+    layer_diff_ids,
+    read_json_blob,
+)
 from buildmatrix.image.bolt import BoltBusy, BoltError, Bucket, read_consistent
 from buildmatrix.image.containerd_store import DEFAULT_NAMESPACE, Store
 from buildmatrix.image.layer_scan import finish, scan_blobs
@@ -309,8 +315,13 @@ def scan_containerd(
     config = ImageConfig.from_json(
         config_doc, image_id=config_desc.get("digest"), source=f"{name} image config"
     )
-    descs = doc.get("layers") or []
-    diff_ids = layer_diff_ids(config_doc, count=len(descs), source=f"{name} image config")
+    descs = layer_descriptors(doc)
+    diff_ids = layer_diff_ids(
+        config_doc,
+        count=len(descs),
+        source=f"{name} image config",
+        left_out=len(doc.get("layers") or []) - len(descs),
+    )
     blobs = []
     for i, (layer, diff_id) in enumerate(zip(descs, diff_ids, strict=True)):
         digest = str(layer.get("digest", ""))

@@ -30,6 +30,7 @@ from buildmatrix.image.blobs import (
     MAX_JSON,
     check_manifest,
     is_index,
+    layer_descriptors,
     layer_diff_ids,
     read_json_blob,
 )
@@ -284,8 +285,13 @@ class _IndexView:
         config = ImageConfig.from_json(
             config_doc, image_id=config_desc.get("digest"), source=source
         )
-        descs = picked.manifest.get("layers") or []
-        diff_ids = layer_diff_ids(config_doc, count=len(descs), source=source)
+        descs = layer_descriptors(picked.manifest)
+        diff_ids = layer_diff_ids(
+            config_doc,
+            count=len(descs),
+            source=source,
+            left_out=len(picked.manifest.get("layers") or []) - len(descs),
+        )
         blobs = []
         for i, (layer, diff_id) in enumerate(zip(descs, diff_ids, strict=True)):
             digest = str(layer.get("digest", ""))

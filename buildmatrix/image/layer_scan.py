@@ -4,6 +4,8 @@ collected into a :class:`~buildmatrix.image.scanned.ScannedImage` (:func:`finish
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import replace
@@ -138,13 +140,17 @@ def _key(blob: LayerBlob) -> str:
 def finish(
     *, ref: str, digest: str | None, config: ImageConfig, layers: list[LayerSummary]
 ) -> ScannedImage:
-    """Merge layer summaries and collect the final view's device code."""
+    """Merge layer summaries and collect the final view's device code. ``layers`` is
+    emptied once merged: a summary no one else holds (buildmatrix.image.cache keeps
+    those of small layers for the run) is let go before the view is judged."""
+    count = len(layers)
     tree: ImageTree = merge(layers)
+    layers.clear()
     files: list[FileReport] = []
     problems: list[str] = []
     paths: list[str] = []
     symlinks: dict[str, str] = {}
-    regular: list[str] = []  # hard links included: the toolkit sees regular files
+    irregular: list[str] = []  # symlinks and others: the view's regular files are the rest
     unreadable: list[str] = []
     compat_libraries: dict[str, CompatLibrary] = {}
     confs: dict[str, ConfFile] = {}  # the loader's configuration (ldconf_file)
@@ -159,8 +165,8 @@ def finish(
             result = result.inner
         if node.kind == "symlink":
             symlinks[path] = node.target
-        elif node.kind == "file":
-            regular.append(path)
+        if node.kind != "file":  # hard links included: the toolkit sees regular files
+            irregular.append(path)
         if isinstance(result, FileReport):
             files.append(_at(result, path))
             if result.links is not None:
@@ -181,14 +187,17 @@ def finish(
         elif isinstance(result, ScanProblem):
             problems.append(problem_line(path, result.message))
             unreadable.append(path)
+    folders = list(tree.folders())
+    del tree  # the merged tree's folders (~40 B an entry): only the lists are used now
+    entries = frozenset(paths)
     lookup = partial(
         find_compat,
         compat_libraries,
-        regular,
+        Without(entries, frozenset(irregular)),
         symlinks,
         unreadable,
-        entries=paths,
-        folders=list(tree.folders()),
+        entries=entries,
+        folders=folders,
         library_path=config.env.get("LD_LIBRARY_PATH", ""),
         ld_preload=config.env.get("LD_PRELOAD", ""),
         ld_audit=config.env.get("LD_AUDIT", ""),
@@ -208,7 +217,7 @@ def finish(
         files=files,
         problems=problems,
         paths=paths,
-        layers=len(layers),
+        layers=count,
         symlinks=symlinks,
         compat=compat,
         searches=searches,
@@ -216,6 +225,24 @@ def finish(
         links=links,
         runtimes=tuple(runtimes),
     )
+
+
+class Without(AbstractSet[str]):
+    """The paths of ``whole`` but those of ``but``, as a set that holds no copy of
+    them: the regular files of a view of a million entries, ~32 MiB as a set."""
+
+    def __init__(self, whole: AbstractSet[str], but: AbstractSet[str]) -> None:
+        self._whole, self._but = whole, but
+        self._len = len(whole) - len(but & whole)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._whole and item not in self._but
+
+    def __iter__(self) -> Iterator[str]:
+        return (p for p in self._whole if p not in self._but)
+
+    def __len__(self) -> int:
+        return self._len
 
 
 def problem_line(path: str, message: str) -> str:

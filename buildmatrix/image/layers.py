@@ -22,10 +22,12 @@ from buildmatrix.binary.scan import read_head, worth_reading
 from buildmatrix.errors import InputError
 from buildmatrix.image.paxheaders import TarHeaderError
 from buildmatrix.image.spool import inspect_member
+from buildmatrix.image.tarheaders import TruncatedTar
 from buildmatrix.image.tarstream import (
     CONTAINERD,
     DiffIdMismatch,
     check_end,
+    ends_after,
     member_data,
     open_tar_stream,
     tar_digest,
@@ -138,6 +140,7 @@ def summarise(
         else:
             summary.add(path, OTHER)
     check_end(tar)
+    summary.read()
     return summary
 
 
@@ -147,6 +150,13 @@ def read_as_layer(name: str) -> Iterator[None]:
     the layer."""
     try:
         yield
+    except TruncatedTar as exc:
+        raise InputError(
+            f"{name}: {exc}. Go's archive/tar, which the Docker engine and containerd "
+            'unpack layers with, stops there with "unexpected EOF", so no runtime '
+            "unpacks this layer: the blob is truncated, and the image is refused. "
+            "Nothing was checked."
+        ) from None
     except TarHeaderError as exc:
         raise InputError(
             f"{name}: {exc}; tar readers (Python's, and Go's that Docker and containerd "
@@ -193,8 +203,14 @@ def forward_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     pending = [] if tar.firstmember is not None else list(members)  # type: ignore[attr-defined]
     members.clear()
     yield from pending
-    while (member := tar.next()) is not None:
+    last = pending[-1] if pending else None
+    # Where the stream ends after a member is judged as Go's reader judges it
+    # (tarstream.ends_after) before tarfile's next() reads on.
+    while not (last is not None and ends_after(tar, last)):
+        if (member := tar.next()) is None:
+            return
         members.clear()
+        last = member
         yield member
 
 

@@ -15,7 +15,13 @@ from buildmatrix.binary.report import FileReport, Links, ScanProblem
 from buildmatrix.binary.scan import inspect_file, scan_tree
 from buildmatrix.errors import InputError
 from buildmatrix.forward import CompatLibrary, compat_code, find_compat
-from buildmatrix.image.blobs import check_manifest, is_index, layer_diff_ids, read_json_blob
+from buildmatrix.image.blobs import (
+    check_manifest,
+    is_index,
+    layer_descriptors,
+    layer_diff_ids,
+    read_json_blob,
+)
 from buildmatrix.image.gokeys import check_keys
 from buildmatrix.image.layer_scan import finish, problem_line, scan_blobs
 from buildmatrix.image.manifests import choose, memo
@@ -92,8 +98,13 @@ def scan_oci_layout(
         image_id=config_desc.get("digest"),
         source=f"{name} image config",
     )
-    descs = doc.get("layers") or []
-    diff_ids = layer_diff_ids(config_doc, count=len(descs), source=f"{name} image config")
+    descs = layer_descriptors(doc)
+    diff_ids = layer_diff_ids(
+        config_doc,
+        count=len(descs),
+        source=f"{name} image config",
+        left_out=len(doc.get("layers") or []) - len(descs),
+    )
     blobs = []
     for i, (layer, diff_id) in enumerate(zip(descs, diff_ids, strict=True)):
         digest = str(layer.get("digest", ""))

@@ -21,10 +21,24 @@ from buildmatrix.image.workers import run_all
 # is modelled; a redirect or metacopy makes the container see what the folder does
 # not hold, so it is refused, never read past; a user.overlay.opaque folder is left
 # to the engine's export (the layer's own tar), whose meaning does not depend on
-# the mount. Any other overlay xattr is refused.
+# the mount. Any other overlay xattr is refused, except the bookkeeping below.
 _OPAQUE = "trusted.overlay.opaque"
 _MOUNT_DEPENDENT = "user.overlay.opaque"
 _OVERLAY = ("trusted.overlay.", "user.overlay.")
+# Bookkeeping overlayfs writes itself when a build step (BuildKit's COPY or RUN on
+# the overlay2 engine, whose upper folder becomes the layer) writes into a folder an
+# earlier layer made, none of which changes the names or contents a container sees
+# (overlayfs.rst): "origin", the file handle of the lower inode stored "on every
+# copy_up" ("Changes to underlying filesystems"; only the "index" and "nfs_export"
+# features verify it, and moby's overlay2 driver mounts with "index=off":
+# daemon/graphdriver/overlay2/overlay.go, Init); "uuid", the overlay's own fsid
+# ("UUID and fsid"); "impure", a folder that holds copied-up entries, read only to
+# keep readdir's d_ino consistent (fs/overlayfs/overlayfs.h, OVL_IMPURE: "Pure
+# upper dir that may contain non pure upper entries"; fs/overlayfs/readdir.c).
+# Under user.* they mean the same on a userxattr mount and nothing on any other.
+_BOOKKEEPING = frozenset(
+    f"{prefix}{name}" for prefix in _OVERLAY for name in ("origin", "uuid", "impure")
+)
 
 
 class UnreadableLayer(EnvironmentUnavailable):
@@ -72,11 +86,13 @@ def scan_layer_dir(root: Path, *, name: str) -> LayerSummary:
 
 def _overlay_xattrs(full: str, *, name: str, path: str) -> bool:
     """Whether the entry is an opaque folder; refuses redirects, metacopy and other
-    overlay xattrs (InputError), leaves mount-dependent ones to the export."""
+    overlay xattrs (InputError), leaves mount-dependent ones to the export, and
+    passes over the bookkeeping of a copy-up."""
     try:
         found = [a for a in os.listxattr(full, follow_symlinks=False) if a.startswith(_OVERLAY)]
     except OSError:
         return False  # a file system without xattrs: overlayfs sees none either
+    found = [a for a in found if a not in _BOOKKEEPING]
     if not found:
         return False
     if set(found) - {_OPAQUE, _MOUNT_DEPENDENT}:  # refused before any fallback

@@ -28,6 +28,7 @@ from buildmatrix.image.blobs import (
     MAX_JSON,
     check_manifest,
     is_index,
+    layer_descriptors,
     layer_diff_ids,
     read_json_blob,
 )
@@ -318,8 +319,12 @@ def scan_registry(
         image_id=config_digest,
         source=f"{ref.host}/{ref.repository} image config",
     )
+    descs = layer_descriptors(doc)
     diff_ids = layer_diff_ids(
-        config_doc, count=len(doc["layers"]), source=f"{ref.host}/{ref.repository} image config"
+        config_doc,
+        count=len(descs),
+        source=f"{ref.host}/{ref.repository} image config",
+        left_out=len(doc["layers"] or []) - len(descs),
     )
     blobs = [
         LayerBlob(
@@ -328,7 +333,7 @@ def scan_registry(
             digest=str(layer["digest"]),
             diff_id=diff_id,
         )
-        for i, (layer, diff_id) in enumerate(zip(doc["layers"], diff_ids, strict=True))
+        for i, (layer, diff_id) in enumerate(zip(descs, diff_ids, strict=True))
     ]
     layers = scan_blobs(blobs, progress, keep=keep)
     image = finish(ref=ref.given, digest=digest, config=config, layers=layers)

@@ -57,14 +57,55 @@ _USTAR, _GNU, _V7 = b"ustar\x0000", b"ustar  \x00", b"\0" * 8
 _TYPES = frozenset(b"\x0001234567xgLK")  # "g" and "7": refused with the member named
 
 
+class TruncatedTar(TarHeaderError):
+    """A tar stream that ends inside a header block, a member's data or the
+    end-of-archive marker: where Go's archive/tar stops with "unexpected EOF"
+    (``reader.go``: ``readHeader`` by ``io.ReadFull``, a member's data by
+    ``regFileReader.Read`` and ``discard``). The message names the member."""
+
+
+class _StreamEnd(Exception):
+    """The stream ends where Go's reader ends the archive without an error: at a
+    header block's boundary, or in the padding after a member's data (``Reader.next``
+    reads the padding with ``tryReadFull``, which returns ``io.EOF`` when no byte
+    of it is there, and so does ``readHeader`` where no byte of the next header is);
+    an extension header (PAX ``x``, GNU ``L``/``K``) then describes nothing."""
+
+
 class StrictTarInfo(ExtendedTarInfo):
     """tarfile's TarInfo, but every header block is first checked strictly, and each
     member with the extension headers that precede it (:meth:`_proc_member`, the
-    hook tarfile's source names for subclasses)."""
+    hook tarfile's source names for subclasses). Where the stream ends is judged as
+    Go's reader judges it (:class:`TruncatedTar`, :class:`_StreamEnd`)."""
+
+    @classmethod
+    def fromtarfile(cls, tarfile: Any) -> Self | None:  # type: ignore[override]
+        """tarfile's ``TarInfo.fromtarfile``; None (the end of the archive, which
+        tarfile's ``TarFile.next`` takes None for) where the stream ends where Go's
+        reader ends the archive: an empty stream too, which tarfile calls an
+        "empty file". Nested calls (the member after an extension header) pass the
+        end on to the outermost."""
+        try:
+            return super().fromtarfile(tarfile)
+        except _StreamEnd:
+            if isinstance(tarfile.fileobj, Recorder):
+                raise
+            return None
 
     @classmethod
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
-        if not buf or buf.count(0) == len(buf):  # empty and all-zero blocks: tarfile's ends
+        if not buf:  # no byte of a header: Go's io.EOF, the end of the archive
+            raise _StreamEnd
+        if len(buf) < tarfile.BLOCKSIZE:  # tarfile's "truncated header": an end for it
+            what = (
+                "its end-of-archive marker"
+                if buf.count(0) == len(buf)
+                else f"the header of member '{header_name(bytes(buf))}'"
+            )
+            raise TruncatedTar(
+                f"the layer ends inside {what} ({len(buf)} of {tarfile.BLOCKSIZE} bytes)"
+            )
+        if buf.count(0) == len(buf):  # an all-zero block: tarfile's end
             return super().frombuf(buf, encoding, errors)
         numbers = check_header(bytes(buf))
         if numbers is not None and buf[156] in _PLAIN:
@@ -119,11 +160,26 @@ class StrictTarInfo(ExtendedTarInfo):
         try:
             member = super()._proc_member(tarfile)  # type: ignore[misc]
         except (ValueError, UnicodeError) as exc:  # tarfile's own parse of the records
+            self._check_data(recorder)
             raise TarHeaderError(f"an extension header cannot be read ({exc})") from None
+        except (_StreamEnd, _HEADER_ERROR):
+            self._check_data(recorder)
+            raise
         finally:
             tarfile.fileobj = recorder.inner
         check_member(member, self.type, self.size, recorder.reads)
         return member
+
+    def _check_data(self, recorder: Recorder) -> None:
+        """Raise :class:`TruncatedTar` where an extension header's data was cut
+        short (its first read, tarfile's ``_proc_pax`` and ``_proc_gnulong``)."""
+        got = len(recorder.reads[0]) if recorder.reads else 0
+        if got < self.size:
+            kind = "PAX extended header" if self.type == b"x" else "GNU long name header"
+            raise TruncatedTar(
+                f"the layer ends inside the data of the {kind} '{self.name}' (its header "
+                f"claims {self.size} bytes, {got} follow)"
+            )
 
 
 # Extension headers: they describe the member that follows. Go's reader reads at
@@ -131,6 +187,7 @@ class StrictTarInfo(ExtendedTarInfo):
 EXTENSIONS = (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 MAX_SPECIAL = 1 << 20
 REFUSED = (tarfile.XGLTYPE, tarfile.CONTTYPE)  # see buildmatrix.image.paxheaders
+_HEADER_ERROR = tarfile.HeaderError  # (the module, where a parameter takes its name)
 
 
 class Recorder:

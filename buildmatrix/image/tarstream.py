@@ -10,7 +10,7 @@ from typing import IO, Any, cast
 from buildmatrix.errors import InputError
 from buildmatrix.image.digests import BesideHasher
 from buildmatrix.image.paxheaders import TarHeaderError
-from buildmatrix.image.tarheaders import StrictTarInfo
+from buildmatrix.image.tarheaders import StrictTarInfo, TruncatedTar
 
 # Tar streams are read with tarfile's seekable reader over a forward-only stream
 # (ForwardReader): headers come from a buffer of this size, file data is read straight
@@ -103,7 +103,14 @@ def open_tar_stream(
     if kind == "zstd":
         import zstandard
 
-        reader = zstandard.ZstdDecompressor().stream_reader(buffered, read_size=CHUNK)
+        from buildmatrix.image.zstdframes import WalkedReader
+
+        # Frames one after another, as containerd's zstd reader reads them; a stream
+        # cut inside a frame raises (python-zstandard's reader would end quietly).
+        walked = io.BufferedReader(WalkedReader(buffered), buffer_size=CHUNK)
+        reader = zstandard.ZstdDecompressor().stream_reader(
+            walked, read_size=CHUNK, read_across_frames=True
+        )
         return _open(reader, hasher)
     if kind == "bzip2":  # streams one after another, as Go's compress/bzip2 reads them
         import bz2
@@ -158,16 +165,17 @@ def member_data(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
             raise tarfile.ReadError(f"{member.name}: no data")
         return data
     stream = cast(IO[bytes], tar.fileobj)
-    return cast(IO[bytes], _MemberData(stream, member.offset_data, member.size))
+    return cast(IO[bytes], _MemberData(stream, member))
 
 
 class _MemberData(io.RawIOBase):
     """A regular member's bytes, read straight from the tar's stream into the
     caller's buffer (tarfile's own member reader copies every read twice)."""
 
-    def __init__(self, stream: IO[bytes], offset: int, size: int) -> None:
+    def __init__(self, stream: IO[bytes], member: tarfile.TarInfo) -> None:
         super().__init__()
-        self._stream, self._offset, self._size, self._pos = stream, offset, size, 0
+        self._stream, self._member, self._pos = stream, member, 0
+        self._offset, self._size = member.offset_data, member.size
 
     def readable(self) -> bool:
         return True
@@ -179,7 +187,7 @@ class _MemberData(io.RawIOBase):
         self._stream.seek(self._offset + self._pos)  # where the tar reader left it
         got = self._stream.readinto(memoryview(buffer)[:n])  # type: ignore[attr-defined]
         if not got:
-            raise tarfile.ReadError("unexpected end of data")
+            raise TruncatedTar(data_cut(self._member))
         self._pos += got
         return int(got)
 
@@ -259,7 +267,40 @@ class ForwardReader(io.RawIOBase):
 def check_end(tar: tarfile.TarFile) -> None:
     """After the first zero block, Go's reader wants a second one (or the end of the
     stream); Python's stops at the first. A header there would be read by neither
-    the same way, so anything but zeros is refused."""
+    the same way, so anything but zeros is refused, and so is a second block cut
+    short (Go: ``io.ReadFull``, "unexpected EOF")."""
     rest = tar.fileobj.read(tarfile.BLOCKSIZE) if tar.fileobj is not None else b""
-    if rest and (len(rest) != tarfile.BLOCKSIZE or any(rest)):
+    if rest and any(rest):
         raise TarHeaderError("data follows a single end-of-archive block")
+    if rest and len(rest) != tarfile.BLOCKSIZE:
+        raise TruncatedTar(
+            f"the layer ends inside its end-of-archive marker (the second block has "
+            f"{len(rest)} of {tarfile.BLOCKSIZE} bytes)"
+        )
+
+
+def ends_after(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bool:
+    """Before the header after ``member``: raise :class:`TruncatedTar` where the
+    stream ends inside the member's data; True where it ends in the padding after
+    it, where Go's reader ends the archive without an error (``Reader.next``:
+    ``tryReadFull`` of the padding returns ``io.EOF``), and tarfile's ``next``
+    would fail ("unexpected end of data"); else False. Header-only types (links,
+    folders, devices) have no data in either reader, whatever their size field."""
+    start, size = getattr(member, "stored", (member.offset_data, member.size))
+    data_end = min(start + size, tar.offset)  # tar.offset: where the next header is
+    stream = cast(IO[bytes], tar.fileobj)
+    if data_end > start and stream.tell() < data_end:  # not read to its end already
+        stream.seek(data_end - 1)
+        if not stream.read(1):
+            raise TruncatedTar(data_cut(member))
+    if tar.offset > max(data_end, stream.tell()):
+        stream.seek(tar.offset - 1)
+        return not stream.read(1)
+    return False
+
+
+def data_cut(member: tarfile.TarInfo) -> str:
+    return (
+        f"the layer ends inside the data of member '{member.name}' (its header claims "
+        f"{member.size} bytes)"
+    )

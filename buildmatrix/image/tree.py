@@ -26,6 +26,7 @@ buildmatrix.image.overlay2 (the engine's layer folders).
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -90,15 +91,55 @@ Entry = Dir | Leaf | _Whiteout
 """What a name of a layer tree holds: a folder, a leaf, or the whiteout mark."""
 
 
+class _Hashes:
+    """A set of 64-bit hashes in a table of machine words, at most half full (linear
+    probing; 0 marks a free slot): 16 to 32 B a hash, where a set of them held an int
+    object and a (hash, pointer) slot each, ~100 B, and a layer of a million entries
+    peaked with it at 275 MiB."""
+
+    def __init__(self) -> None:
+        self._slots = array("q", [0]) * 1024
+        self._used = 0
+
+    def __len__(self) -> int:
+        return self._used
+
+    def add(self, key: int) -> bool:
+        """Put ``key`` in; False where it was in already."""
+        key = key or 1
+        slots = self._slots
+        mask = len(slots) - 1
+        at = key & mask
+        while (held := slots[at]) != 0:
+            if held == key:
+                return False
+            at = (at + 1) & mask
+        slots[at] = key
+        self._used += 1
+        if self._used * 2 > len(slots):
+            old, self._slots, self._used = slots, array("q", [0]) * (2 * len(slots)), 0
+            for held in old:
+                if held:
+                    self.add(held)
+        return True
+
+
 class LayerSummary:
     """One layer as its entries make it when extracted into an empty folder."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.root = Dir()
-        # Paths claimed so far, by their str hash (SipHash, keyed per process: PEP 456):
-        # a third of the memory of the strings. A collision could only refuse a layer.
-        self._names: set[int] = set()
+        # Paths claimed so far, by their str hash (SipHash, keyed per process: PEP 456).
+        # A collision could only refuse a layer.
+        self._names = _Hashes()
+        self.entries = 0  # how many the layer held, once read (buildmatrix.image.cache)
+
+    def read(self) -> None:
+        """The whole layer is in: its entries are counted and the claimed paths let go
+        (held otherwise as long as the summary)."""
+        self.entries = len(self._names)
+        self._names = _Hashes()
 
     def _refuse(self, why: str) -> NoReturn:
         raise InputError(
@@ -108,10 +149,8 @@ class LayerSummary:
 
     def claim(self, path: str) -> None:
         """Each path once per layer: the engine refuses duplicates."""
-        key = hash(path)
-        if key in self._names:
+        if not self._names.add(hash(path)):
             self._refuse(f"'{path}' appears twice in the layer")
-        self._names.add(key)
 
     def _folder(self, parts: list[str], *, create: bool, what: str) -> Dir:
         """The folder ``parts`` name, following this layer's symlinks inside its root.

@@ -2,9 +2,10 @@
 // the Docker engine, containerd and `docker load` unpack layers with. The tests
 // (tests/test_go_tar.py) hold buildmatrix's tar reading to this view.
 //
-// Usage: gotar FILE. One JSON object per line: a member (name, type, size,
+// Usage: gotar FILE... One JSON object per line: a member (name, type, size,
 // linkname, xattrs, pax, sha256 of its data as Read returns it, sparse holes
-// expanded), or {"error": ...} where Next or Read fails; nothing follows an error.
+// expanded), or {"error": ...} where Next or Read fails; nothing of that file
+// follows an error. With several files, {"file": FILE} follows each file's lines.
 package main
 
 import (
@@ -28,12 +29,21 @@ type member struct {
 }
 
 func main() {
-	f, err := os.Open(os.Args[1])
+	out := json.NewEncoder(os.Stdout)
+	for _, name := range os.Args[1:] {
+		read(name, out)
+		if len(os.Args) > 2 {
+			_ = out.Encode(map[string]string{"file": name})
+		}
+	}
+}
+
+func read(name string, out *json.Encoder) {
+	f, err := os.Open(name)
 	if err != nil {
 		panic(err)
 	}
 	defer f.Close()
-	out := json.NewEncoder(os.Stdout)
 	tr := tar.NewReader(f)
 	for {
 		hdr, err := tr.Next()
