@@ -331,3 +331,28 @@ def test_a_driver_off_the_promise_or_none_at_all_is_bad_input(
     assert r.code == 2 and "--driver POOL=VERSION" in r.err
     r = cli(*base, "--driver", "nosuchpool=580.65.06")
     assert r.code == 2 and "no pool 'nosuchpool'" in r.err
+
+
+@pytest.mark.parametrize(
+    "key", [TAINT_KEY, "startup-taint.cluster-autoscaler.kubernetes.io/buildmatrix-unverified"]
+)
+def test_the_templates_carry_the_taint_key(cli: CliRunner, key: str) -> None:
+    """--taint-key, as smoke and k8s manifests take it: Karpenter's startup taint and
+    cluster-autoscaler's taint tag follow it; the note asks for --startup-taint only
+    where the key lacks the prefix managed autoscalers honour without flags."""
+    pools = POOLS_FILES["examples"]
+    karpenter = ("--provisioner", "karpenter", "--taint-key", key)
+    for nodepool in _render(cli, pools, "580.65.06", *karpenter):
+        assert nodepool["spec"]["template"]["spec"]["startupTaints"] == [
+            {"key": key, "effect": "NoSchedule"}
+        ]
+    drivers = [f"--driver={p}=580.65.06" for p in POOLS]
+    r = cli("k8s", "nodepools", "--pools", str(pools), *drivers, "--taint-key", key,
+            "--provisioner", "cluster-autoscaler", "--format", "json")  # fmt: skip
+    assert r.code == 0, r.err
+    for group in r.json()["nodeGroups"]:
+        assert group["tags"][CA_TAINT_TAG + key] == ":NoSchedule"
+        assert not any(
+            k.startswith(CA_TAINT_TAG) and k != CA_TAINT_TAG + key for k in group["tags"]
+        )
+    assert ("--startup-taint=" in r.err) is (key == TAINT_KEY)

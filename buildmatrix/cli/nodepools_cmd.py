@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from buildmatrix.cli._common import Command, dump_manifests, load, profiles_option
+from buildmatrix.cli._common import (
+    Command,
+    dump_manifests,
+    load,
+    profiles_option,
+    taint_key_option,
+)
 from buildmatrix.errors import InputError
 
 if TYPE_CHECKING:
@@ -70,6 +76,7 @@ def _drivers(pools: Pools, given: dict[str, DriverVersion]) -> dict[str, DriverV
     "--replace-after (delete its own node's NodeClaim while never initialized), with the "
     "ValidatingAdmissionPolicy that bounds them (docs/kubernetes.md, 'A failing new node').",
 )
+@taint_key_option
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml")
 @profiles_option
 def nodepools(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -78,6 +85,7 @@ def nodepools(  # noqa: PLR0917 - one parameter per option, as click passes them
     provisioner: str,
     node_class: str,
     agent_namespace: str | None,
+    taint_key: str,
     fmt: str,
     profiles_dir: str | None,
 ) -> int:
@@ -89,12 +97,11 @@ def nodepools(  # noqa: PLR0917 - one parameter per option, as click passes them
     smoke's own code, so that a Pod carrying affinity's terms can scale an empty pool
     up. Models whose labels agree share one template.
     """
-    import json
-
     from buildmatrix.cli.drivers_cmd import parse_proposals, proposal_items
     from buildmatrix.cuda import load_cuda_facts
     from buildmatrix.node.nodepools import (
         AWS_GPU_NAMES,
+        CA_STARTUP_PREFIX,
         karpenter_nodepools,
         node_group_tags,
         templates,
@@ -134,7 +141,9 @@ def nodepools(  # noqa: PLR0917 - one parameter per option, as click passes them
             "(--scale-down-unready-time): leave it out with --provisioner cluster-autoscaler."
         )
     if karpenter:
-        objects = karpenter_nodepools(found, AWS_GPU_NAMES, node_class=node_class)
+        objects = karpenter_nodepools(
+            found, AWS_GPU_NAMES, node_class=node_class, taint_key=taint_key
+        )
         if agent_namespace is not None:
             from buildmatrix.k8s import is_dns_label
             from buildmatrix.k8s_repair import repair_objects
@@ -147,15 +156,14 @@ def nodepools(  # noqa: PLR0917 - one parameter per option, as click passes them
                 )
 
             objects += repair_objects(namespace=agent_namespace)
-        if fmt == "json":
-            items = {"apiVersion": "v1", "kind": "List", "items": objects}
-            click.echo(json.dumps(items, indent=2))
-        else:
-            click.echo(dump_manifests(objects, "yaml"), nl=False)
+        click.echo(dump_manifests(objects, fmt), nl=False)
         return 0
-    click.echo(
-        "note: run cluster-autoscaler with --startup-taint=buildmatrix.io/unverified", err=True
-    )
-    doc = {"version": 1, "nodeGroups": node_group_tags(found)}
+    if not taint_key.startswith(CA_STARTUP_PREFIX):
+        click.echo(
+            f"note: run cluster-autoscaler with --startup-taint={taint_key}, or use a "
+            f"--taint-key under {CA_STARTUP_PREFIX} (managed autoscalers take no flags)",
+            err=True,
+        )
+    doc = {"version": 1, "nodeGroups": node_group_tags(found, taint_key=taint_key)}
     click.echo(dump_manifests(doc, fmt), nl=False)
     return 0

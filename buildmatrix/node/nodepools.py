@@ -56,6 +56,7 @@ from buildmatrix.snapshot import Gpu, Snapshot
 __all__ = [
     "AWS_GPU_NAMES",
     "CA_LABEL_TAG",
+    "CA_STARTUP_PREFIX",
     "CA_TAINT_TAG",
     "GPU_NAME",
     "Skipped",
@@ -92,6 +93,10 @@ AWS_GPU_NAMES: Mapping[str, str] = {
 }
 CA_LABEL_TAG = "k8s.io/cluster-autoscaler/node-template/label/"
 CA_TAINT_TAG = "k8s.io/cluster-autoscaler/node-template/taint/"
+# cluster-autoscaler takes a taint with this prefix for a startup taint without any
+# flag (its FAQ, "How does Cluster Autoscaler treat nodes with status/startup/ignore
+# taints?"): what managed autoscalers (GKE, AKS), which take no flags, honour
+CA_STARTUP_PREFIX = "startup-taint.cluster-autoscaler.kubernetes.io/"
 ARCH = "kubernetes.io/arch"  # a Karpenter well-known label (pkg/apis/v1/labels.go)
 
 
@@ -207,7 +212,11 @@ def templates(
 
 
 def karpenter_nodepools(
-    found: Sequence[Template], gpu_names: Mapping[str, str], *, node_class: str
+    found: Sequence[Template],
+    gpu_names: Mapping[str, str],
+    *,
+    node_class: str,
+    taint_key: str = TAINT_KEY,
 ) -> list[dict[str, object]]:
     """One ``karpenter.sh/v1`` NodePool per template: its labels, the GPU and CPU
     architecture requirements, and the admission taint as a startup taint (Karpenter
@@ -244,7 +253,7 @@ def karpenter_nodepools(
                                 "name": node_class,
                             },
                             "requirements": requirements,
-                            "startupTaints": [{"key": TAINT_KEY, "effect": TAINT_EFFECT}],
+                            "startupTaints": [{"key": taint_key, "effect": TAINT_EFFECT}],
                         },
                     },
                 },
@@ -253,17 +262,20 @@ def karpenter_nodepools(
     return objects
 
 
-def node_group_tags(found: Sequence[Template]) -> list[dict[str, object]]:
+def node_group_tags(
+    found: Sequence[Template], *, taint_key: str = TAINT_KEY
+) -> list[dict[str, object]]:
     """Per template, the AWS Auto Scaling group tags cluster-autoscaler reads for a
     node group with no node (aws_manager.go ``extractLabelsFromAsg``: the key after
     the prefix is the label; ``extractTaintsFromAsg``: the value ``VALUE:EFFECT``; the
     admission taint has no value). The taint must also be one of cluster-autoscaler's
-    startup taints (``--startup-taint=buildmatrix.io/unverified``; its FAQ, "How does
-    Cluster Autoscaler treat nodes with status/startup/ignore taints?"), or it judges
-    the new node unable to take the Pod."""
+    startup taints (``--startup-taint=KEY``, or a key under
+    ``startup-taint.cluster-autoscaler.kubernetes.io/``, which managed autoscalers take
+    without flags; its FAQ, "How does Cluster Autoscaler treat nodes with
+    status/startup/ignore taints?"), or it judges the new node unable to take the Pod."""
     groups: list[dict[str, object]] = []
     for t in found:
         tags = {CA_LABEL_TAG + k: v for k, v in t.labels.items()}
-        tags[CA_TAINT_TAG + TAINT_KEY] = f":{TAINT_EFFECT}"
+        tags[CA_TAINT_TAG + taint_key] = f":{TAINT_EFFECT}"
         groups.append({"name": t.name, "pool": t.pool, "products": list(t.products), "tags": tags})
     return groups
