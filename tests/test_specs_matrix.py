@@ -62,11 +62,12 @@ def test_an_sm_the_cuda_version_cannot_build_is_left_out(tmp_path: Path) -> None
         "-gencode=arch=compute_120,code=sm_120",
         "-gencode=arch=compute_120,code=compute_120",
     ]
-    # sm_100 SASS also runs on 10.3 (B300), and sm_120 SASS on 12.1 (GB10), which
-    # have their own floors; 13.x GPUs JIT the compute_120 PTX of ISA 8.7, which needs
-    # CUDA 12.8's 570.26.
+    # sm_100 SASS also runs on 10.3 (B300), not on 10.1 (Thor before CUDA 13, an
+    # integrated GPU), and sm_120 SASS on 12.1 (GB10); 10.3 and 12.1 have their own
+    # floors; 13.x GPUs JIT the compute_120 PTX of ISA 8.7, which needs CUDA 12.8's
+    # 570.26.
     assert blackwell.nvidia_require_arch == (
-        "arch>=10.0,arch<10.3,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 "
+        "arch=10.0,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 "
         "arch=12.0,driver>=570.26 arch>=12.1,arch<13.0,driver>=575.51.03 "
         "arch>=13.0,driver>=570.26"
     )
@@ -99,7 +100,7 @@ def test_entry_build_flags_follow_the_cuda_version() -> None:
     # and sm_120 570.26, sm_103 and sm_121 575.51.03), the JIT of CUDA 12.9's PTX ISA
     # 8.8 (575.51.03).
     assert blackwell.nvidia_require_arch == (
-        "arch>=10.0,arch<10.3,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 "
+        "arch=10.0,driver>=570.26 arch>=10.3,arch<11.0,driver>=575.51.03 "
         "arch=12.0,driver>=570.26 arch>=12.1,driver>=575.51.03"
     )
     assert blackwell.min_driver == "570.26"
