@@ -5,7 +5,7 @@
 Measures, in one run and on one machine, a small image through three of ``check``'s
 paths — a rootfs folder (``dir:``, the direct read), a ``docker save`` archive
 (``docker-archive:``, read in place) and an OCI layout (``oci:``) — and ``inspect`` on
-one real NVIDIA library (libcublas.so.12 of the nvidia-cublas-cu12 wheel), each with
+one real NVIDIA library (libcublas.so.13 of the nvidia-cublas 13.1.1.3 wheel), each with
 this tree's code and with the base's, alternating the two trees round by round and
 keeping the best of N rounds (4) after one warm-up round (noise on a shared machine
 only ever adds time).
@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 LIMIT = 1.25  # a path may be this much slower than at the base without a stated price
 PATHS = ("direct", "archive", "oci", "inspect")
-LIBRARY = ("nvidia-cublas-cu12", "12.8.4.1", "*/libcublas.so.12")
+LIBRARY = ("nvidia-cublas", "13.1.1.3", "*/libcublas.so.13")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +133,7 @@ def _workload(work: Path) -> dict[str, list[str]]:
     libs = {f"usr/lib/x86_64-linux-gnu/{p.name}": p.read_bytes() for p in sorted(BIN.glob("*.so"))}
     # many small files beside the libraries: what a Python environment's layer holds
     small = {f"opt/venv/lib/site-packages/pkg{i // 100}/m{i}.py": b"x = 1\n" for i in range(6000)}
-    big = {"opt/venv/lib/nvidia/cublas/lib/libcublas.so.12": library.read_bytes()}
+    big = {"opt/venv/lib/nvidia/cu13/lib/libcublas.so.13": library.read_bytes()}
     layers: list[dict[str, bytes]] = [small, libs, big]
     image = Image(layers=[dict(layer) for layer in layers], env={"CUDA_VERSION": "12.8.1"})
     root = work / "rootfs"
