@@ -28,7 +28,8 @@ from buildmatrix.forward_choice import CompatChoice, compat_choice, compat_json
 from buildmatrix.image.scanned import ScannedImage
 from buildmatrix.jit_env import jit_env
 from buildmatrix.loaders import load_gates
-from buildmatrix.optional import EVERY_FILE, Loading, classify, skipped_everywhere
+from buildmatrix.optional import EVERY_FILE, Loading, classify
+from buildmatrix.optional_choice import skipped_everywhere
 from buildmatrix.profiles import Profile, ProfileSet
 from buildmatrix.runtime_sources import newest_runtime, runtime_note, runtime_sources
 from buildmatrix.sibling_release import by_release

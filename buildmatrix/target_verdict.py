@@ -25,7 +25,8 @@ from buildmatrix.cuda import CudaFacts, DriverVersion
 from buildmatrix.forward import CompatUse
 from buildmatrix.forward_devices import device_refusal
 from buildmatrix.jit_env import DEFAULT, JitEnv
-from buildmatrix.optional import EVERY_FILE, Choice, Loading, Skipped, choose
+from buildmatrix.optional import EVERY_FILE, Loading
+from buildmatrix.optional_choice import Choice, Skipped, choose
 from buildmatrix.profiles import Profile
 from buildmatrix.units import judge_file
 from buildmatrix.verdict import FileJudgement
@@ -125,7 +126,7 @@ def judge_target(
 ) -> TargetResult:
     """The target's verdict over ``files`` (every file that may be loaded: static
     archives left out) and the driver. Without ``strict``, the files ``loading``
-    names optional count as buildmatrix.optional.choose says: the files that always
+    names optional count as buildmatrix.optional_choice.choose says: the files that always
     load decide, and an optional file without code for the GPU is skipped there
     (and sets no runtime floor: ``runtime_for`` gives the runtime without them)."""
     # Through a cuda-compat driver in use, the user-mode driver (runtime floor, PTX JIT)

@@ -75,6 +75,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.check_refs",
             "buildmatrix.target_verdict",
             "buildmatrix.optional",
+            "buildmatrix.optional_choice",
             "buildmatrix.sibling_release",
             "buildmatrix.container_env",
             "buildmatrix.toolkit_require",

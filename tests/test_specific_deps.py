@@ -1,5 +1,5 @@
 """An arch-specific file loads where its own code runs, with what it names
-(buildmatrix.optional.choose, rule (a)).
+(buildmatrix.optional_choice.choose, rule (a)).
 
 An extension of sm_90a code alone is optional by rule (a): whatever imports it checks
 the GPU first. On a 9.0 GPU that check passes and the extension loads, and with it
