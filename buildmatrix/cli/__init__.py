@@ -21,7 +21,8 @@ from buildmatrix.cli.gate_cmd import gate
 from buildmatrix.cli.generate_cmd import generate, matrix
 from buildmatrix.cli.inspect_cmd import inspect
 from buildmatrix.cli.k8s_cmd import k8s
-from buildmatrix.cli.node_cmd import labels, smoke
+from buildmatrix.cli.labels_cmd import labels
+from buildmatrix.cli.node_cmd import smoke
 from buildmatrix.cli.nodepools_cmd import nodepools
 from buildmatrix.cli.profiles_cmd import profiles
 from buildmatrix.errors import BuildmatrixError

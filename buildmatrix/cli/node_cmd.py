@@ -1,4 +1,5 @@
-"""``buildmatrix smoke`` and ``buildmatrix labels``: admit a GPU node, and describe it.
+"""``buildmatrix smoke``: admit a GPU node (``labels``, which describes one, is
+buildmatrix.cli.labels_cmd).
 
 The admission itself is node/admit.py; these commands parse options, call the
 library and print (text, or the JSON of docs/smoke.md).
@@ -6,7 +7,6 @@ library and print (text, or the JSON of docs/smoke.md).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from buildmatrix.cli._common import (
     containerd_store,
     echo_json,
     gfd_mode,
+    given,
     json_option,
     load,
     no_gfd_keys_option,
@@ -30,44 +31,15 @@ from buildmatrix.cli._common import (
     taint_key_option,
     timeout_option,
 )
+from buildmatrix.cli.node_options import mig_strategy_option, pools_or_none, sysfs_option
 from buildmatrix.errors import InputError
-from buildmatrix.labelkeys import writes_gfd_keys
 from buildmatrix.node.hold import SOURCE_GRACE
 
 MAX_GRACE = 30 * 86400  # --source-grace: at most 30 days
 
 if TYPE_CHECKING:
     from buildmatrix.node.admit import Admission
-    from buildmatrix.node.pools import Pools
     from buildmatrix.node.repair import Repair
-    from buildmatrix.profiles import ProfileSet
-
-
-def _pools(path: Path | None, profiles: ProfileSet) -> Pools | None:
-    from buildmatrix.node.pools import load_pools
-
-    return load_pools(path, profiles) if path is not None else None
-
-
-# GPU Feature Discovery's --mig-strategy values and default (NVIDIA/k8s-device-plugin
-# cmd/gpu-feature-discovery/main.go: Value spec.MigStrategyNone; internal/lm/mig-strategy.go).
-mig_strategy_option = click.option(
-    "--mig-strategy",
-    type=click.Choice(["none", "single", "mixed"]),
-    default="none",
-    show_default=True,
-    help="How MIG devices are labelled, as GPU Feature Discovery's --mig-strategy "
-    "(use the device plugin's setting).",
-)
-sysfs_option = click.option(
-    "--sysfs",
-    type=click.Path(file_okay=False, path_type=Path),
-    default="/sys",
-    envvar="BUILDMATRIX_SYSFS",
-    show_default=True,
-    metavar="DIR",
-    help="Where sysfs is mounted: the PCI bus is read from DIR/bus/pci/devices.",
-)
 
 
 def _smoke_json(admission: Admission) -> dict[str, Any]:
@@ -296,7 +268,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
         apply=apply_to_node,
         kubeconfig=kubeconfig,
         prefer_containerd=prefer_containerd,
-        platform=platform if _given("platform") else None,
+        platform=platform if given("platform") else None,
         deadline=deadline,
         mark_failed=mark_failed,
         driver_file=driver_file,
@@ -307,7 +279,7 @@ def smoke(  # noqa: PLR0917 - one parameter per option, as click passes them
     admission = admit(
         options,
         profiles=profiles,
-        pools=_pools(pools, profiles),
+        pools=pools_or_none(pools, profiles),
         facts=load_cuda_facts(),
         containerd=containerd_store(),
         overdue=_overdue,
@@ -352,91 +324,3 @@ def _overdue(message: str, code: int) -> None:
     sys.stderr.write(f"buildmatrix: FAIL: {message}\n")
     sys.stderr.flush()
     os._exit(code)
-
-
-def _given(option: str) -> bool:
-    """Whether the user gave ``option`` (on the command line or in its environment
-    variable), rather than its default."""
-    from click.core import ParameterSource
-
-    source = click.get_current_context().get_parameter_source(option)
-    return source is not ParameterSource.DEFAULT
-
-
-@click.command("labels", cls=Command)
-@click.option(
-    "--snapshot",
-    type=click.Path(dir_okay=False, path_type=Path),
-    metavar="FILE",
-    help="A recorded node snapshot (default: read this node's GPUs with NVML).",
-)
-@pools_option
-@no_gfd_keys_option
-@click.option("--allow-mixed", is_flag=True, help="Label a node with several GPU models.")
-@mig_strategy_option
-@sysfs_option
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["json", "kubectl", "nfd", "nodefeature"]),
-    default="json",
-    show_default=True,
-    help="JSON, a kubectl label command, an NFD feature file, or a NodeFeature object.",
-)
-@node_option
-@click.option(
-    "--namespace",
-    default="node-feature-discovery",
-    show_default=True,
-    metavar="NS",
-    help="Namespace of the NodeFeature object.",
-)
-@profiles_option
-def labels(  # noqa: PLR0917 - one parameter per option, as click passes them
-    snapshot: Path | None,
-    pools: Path | None,
-    gfd_keys: str | None,
-    no_gfd_keys: bool,
-    allow_mixed: bool,
-    mig_strategy: str,
-    sysfs: Path,
-    fmt: str,
-    node: str | None,
-    namespace: str,
-    profiles_dir: str | None,
-) -> int:
-    """Print the node's labels in three layers: product, family/compute capability, pool.
-
-    The node checks of smoke (without images) decide first: a node that fails gets
-    only buildmatrix.io/smoke=failed, and the exit code is 1.
-    """
-    import yaml
-
-    from buildmatrix.cuda import load_cuda_facts
-    from buildmatrix.node.checks import NodeOptions, evaluate
-    from buildmatrix.node.labels import node_labels
-    from buildmatrix.node.nfd import NFD_TTL, feature_file, node_feature
-    from buildmatrix.node.node_snapshot import read_snapshot
-
-    profiles = load(profiles_dir)
-    pool_map = _pools(pools, profiles)
-    snap = read_snapshot(snapshot=snapshot, record=None, node=node, sysfs=sysfs)
-    options = NodeOptions(allow_mixed=allow_mixed, pools=pool_map, mig_strategy=mig_strategy)
-    report = evaluate(snap, profiles, load_cuda_facts(), options=options)
-    # no Node to look at: auto writes GFD's keys (labelkeys.writes_gfd_keys)
-    writes = writes_gfd_keys(gfd_mode(no_gfd_keys, gfd_keys), None)
-    found = node_labels(snap, report, pools=pool_map, gfd_keys=writes, mig_strategy=mig_strategy)
-    name = node or snap.hostname
-    if fmt == "json":
-        echo_json({"node": name, "verdict": "pass" if report.passed else "fail", "labels": found})
-    elif fmt == "kubectl":
-        from shlex import quote
-
-        pairs = " ".join(quote(f"{k}={v}") for k, v in found.items())
-        click.echo(f"kubectl label node {quote(name or 'NODE')} --overwrite {pairs}")
-    elif fmt == "nfd":
-        click.echo(feature_file(found, now=datetime.now(UTC), ttl=NFD_TTL), nl=False)
-    else:
-        obj = node_feature(found, node=name or "NODE", namespace=namespace)
-        click.echo(yaml.safe_dump(obj, sort_keys=False), nl=False)
-    return 0 if report.passed else 1
