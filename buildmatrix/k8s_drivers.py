@@ -35,7 +35,7 @@ from typing import Any
 
 from buildmatrix.drivers import PoolPolicy
 from buildmatrix.errors import InputError
-from buildmatrix.labelkeys import POOL, TAINT_EFFECT, TAINT_KEY
+from buildmatrix.labelkeys import DRIVER_FLOOR, POOL, TAINT_EFFECT, TAINT_KEY
 
 API_VERSION = "nvidia.com/v1alpha1"
 KIND = "NVIDIADriver"
@@ -103,8 +103,8 @@ def nvidia_driver(
             "labels": {"app.kubernetes.io/managed-by": "buildmatrix"},
             "annotations": {
                 "buildmatrix.io/pool": policy.name,
-                "buildmatrix.io/driver-floor": str(floor or "none"),
-                "buildmatrix.io/driver-floor-set-by": policy.floor.subject,
+                DRIVER_FLOOR: str(floor or "none"),
+                f"{DRIVER_FLOOR}-set-by": policy.floor.subject,
             },
         },
         "spec": {
