@@ -71,6 +71,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "buildmatrix.units",
             "buildmatrix.forward_choice",
             "buildmatrix.constraint",
+            "buildmatrix.check_targets",
             "buildmatrix.check",
             "buildmatrix.check_refs",
             "buildmatrix.target_verdict",
