@@ -59,6 +59,18 @@ def layer_descriptors(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for d in entries if isinstance(d, dict) and is_layer_type(str(d.get("mediaType")))]
 
 
+def manifest_layers(
+    manifest: dict[str, Any], config: dict[str, Any], *, source: str
+) -> list[tuple[dict[str, Any], str]]:
+    """Each layer containerd applies (:func:`layer_descriptors`) with its diff_id from
+    the config (:func:`layer_diff_ids`, counted against those layers, the manifest's
+    other entries named as left out): what every image source reads."""
+    descs = layer_descriptors(manifest)
+    left_out = len(manifest.get("layers") or []) - len(descs)
+    diff_ids = layer_diff_ids(config, count=len(descs), source=source, left_out=left_out)
+    return list(zip(descs, diff_ids, strict=True))
+
+
 class VerifyingReader(io.RawIOBase):
     """Reads through a stream, hashing what passes (on a thread beside the reader,
     buildmatrix.image.digests; :meth:`close` stops it) and counting it for progress."""

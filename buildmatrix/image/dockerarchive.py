@@ -30,8 +30,8 @@ from buildmatrix.image.blobs import (
     MAX_JSON,
     check_manifest,
     is_index,
-    layer_descriptors,
     layer_diff_ids,
+    manifest_layers,
     read_json_blob,
 )
 from buildmatrix.image.gokeys import check_keys, loads
@@ -285,15 +285,9 @@ class _IndexView:
         config = ImageConfig.from_json(
             config_doc, image_id=config_desc.get("digest"), source=source
         )
-        descs = layer_descriptors(picked.manifest)
-        diff_ids = layer_diff_ids(
-            config_doc,
-            count=len(descs),
-            source=source,
-            left_out=len(picked.manifest.get("layers") or []) - len(descs),
-        )
+        pairs = manifest_layers(picked.manifest, config_doc, source=source)
         blobs = []
-        for i, (layer, diff_id) in enumerate(zip(descs, diff_ids, strict=True)):
+        for i, (layer, diff_id) in enumerate(pairs):
             digest = str(layer.get("digest", ""))
             member = self.archive.tree.resolve(_blob_name(self.archive, digest), what="layer")
             blobs.append(

@@ -18,8 +18,7 @@ from buildmatrix.forward import CompatLibrary, compat_code, find_compat
 from buildmatrix.image.blobs import (
     check_manifest,
     is_index,
-    layer_descriptors,
-    layer_diff_ids,
+    manifest_layers,
     read_json_blob,
 )
 from buildmatrix.image.gokeys import check_keys
@@ -98,15 +97,9 @@ def scan_oci_layout(
         image_id=config_desc.get("digest"),
         source=f"{name} image config",
     )
-    descs = layer_descriptors(doc)
-    diff_ids = layer_diff_ids(
-        config_doc,
-        count=len(descs),
-        source=f"{name} image config",
-        left_out=len(doc.get("layers") or []) - len(descs),
-    )
+    pairs = manifest_layers(doc, config_doc, source=f"{name} image config")
     blobs = []
-    for i, (layer, diff_id) in enumerate(zip(descs, diff_ids, strict=True)):
+    for i, (layer, diff_id) in enumerate(pairs):
         digest = str(layer.get("digest", ""))
         path = _blob_path(layout, digest, name=name)
         blobs.append(

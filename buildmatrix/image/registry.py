@@ -28,8 +28,7 @@ from buildmatrix.image.blobs import (
     MAX_JSON,
     check_manifest,
     is_index,
-    layer_descriptors,
-    layer_diff_ids,
+    manifest_layers,
     read_json_blob,
 )
 from buildmatrix.image.dockerconfig import Lookup, find_credentials
@@ -319,13 +318,7 @@ def scan_registry(
         image_id=config_digest,
         source=f"{ref.host}/{ref.repository} image config",
     )
-    descs = layer_descriptors(doc)
-    diff_ids = layer_diff_ids(
-        config_doc,
-        count=len(descs),
-        source=f"{ref.host}/{ref.repository} image config",
-        left_out=len(doc["layers"] or []) - len(descs),
-    )
+    pairs = manifest_layers(doc, config_doc, source=f"{ref.host}/{ref.repository} image config")
     blobs = [
         LayerBlob(
             name=f"{ref.host}/{ref.repository} layer {i} ({layer['digest'][:19]})",
@@ -333,7 +326,7 @@ def scan_registry(
             digest=str(layer["digest"]),
             diff_id=diff_id,
         )
-        for i, (layer, diff_id) in enumerate(zip(descs, diff_ids, strict=True))
+        for i, (layer, diff_id) in enumerate(pairs)
     ]
     layers = scan_blobs(blobs, progress, keep=keep)
     image = finish(ref=ref.given, digest=digest, config=config, layers=layers)
